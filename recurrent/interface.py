@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +43,9 @@ class Turn:
     messages: list[dict[str, str]]  # the prompt as chat messages (user turn; system turn optional)
     max_tokens: int  # the cap on new tokens for this call
     prompt_ids: list[int] | None = None  # the same prompt in token space, chat template included, if built
-    final: bool = False  # the answer turn: the one the reward is computed on
+    # Known in advance to be the session's last turn (the sync manager holds such turns back so that all
+    # final turns form the last round). The reward always goes to a session's last turn, flagged or not.
+    final: bool = False
     meta: dict[str, Any] = field(default_factory=dict)  # workflow-specific facts for traces (chunk index, ...)
 
 
@@ -100,12 +103,6 @@ class Session(ABC):
         }
 
 
-class SessionFactory(Protocol):
-    """Builds the session of one sample from its row (a dict of columns)."""
-
-    def __call__(self, sample: dict[str, Any]) -> Session: ...
-
-
 class ChatClient(Protocol):
     """An OpenAI-style chat endpoint: messages in, text out (async)."""
 
@@ -139,13 +136,25 @@ class RAgent(ABC):
         """Free state; return the finished sessions (for traces) if the agent keeps them."""
 
 
+class Workflow(ABC):
+    """A workflow implementation: built once per config and tokenizer, it makes one session per sample."""
+
+    def __init__(self, config: RConfig, tokenizer: Any) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+
+    @abstractmethod
+    def session(self, sample: dict[str, Any]) -> Session:
+        """The session of one sample (a row: a dict of columns). Missing columns raise a KeyError naming them."""
+
+
 @dataclass(frozen=True)
 class RRegister:
-    """What a workflow implementation exports as ``REGISTER``: its config class and how to build sessions."""
+    """What a workflow implementation exports as ``REGISTER``: its name, config class and workflow class."""
 
     name: str
     config_cls: type[RConfig]
-    session_cls: type[Session]
+    workflow_cls: type[Workflow]
 
 
 def load_register(spec: str, obj_name: str = "REGISTER") -> RRegister:
@@ -161,6 +170,7 @@ def load_register(spec: str, obj_name: str = "REGISTER") -> RRegister:
         if module_spec is None or module_spec.loader is None:
             raise ImportError(f"cannot import workflow file {path}")
         module = importlib.util.module_from_spec(module_spec)
+        sys.modules[module_spec.name] = module  # dataclasses resolve annotations through sys.modules
         module_spec.loader.exec_module(module)
         where = str(path)
     else:

@@ -1,0 +1,320 @@
+"""The MemAgent memory agent: the one definition used by training, evaluation and the quickstart.
+
+A sample is a question and a long context. The context is tokenized once, centre-truncated to
+``max_chunks * chunk_size`` tokens, and split into chunks of ``chunk_size`` tokens. For each chunk one fresh
+conversation sees the question, the current memory and the chunk; its response *overwrites* the memory
+(capped at ``max_memorization_length`` new tokens). The memory starts as "No previous memory". A final
+conversation sees only the question and the memory, and answers in ``\\boxed{}`` (or, for the paper's
+evaluation protocol, "Therefore, the answer is ...").
+
+Every turn is available both as chat messages (for OpenAI-compatible endpoints) and, with
+``token_prompts=True``, as token ids built in token space (chunks are sliced from the context ids, never
+decoded and re-encoded; the memory is the generated ids themselves when the backend returns them).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from recurrent.interface import RConfig, Reply, RRegister, Session, Turn, TurnRecord, Workflow
+from recurrent.templating import chat_token_template
+from recurrent.tokens import centre_truncate, encode_long, num_chunks
+
+logger = logging.getLogger(__name__)
+
+# ---- The two prompts (MEMAGENT_SPEC 2.4.3): the interface the released checkpoints were trained on. ----
+# Note the trailing space after "<problem>" and the final newline.
+MEMORY_TEMPLATE = """You are presented with a problem, a section of an article that may contain the answer to the problem, and a previous memory. Please read the provided section carefully and update the memory with the new information that helps to answer the problem. Be sure to retain all relevant details from the previous memory while adding any new, useful information.
+
+<problem> 
+{prompt}
+</problem>
+
+<memory>
+{memory}
+</memory>
+
+<section>
+{chunk}
+</section>
+
+Updated memory:
+"""  # noqa: E501, W291
+
+FINAL_TEMPLATE_BOXED = """You are presented with a problem and a previous memory. Please answer the problem based on the previous memory and put the answer in \\boxed{}.
+
+<problem> 
+{prompt}
+</problem>
+
+<memory>
+{memory}
+</memory>
+
+Your answer:
+"""  # noqa: E501, W291
+
+# The paper's evaluation protocol (spec 6.4, P4): same layout, answer phrased "Therefore, the answer is ...".
+FINAL_TEMPLATE_ANSWER_IS = """You are presented with a problem and a previous memory. Please answer the problem based on the previous memory and format your response as follows "Therefore, the answer is (insert answer here)".
+
+<problem> 
+{prompt}
+</problem>
+
+<memory>
+{memory}
+</memory>
+
+Your answer:
+"""  # noqa: E501, W291
+
+NO_MEMORY = "No previous memory"
+FINAL_TEMPLATES = {"boxed": FINAL_TEMPLATE_BOXED, "answer_is": FINAL_TEMPLATE_ANSWER_IS}
+_SLOT = re.compile(r"\{([a-zA-Z]+)\}")
+
+
+@dataclass
+class MemoryConfig(RConfig):
+    """Budgets of the memory agent; the defaults are the paper's (MEMAGENT_SPEC 2.4.1, 4.1)."""
+
+    context_key: str = "context"  # column holding the long document
+    question_key: str = "prompt"  # column holding the question: a string or a chat list [{"role","content"}]
+    max_prompt_length: int = 1024  # budget for the question tokens
+    chunk_size: int = 5000  # context tokens per memory turn
+    max_memorization_length: int = 1024  # max new tokens of a memory update (the memory cap)
+    max_chunks: int | None = 8  # contexts are centre-truncated to max_chunks * chunk_size; None: no limit
+    max_final_response_length: int = 1024  # max new tokens of the final answer
+    final_prompt: Literal["boxed", "answer_is"] = "boxed"  # boxed: as trained; answer_is: paper's evaluation
+    question_overflow: Literal["error", "truncate"] = "error"  # a question over budget: raise, or keep its head
+    strip_context: bool = False  # the paper's evaluation strips the context before tokenizing (spec P19)
+
+    def __post_init__(self) -> None:
+        for name in ("max_prompt_length", "chunk_size", "max_memorization_length", "max_final_response_length"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"MemoryConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.max_chunks is not None and self.max_chunks <= 0:
+            raise ValueError(f"MemoryConfig.max_chunks must be positive or None, got {self.max_chunks}")
+        if self.final_prompt not in FINAL_TEMPLATES:
+            raise ValueError(f"MemoryConfig.final_prompt must be one of {sorted(FINAL_TEMPLATES)}")
+        if self.question_overflow not in ("error", "truncate"):
+            raise ValueError("MemoryConfig.question_overflow must be 'error' or 'truncate'")
+
+    @property
+    def max_context_tokens(self) -> int | None:
+        return None if self.max_chunks is None else self.max_chunks * self.chunk_size
+
+
+def render(template: str, **values: str) -> str:
+    """Fill ``{name}`` slots in one pass (so braces inside values, or ``\\boxed{}``, are left alone)."""
+    return _SLOT.sub(lambda m: values[m.group(1)], template)
+
+
+def question_text(sample: dict[str, Any], key: str) -> str:
+    """The question of a row: a plain string, or the content of the last user message of a chat list."""
+    if key not in sample:
+        raise KeyError(f"sample has no column {key!r} (the question); columns: {sorted(sample)}")
+    value = sample[key]
+    if isinstance(value, str):
+        return value
+    messages = list(value)
+    users = [m for m in messages if m.get("role") == "user"]
+    if not users:
+        raise ValueError(f"column {key!r} holds a chat list without a user message: {messages!r}")
+    return users[-1]["content"]
+
+
+class MemoryWorkflow(Workflow):
+    """Builds a :class:`MemorySession` per sample; templates are built once per tokenizer."""
+
+    def __init__(
+        self, config: MemoryConfig, tokenizer: Any, token_prompts: bool = True, keep_prompts: bool = True
+    ) -> None:
+        """``token_prompts``: build each turn's prompt in token space (token-in backends, training).
+        ``keep_prompts``: keep every turn's prompt in the session history (training rows need them); without
+        it a session holds only the current chunk and the memory, so a pass over a document of any length
+        needs memory for its token ids and nothing more (inference)."""
+        super().__init__(config, tokenizer)
+        self.token_prompts = token_prompts
+        self.keep_prompts = keep_prompts
+        self.final_template = FINAL_TEMPLATES[config.final_prompt]
+        self.memory_ids_template = chat_token_template(tokenizer, MEMORY_TEMPLATE) if token_prompts else None
+        self.final_ids_template = chat_token_template(tokenizer, self.final_template) if token_prompts else None
+        self.no_memory_ids = tokenizer.encode(NO_MEMORY, add_special_tokens=False)
+        # Ids that end or pad a response; the memory is the response without them (spec P21).
+        self.drop_ids = {i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
+
+    def session(self, sample: dict[str, Any]) -> MemorySession:
+        config: MemoryConfig = self.config
+        if config.context_key not in sample:
+            raise KeyError(f"sample has no column {config.context_key!r} (the context); columns: {sorted(sample)}")
+        context = sample[config.context_key]
+        if context is None:
+            context = ""
+        if not isinstance(context, str):
+            raise TypeError(f"column {config.context_key!r} must hold a string, got {type(context).__name__}")
+        if config.strip_context:
+            context = context.strip()
+        context_ids = encode_long(context, self.tokenizer)
+        return self.session_from_ids(question_text(sample, config.question_key), context_ids)
+
+    def session_from_ids(self, question: str, context_ids: np.ndarray) -> MemorySession:
+        """A session over an already tokenized context (the training path tokenizes once, upstream)."""
+        config: MemoryConfig = self.config
+        question_ids = self.tokenizer.encode(question, add_special_tokens=False)
+        if len(question_ids) > config.max_prompt_length:
+            if config.question_overflow == "error":
+                raise ValueError(
+                    f"question has {len(question_ids)} tokens, over max_prompt_length={config.max_prompt_length} "
+                    "(set question_overflow='truncate' to keep its first max_prompt_length tokens)"
+                )
+            logger.warning("question truncated from %d to %d tokens", len(question_ids), config.max_prompt_length)
+            question_ids = question_ids[: config.max_prompt_length]
+            question = self.tokenizer.decode(question_ids, skip_special_tokens=True)
+        original = len(context_ids)
+        context_ids = centre_truncate(np.asarray(context_ids), config.max_context_tokens)
+        if len(context_ids) < original:
+            logger.info("context centre-truncated from %d to %d tokens", original, len(context_ids))
+        return MemorySession(self, question, question_ids, context_ids, original_context_tokens=original)
+
+
+class MemorySession(Session):
+    """One sample: a memory turn per chunk, then the final answer turn."""
+
+    def __init__(
+        self,
+        workflow: MemoryWorkflow,
+        question: str,
+        question_ids: list[int],
+        context_ids: np.ndarray,
+        original_context_tokens: int | None = None,
+    ) -> None:
+        self.workflow = workflow
+        self.config: MemoryConfig = workflow.config
+        self.question = question
+        self.question_ids = question_ids
+        self.context_ids = context_ids
+        self.original_context_tokens = len(context_ids) if original_context_tokens is None else original_context_tokens
+        self.num_chunks = num_chunks(len(context_ids), self.config.chunk_size)
+        self.memory_text: str | None = None  # None until the first update: "No previous memory"
+        self.memory_ids: list[int] | None = None
+        self.memory_trace: list[str] = []  # the memory after every chunk
+        self._history: list[TurnRecord] = []
+        self._pending: Turn | None = None
+        self._step = 0  # chunks read so far
+
+    # ---- the workflow ----
+
+    def next_turn(self) -> Turn | None:
+        if self._pending is not None:
+            raise RuntimeError("next_turn called twice without record")
+        if self._step < self.num_chunks:
+            turn = self._memory_turn(self._step)
+        elif not self._history or not self._history[-1].turn.final:
+            turn = self._final_turn()
+        else:
+            return None
+        self._pending = turn
+        return turn
+
+    def record(self, reply: Reply) -> None:
+        turn, self._pending = self._pending, None
+        if turn is None:
+            raise RuntimeError("record called without a pending turn")
+        if not turn.final:
+            # Overwrite the memory with the response: the raw generated ids when the backend returned them.
+            self.memory_text = reply.text
+            self.memory_ids = (
+                None if reply.token_ids is None else [t for t in reply.token_ids if t not in self.workflow.drop_ids]
+            )
+            self.memory_trace.append(reply.text)
+            self._step += 1
+        if not self.workflow.keep_prompts:  # keep the facts of the turn, not its (chunk-sized) prompt
+            turn = Turn(messages=[], max_tokens=turn.max_tokens, final=turn.final, meta=turn.meta)
+            reply = Reply(
+                reply.text, reply.finish_reason, None, reply.prompt_tokens, reply.completion_tokens, reply.seconds
+            )
+        self._history.append(TurnRecord(turn, reply))
+
+    @property
+    def history(self) -> list[TurnRecord]:
+        return self._history
+
+    @property
+    def finished(self) -> bool:
+        return bool(self._history) and self._history[-1].turn.final
+
+    @property
+    def answer(self) -> str | None:
+        return self._history[-1].reply.text if self.finished else None
+
+    # ---- prompts ----
+
+    def _memory_for_prompt(self) -> tuple[str, list[int] | None]:
+        """The memory as text and (token mode) ids; an empty or absent memory reads "No previous memory"."""
+        if not self.memory_text and not self.memory_ids:
+            return NO_MEMORY, self.workflow.no_memory_ids
+        ids = self.memory_ids
+        if ids is None and self.workflow.token_prompts:
+            ids = self.workflow.tokenizer.encode(self.memory_text, add_special_tokens=False)
+        return self.memory_text, ids
+
+    def _memory_turn(self, index: int) -> Turn:
+        size = self.config.chunk_size
+        chunk_ids = self.context_ids[index * size : (index + 1) * size]
+        memory_text, memory_ids = self._memory_for_prompt()
+        chunk_text = self.workflow.tokenizer.decode(chunk_ids, skip_special_tokens=True)
+        prompt_ids = None
+        if self.workflow.token_prompts:
+            prompt_ids = self.workflow.memory_ids_template.format(
+                prompt=self.question_ids, memory=memory_ids, chunk=chunk_ids
+            )
+        return Turn(
+            messages=[
+                {
+                    "role": "user",
+                    "content": render(MEMORY_TEMPLATE, prompt=self.question, memory=memory_text, chunk=chunk_text),
+                }
+            ],
+            max_tokens=self.config.max_memorization_length,
+            prompt_ids=prompt_ids,
+            meta={"kind": "memory", "chunk": index, "chunk_tokens": len(chunk_ids)},
+        )
+
+    def _final_turn(self) -> Turn:
+        memory_text, memory_ids = self._memory_for_prompt()
+        prompt_ids = None
+        if self.workflow.token_prompts:
+            prompt_ids = self.workflow.final_ids_template.format(prompt=self.question_ids, memory=memory_ids)
+        return Turn(
+            messages=[
+                {
+                    "role": "user",
+                    "content": render(self.workflow.final_template, prompt=self.question, memory=memory_text),
+                }
+            ],
+            max_tokens=self.config.max_final_response_length,
+            prompt_ids=prompt_ids,
+            final=True,
+            meta={"kind": "final"},
+        )
+
+    def trace(self) -> dict[str, Any]:
+        out = super().trace()
+        out.update(
+            question=self.question,
+            context_tokens=self.original_context_tokens,
+            context_tokens_read=len(self.context_ids),
+            num_chunks=self.num_chunks,
+            memories=list(self.memory_trace),
+            answer=self.answer,
+            memory_truncated=[rec.reply.finish_reason == "length" for rec in self._history if not rec.turn.final],
+        )
+        return out
+
+
+REGISTER = RRegister(name="memory", config_cls=MemoryConfig, workflow_cls=MemoryWorkflow)

@@ -1,0 +1,89 @@
+"""Long documents in token space: encoding with bounded memory, centre truncation, chunking.
+
+Encoding a 3.2M-token document in one call of a Hugging Face fast tokenizer peaks at ~2.2 GB (the
+``Encoding`` keeps offsets, token strings and masks for every token). :func:`encode_long` encodes in windows
+and keeps only the ids (4 bytes a token), and it is *exact*: every seam is checked against an overlapping
+encoding, and if a tokenizer's seams do not agree (e.g. one that inserts a prefix space at the start of every
+input) it falls back to one whole-text encode, with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+TOKEN_DTYPE = np.int32
+
+
+def encode_long(text: str, tokenizer, window_chars: int = 200_000, margin_chars: int = 2_000) -> np.ndarray:
+    """Token ids of ``text`` (no special tokens added), identical to ``tokenizer.encode(text)``, computed
+    window by window so that peak memory is the ids plus one window's encoding."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or len(text) <= window_chars:
+        return _encode_whole(text, tokenizer)
+    if margin_chars * 4 > window_chars:
+        raise ValueError(f"margin_chars={margin_chars} is too large for window_chars={window_chars}")
+    parts: list[np.ndarray] = []
+    start = 0  # char offset of the current window in ``text``
+    expected: list[int] = []  # tokens the previous window predicts right after the seam
+    while True:
+        end = min(len(text), start + window_chars)
+        enc = backend.encode(text[start:end], add_special_tokens=False)
+        ids, offsets, words = enc.ids, enc.offsets, enc.word_ids
+        if expected and ids[: len(expected)] != expected:
+            logger.warning("tokenizer seams do not agree; encoding the whole text at once")
+            return _encode_whole(text, tokenizer)
+        if end == len(text):
+            parts.append(np.asarray(ids, dtype=TOKEN_DTYPE))
+            break
+        cut = _last_word_start(offsets, words, limit=(end - start) - 2 * margin_chars)
+        if cut is None:
+            logger.warning("no safe seam found in a window; encoding the whole text at once")
+            return _encode_whole(text, tokenizer)
+        parts.append(np.asarray(ids[:cut], dtype=TOKEN_DTYPE))
+        # Tokens after the seam that end well before this window's edge are final: the next window must agree.
+        stable_end = (end - start) - margin_chars
+        expected = [ids[j] for j in range(cut, len(ids)) if offsets[j][1] <= stable_end][:256]
+        start += offsets[cut][0]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=TOKEN_DTYPE)
+
+
+def _encode_whole(text: str, tokenizer) -> np.ndarray:
+    return np.asarray(tokenizer.encode(text, add_special_tokens=False), dtype=TOKEN_DTYPE)
+
+
+def _last_word_start(offsets: list[tuple[int, int]], words: list[int | None], limit: int) -> int | None:
+    """Index of the last token that starts a new pre-token (word) at or before char ``limit``: BPE never
+    merges across pre-tokens, so a seam there cannot split a token."""
+    for k in range(len(offsets) - 1, 0, -1):
+        if offsets[k][0] > limit:
+            continue
+        if words[k] is not None and words[k] != words[k - 1]:
+            return k
+    return None
+
+
+def centre_truncate(ids: np.ndarray, max_tokens: int | None) -> np.ndarray:
+    """Keep the first ``max_tokens // 2`` and the last ``max_tokens // 2`` tokens when ``ids`` is longer
+    (spec: MemAgent's ``truncation='center'``). ``None`` means no limit."""
+    if max_tokens is None or len(ids) <= max_tokens:
+        return ids
+    half = max_tokens // 2
+    return np.concatenate([ids[:half], ids[len(ids) - half :]])
+
+
+def iter_chunks(ids: np.ndarray, chunk_size: int) -> Iterator[np.ndarray]:
+    """Consecutive chunks of ``chunk_size`` tokens (the last may be shorter); views, no copies."""
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    for begin in range(0, len(ids), chunk_size):
+        yield ids[begin : begin + chunk_size]
+
+
+def num_chunks(num_tokens: int, chunk_size: int) -> int:
+    """ceil(num_tokens / chunk_size): the number of memory turns for a context of ``num_tokens``."""
+    return -(-num_tokens // chunk_size)

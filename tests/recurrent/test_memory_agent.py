@@ -1,0 +1,175 @@
+"""The memory agent's definition: prompts, chunking, truncation, memory overwrite, bad input."""
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from recurrent.impls import memory
+from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
+from recurrent.interface import Reply, load_register
+
+# The prompts of MEMAGENT_SPEC 2.4.3, written out line by line (an independent route to the same bytes).
+INSTRUCTION = (
+    "You are presented with a problem, a section of an article that may contain the answer to the problem, "
+    "and a previous memory. Please read the provided section carefully and update the memory with the new "
+    "information that helps to answer the problem. Be sure to retain all relevant details from the previous "
+    "memory while adding any new, useful information."
+)
+SPEC_MEMORY_LINES = [INSTRUCTION, "", "<problem> ", "{prompt}", "</problem>", "", "<memory>", "{memory}",
+                     "</memory>", "", "<section>", "{chunk}", "</section>", "", "Updated memory:", ""]  # fmt: skip
+SPEC_FINAL_LINES = [
+    "You are presented with a problem and a previous memory. Please answer the problem based on the previous "
+    "memory and put the answer in \\boxed{}.",
+    "", "<problem> ", "{prompt}", "</problem>", "", "<memory>", "{memory}", "</memory>", "", "Your answer:", "",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def reply(text: str, tokenizer=None, finish: str = "stop") -> Reply:
+    ids = None if tokenizer is None else tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+    return Reply(text=text, finish_reason=finish, token_ids=ids, completion_tokens=len(ids or []))
+
+
+def test_prompts_match_the_spec_byte_for_byte():
+    assert memory.MEMORY_TEMPLATE == "\n".join(SPEC_MEMORY_LINES)
+    assert memory.FINAL_TEMPLATE_BOXED == "\n".join(SPEC_FINAL_LINES)
+    assert memory.NO_MEMORY == "No previous memory"
+    # The evaluation variant differs from the boxed prompt in the instruction line only.
+    boxed, answer_is = memory.FINAL_TEMPLATE_BOXED.split("\n"), memory.FINAL_TEMPLATE_ANSWER_IS.split("\n")
+    assert boxed[1:] == answer_is[1:]
+    assert answer_is[0].endswith('format your response as follows "Therefore, the answer is (insert answer here)".')
+
+
+def test_paper_budgets_are_the_defaults():
+    config = MemoryConfig()
+    assert (config.chunk_size, config.max_memorization_length, config.max_prompt_length) == (5000, 1024, 1024)
+    assert (config.max_final_response_length, config.max_chunks, config.max_context_tokens) == (1024, 8, 40_000)
+    assert config.final_prompt == "boxed" and config.context_key == "context"
+
+
+def test_rendered_turns_fill_the_spec_prompt(tokenizer):
+    workflow = MemoryWorkflow(MemoryConfig(chunk_size=50), tokenizer)
+    context = "The magic number is 42. " * 20
+    session = workflow.session({"prompt": [{"role": "user", "content": "What is {the} magic number?"}],
+                                "context": context})  # fmt: skip
+    turn = session.next_turn()
+    chunk_text = tokenizer.decode(tokenizer.encode(context, add_special_tokens=False)[:50])
+    expected = "\n".join(SPEC_MEMORY_LINES)
+    expected = expected.replace("{prompt}", "What is {the} magic number?").replace("{memory}", "No previous memory")
+    assert turn.messages == [{"role": "user", "content": expected.replace("{chunk}", chunk_text)}]
+    assert turn.max_tokens == 1024 and not turn.final
+    # The token-level prompt is the chat template around the same text.
+    chat = tokenizer.apply_chat_template(turn.messages, tokenize=False, add_generation_prompt=True)
+    assert tokenizer.decode(turn.prompt_ids) == chat
+
+
+def test_chunk_boundaries_and_centre_truncation_by_hand(tokenizer):
+    # 10 context tokens, ids 100..109; chunk 3, at most 2 chunks -> keep the first 3 and the last 3.
+    workflow = MemoryWorkflow(MemoryConfig(chunk_size=3, max_chunks=2), tokenizer)
+    session = workflow.session_from_ids("q?", np.arange(100, 110))
+    assert session.context_ids.tolist() == [100, 101, 102, 107, 108, 109]
+    assert session.num_chunks == 2 and session.original_context_tokens == 10
+    seen = []
+    while (turn := session.next_turn()) is not None:
+        if not turn.final:
+            seen.append(turn.meta["chunk"])
+            ids = turn.prompt_ids
+            chunk = [100, 101, 102] if turn.meta["chunk"] == 0 else [107, 108, 109]
+            starts = [i for i in range(len(ids) - 2) if ids[i : i + 3] == chunk]
+            assert len(starts) == 1, "the chunk's token ids appear verbatim, once"
+        session.record(reply(f"memory after {len(seen)}", tokenizer))
+    assert seen == [0, 1]
+    # Unlimited context (inference): 10 tokens in chunks of 3 -> 4 turns, the last holding one token.
+    unlimited = MemoryWorkflow(MemoryConfig(chunk_size=3, max_chunks=None), tokenizer).session_from_ids(
+        "q?", np.arange(100, 110)
+    )
+    assert unlimited.num_chunks == 4 and unlimited.context_ids.tolist() == list(range(100, 110))
+
+
+def test_memory_is_overwritten_and_final_sees_only_question_and_memory(tokenizer):
+    workflow = MemoryWorkflow(MemoryConfig(chunk_size=4), tokenizer)
+    session = workflow.session({"prompt": "Who?", "context": "alpha beta gamma delta epsilon zeta eta theta"})
+    assert session.num_chunks >= 2
+    first = session.next_turn()
+    assert "No previous memory" in first.messages[0]["content"]
+    session.record(reply("MEMORY-ONE", tokenizer))
+    second = session.next_turn()
+    assert "MEMORY-ONE" in second.messages[0]["content"] and "No previous memory" not in second.messages[0]["content"]
+    session.record(reply("MEMORY-TWO", tokenizer, finish="length"))
+    while not (turn := session.next_turn()).final:
+        session.record(reply("MEMORY-TWO", tokenizer))
+    assert turn.max_tokens == 1024
+    content = turn.messages[0]["content"]
+    assert "MEMORY-TWO" in content and "MEMORY-ONE" not in content and "alpha" not in content
+    assert "\\boxed{}" in content
+    # The memory ids are the generated ids without eos (spec P21), inside the final prompt.
+    memory_ids = tokenizer.encode("MEMORY-TWO", add_special_tokens=False)
+    assert memory_ids == session.memory_ids
+    session.record(reply("\\boxed{Paris}"))
+    assert session.next_turn() is None and session.answer == "\\boxed{Paris}"
+    trace = session.trace()
+    assert trace["memories"][:2] == ["MEMORY-ONE", "MEMORY-TWO"]
+    assert trace["memory_truncated"][:2] == [False, True]  # a memory cut at its token limit is kept and flagged
+    assert trace["turns"][-1]["final"] and trace["answer"] == "\\boxed{Paris}"
+
+
+def test_empty_context_answers_from_no_previous_memory(tokenizer):
+    for context in ("", None):
+        session = MemoryWorkflow(MemoryConfig(), tokenizer).session({"prompt": "Q?", "context": context})
+        turn = session.next_turn()
+        assert turn.final and session.num_chunks == 0
+        assert "<memory>\nNo previous memory\n</memory>" in turn.messages[0]["content"]
+
+
+def test_answer_is_variant_and_text_only_mode(tokenizer):
+    workflow = MemoryWorkflow(MemoryConfig(final_prompt="answer_is"), tokenizer, token_prompts=False)
+    turn = workflow.session({"prompt": "Q?", "context": ""}).next_turn()
+    assert turn.prompt_ids is None and "Therefore, the answer is" in turn.messages[0]["content"]
+
+
+def test_question_over_budget_errors_or_truncates(tokenizer):
+    question = "word " * 50
+    with pytest.raises(ValueError, match="max_prompt_length=8"):
+        MemoryWorkflow(MemoryConfig(max_prompt_length=8), tokenizer).session({"prompt": question, "context": "x"})
+    session = MemoryWorkflow(MemoryConfig(max_prompt_length=8, question_overflow="truncate"), tokenizer).session(
+        {"prompt": question, "context": "x"}
+    )
+    assert len(session.question_ids) == 8
+
+
+def test_missing_columns_are_named(tokenizer):
+    workflow = MemoryWorkflow(MemoryConfig(), tokenizer)
+    with pytest.raises(KeyError, match="'context'"):
+        workflow.session({"prompt": "Q?"})
+    with pytest.raises(KeyError, match="'prompt'"):
+        workflow.session({"context": "text"})
+    with pytest.raises(ValueError, match="chunk_size"):
+        MemoryConfig(chunk_size=0)
+
+
+def test_without_kept_prompts_a_session_holds_no_past_chunks(tokenizer):
+    workflow = MemoryWorkflow(MemoryConfig(chunk_size=5, max_chunks=None), tokenizer, keep_prompts=False)
+    session = workflow.session({"prompt": "Q?", "context": "one two three four five six seven eight nine ten " * 5})
+    while session.next_turn() is not None:
+        session.record(reply("m", tokenizer))
+    assert all(rec.turn.messages == [] and rec.turn.prompt_ids is None for rec in session.history)
+    assert all(rec.reply.token_ids is None for rec in session.history)
+    assert len(session.history) == session.num_chunks + 1
+
+
+def test_register_loads_by_module_and_by_file(tmp_path):
+    register = load_register("recurrent.impls.memory")
+    assert register.name == "memory" and register.workflow_cls is MemoryWorkflow
+    assert load_register(memory.__file__ + ":REGISTER") is not None
+    with pytest.raises(FileNotFoundError, match="nope.py"):
+        load_register(str(tmp_path / "nope.py"))
+    with pytest.raises(AttributeError, match="OTHER"):
+        load_register("recurrent.impls.memory:OTHER")
+    with pytest.raises(TypeError, match="expected an RRegister"):
+        load_register("recurrent.impls.memory:MemoryConfig")
+    with pytest.raises(ModuleNotFoundError, match="no_such_module"):
+        load_register("recurrent.impls.no_such_module")
