@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 TOKEN_DTYPE = np.int32
 
 
-def encode_long(text: str, tokenizer, window_chars: int = 200_000, margin_chars: int = 2_000) -> np.ndarray:
+def encode_long(text: str, tokenizer, window_chars: int = 64_000, margin_chars: int = 1_000) -> np.ndarray:
     """Token ids of ``text`` (no special tokens added), identical to ``tokenizer.encode(text)``, computed
     window by window so that peak memory is the ids plus one window's encoding."""
     backend = getattr(tokenizer, "backend_tokenizer", None)

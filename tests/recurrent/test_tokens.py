@@ -1,0 +1,57 @@
+"""Exact windowed encoding of long documents, centre truncation and chunking, by hand."""
+
+import logging
+import random
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from recurrent.tokens import centre_truncate, encode_long, iter_chunks, num_chunks
+
+PIECES = ["Document 12:\n", "the magic number is 40213. ", "  spaced   out\n\n", "Brountalian ", "naïve café — 東京 ",
+          "\t", "x" * 30, "1234567 ", "\n", "don't ", "“quoted” "]  # fmt: skip
+
+
+def messy_text(seed: int, pieces: int) -> str:
+    rng = random.Random(seed)
+    return "".join(rng.choice(PIECES) for _ in range(pieces))
+
+
+@pytest.mark.parametrize("model", ["tiny", "smollm2"])
+def test_windowed_encoding_equals_whole_encoding(model, tiny_model_dir, smollm2_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir if model == "tiny" else smollm2_dir)
+    text = messy_text(seed=3, pieces=6000)
+    whole = np.asarray(tokenizer.encode(text, add_special_tokens=False))
+    windowed = encode_long(text, tokenizer, window_chars=3000, margin_chars=200)  # ~20 seams
+    assert windowed.dtype == np.int32 and np.array_equal(windowed, whole)
+
+
+def test_disagreeing_seams_fall_back_to_one_encode(caplog):
+    # A tokenizer that marks the start of every input: a window that starts mid-text gets a marker that the
+    # whole text has only once, so its seams disagree.
+    raw = Tokenizer(models.BPE(unk_token="[UNK]"))
+    raw.normalizer = normalizers.Prepend("#")
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    raw.train_from_iterator([messy_text(s, 50) for s in range(50)], trainers.BpeTrainer(vocab_size=300,
+                            special_tokens=["[UNK]"], show_progress=False))  # fmt: skip
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]")
+    text = messy_text(seed=4, pieces=800)
+    with caplog.at_level(logging.WARNING, logger="recurrent.tokens"):
+        windowed = encode_long(text, tokenizer, window_chars=2000, margin_chars=100)
+    assert np.array_equal(windowed, tokenizer.encode(text, add_special_tokens=False))
+    assert "whole text" in caplog.text
+
+
+def test_centre_truncation_and_chunks_by_hand():
+    ids = np.arange(10)
+    assert centre_truncate(ids, 6).tolist() == [0, 1, 2, 7, 8, 9]
+    assert centre_truncate(ids, 7).tolist() == [0, 1, 2, 7, 8, 9]  # odd budgets keep 2 * (budget // 2)
+    assert centre_truncate(ids, 10) is ids and centre_truncate(ids, None) is ids
+    chunks = [c.tolist() for c in iter_chunks(ids, 4)]
+    assert chunks == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert num_chunks(10, 4) == 3 and num_chunks(8, 4) == 2 and num_chunks(0, 4) == 0
+    assert list(iter_chunks(np.arange(0), 4)) == []
+    with pytest.raises(ValueError, match="chunk_size"):
+        list(iter_chunks(ids, 0))
