@@ -132,15 +132,23 @@ class MemoryWorkflow(Workflow):
     """Builds a :class:`MemorySession` per sample; templates are built once per tokenizer."""
 
     def __init__(
-        self, config: MemoryConfig, tokenizer: Any, token_prompts: bool = True, keep_prompts: bool = True
+        self,
+        config: MemoryConfig,
+        tokenizer: Any,
+        token_prompts: bool = True,
+        keep_prompts: bool = True,
+        reencode_memory: bool = False,
     ) -> None:
         """``token_prompts``: build each turn's prompt in token space (token-in backends, training).
         ``keep_prompts``: keep every turn's prompt in the session history (training rows need them); without
         it a session holds only the current chunk and the memory, so a pass over a document of any length
-        needs memory for its token ids and nothing more (inference)."""
+        needs memory for its token ids and nothing more (inference).
+        ``reencode_memory``: in token space, put the memory into the next prompt as ``encode(text)`` (what an
+        OpenAI-style endpoint sees) instead of the generated ids themselves (the paper's sync training, P21)."""
         super().__init__(config, tokenizer)
         self.token_prompts = token_prompts
         self.keep_prompts = keep_prompts
+        self.reencode_memory = reencode_memory
         self.final_template = FINAL_TEMPLATES[config.final_prompt]
         self.memory_ids_template = chat_token_template(tokenizer, MEMORY_TEMPLATE) if token_prompts else None
         self.final_ids_template = chat_token_template(tokenizer, self.final_template) if token_prompts else None
