@@ -1,0 +1,269 @@
+"""An OpenAI-compatible chat client for the async manager: bounded concurrency, timeouts, counted retries.
+
+Works with any ``/v1/chat/completions`` endpoint: vLLM, ``transformers serve``, hosted services and Azure
+deployment URLs (``https://host/openai/deployments/<name>``). Unlike the original evaluation client (spec 6.5,
+P7), a failed request is never turned into an empty answer: transient failures are retried with exponential
+backoff and, once retries are exhausted, a :class:`ChatRequestError` is raised with the cause chained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+import httpx2  # the HTTP library of the openai package (a hard dependency of it)
+import openai
+from openai import AsyncOpenAI
+
+from recurrent.interface import FinishReason, Reply
+
+log = logging.getLogger(__name__)
+
+DEFAULT_URL = "http://localhost:8000/v1"
+DEFAULT_API_KEY = "123-abc"  # the original quickstart's placeholder; local servers ignore it
+MAX_BACKOFF = 60.0  # cap on one backoff sleep, in seconds
+
+# Sampling keys the chat endpoint takes as first-class arguments; anything else (top_k, repetition_penalty,
+# min_p, ... for vLLM) goes into the request body as-is through ``extra_body``.
+_OPENAI_SAMPLING = {"temperature", "top_p", "seed", "stop", "presence_penalty", "frequency_penalty", "logit_bias"}
+
+
+class ChatRequestError(RuntimeError):
+    """A chat request that failed for good: non-transient, or transient after the last retry.
+
+    ``attempts`` is the number of HTTP requests made, ``status_code`` the last HTTP status (``None`` for
+    connection errors and timeouts), ``transient`` whether the last failure was of a retryable kind.
+    """
+
+    def __init__(self, message: str, *, attempts: int, status_code: int | None, transient: bool) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+        self.status_code = status_code
+        self.transient = transient
+
+
+@dataclass
+class ClientStats:
+    """Counters over the life of a client (the harness and the benchmarks read them)."""
+
+    calls: int = 0  # chat() invocations
+    requests: int = 0  # HTTP requests sent (attempts, retries included)
+    retries: int = 0  # attempts after the first one of a call
+    failures: int = 0  # calls that raised ChatRequestError
+    prompt_tokens: int = 0  # from the server's usage of successful calls
+    completion_tokens: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def _split_url(base_url: str) -> tuple[str, dict[str, str]]:
+    """Move a query string (Azure's ``?api-version=...``) out of the base URL: the openai client appends the
+    path after the base URL, so a query left in it would end up in the middle of the request path."""
+    parts = urlsplit(base_url)
+    query = dict(parse_qsl(parts.query))
+    return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", "")), query
+
+
+def _is_transient(err: BaseException) -> bool:
+    if isinstance(err, (openai.APIConnectionError, asyncio.TimeoutError)):  # APITimeoutError included
+        return True
+    if isinstance(err, openai.APIStatusError):
+        return err.status_code == 429 or err.status_code >= 500
+    return False
+
+
+def _retry_after(err: BaseException) -> float | None:
+    """Seconds the server asked us to wait (``Retry-After`` on 429/503), if it said so in seconds."""
+    if not isinstance(err, openai.APIStatusError):
+        return None
+    try:
+        return float(err.response.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+
+
+def _describe(err: BaseException) -> str:
+    if isinstance(err, asyncio.TimeoutError):
+        return "TimeoutError: no complete response in time"
+    if isinstance(err, openai.APIStatusError):
+        return f"{type(err).__name__} (HTTP {err.status_code}): {err.message}"
+    return f"{type(err).__name__}: {err}"
+
+
+def _reply_text(choice: Any, stop: Any) -> str:
+    """The message content, plus the stop string that ended generation when the server reports it (vLLM's
+    ``stop_reason``), so the stored text equals the generated tokens (spec P25). Servers that do not report
+    it (``transformers serve``, hosted APIs) leave the content as is."""
+    text = choice.message.content or ""
+    matched = getattr(choice, "stop_reason", None)
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if choice.finish_reason == "stop" and isinstance(matched, str) and matched in stops and not text.endswith(matched):
+        text += matched
+    return text
+
+
+class OpenAIChatClient:
+    """The :class:`~recurrent.interface.ChatClient` for HTTP endpoints, over ``openai.AsyncOpenAI``.
+
+    ``base_url`` defaults to env ``URL`` then ``http://localhost:8000/v1``; ``api_key`` to env ``API_KEY`` then
+    a placeholder. The key is sent both as a Bearer token and as an ``api-key`` header (Azure), as the original
+    quickstart did, and is kept out of reprs, logs and error messages. At most ``max_concurrency`` requests are
+    in flight; each attempt must finish within ``timeout`` seconds; transient failures (connection errors,
+    timeouts, HTTP 429 and 5xx) are retried ``max_retries`` times after ``backoff * 2**attempt`` seconds
+    (capped at 60 s, longer if the server sends ``Retry-After``). ``default_sampling`` is merged under each
+    call's sampling. ``token_limit_param`` names the field that carries ``max_tokens`` (OpenAI's o-series want
+    ``max_completion_tokens``; ``transformers serve`` ignores that one).
+    """
+
+    def __init__(
+        self,
+        base_url: str | None,
+        model: str,
+        api_key: str | None = None,
+        max_concurrency: int = 64,
+        timeout: float = 600.0,
+        max_retries: int = 3,
+        backoff: float = 1.0,
+        default_sampling: dict[str, Any] | None = None,
+        extra_headers: dict[str, str] | None = None,
+        token_limit_param: str = "max_tokens",
+    ) -> None:
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        self.base_url, self._query = _split_url(base_url or os.environ.get("URL") or DEFAULT_URL)
+        self.model = model
+        self.max_concurrency = max_concurrency
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.default_sampling = dict(default_sampling or {})
+        self.token_limit_param = token_limit_param
+        self._api_key = api_key or os.environ.get("API_KEY") or DEFAULT_API_KEY
+        self._headers = {**(extra_headers or {}), "api-key": self._api_key}
+        self.stats = ClientStats()
+        # The HTTP client and the semaphore belong to one event loop; a new loop (a second asyncio.run from
+        # run_sessions) gets fresh ones instead of failing on the closed loop's connections.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._openai: AsyncOpenAI | None = None
+        self._semaphore: asyncio.Semaphore | None = None
+
+    def __repr__(self) -> str:  # no key here, ever
+        return (
+            f"OpenAIChatClient(base_url={self.base_url!r}, model={self.model!r}, "
+            f"max_concurrency={self.max_concurrency}, timeout={self.timeout}, max_retries={self.max_retries})"
+        )
+
+    def _bind(self) -> tuple[AsyncOpenAI, asyncio.Semaphore]:
+        loop = asyncio.get_running_loop()
+        if self._openai is None or self._semaphore is None or self._loop is not loop:
+            limits = httpx2.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
+            self._openai = AsyncOpenAI(
+                base_url=self.base_url,
+                api_key=self._api_key,
+                timeout=self.timeout,
+                max_retries=0,  # retries are ours: counted, logged, and classified the same for every server
+                default_headers=self._headers,
+                default_query=self._query or None,
+                http_client=httpx2.AsyncClient(limits=limits, timeout=self.timeout),
+            )
+            self._semaphore = asyncio.Semaphore(self.max_concurrency)
+            self._loop = loop
+        return self._openai, self._semaphore
+
+    async def aclose(self) -> None:
+        """Close the HTTP connections of the current event loop (the next call opens new ones)."""
+        if self._openai is not None and self._loop is asyncio.get_running_loop():
+            await self._openai.close()
+        self._openai, self._semaphore, self._loop = None, None, None
+
+    async def __aenter__(self) -> OpenAIChatClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def _request(self, messages: list[dict[str, str]], max_tokens: int, sampling: dict[str, Any]) -> dict[str, Any]:
+        if sampling.get("n", 1) != 1:
+            raise ValueError("one reply per call: sampling n must be 1")
+        body = {k: v for k, v in sampling.items() if k not in _OPENAI_SAMPLING and k != "n"}
+        request = {k: v for k, v in sampling.items() if k in _OPENAI_SAMPLING}
+        request.update(model=self.model, messages=messages, **{self.token_limit_param: max_tokens})
+        if body:
+            request["extra_body"] = body
+        return request
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self._api_key, "***") if self._api_key else text
+
+    async def chat(self, messages: list[dict[str, str]], max_tokens: int, **sampling: Any) -> Reply:
+        """One chat completion. ``sampling``: temperature, top_p, seed, stop, ... (merged over the defaults)."""
+        client, semaphore = self._bind()
+        sampling = {**self.default_sampling, **sampling}
+        request = self._request(messages, max_tokens, sampling)
+        self.stats.calls += 1
+        attempt = 0
+        while True:
+            async with semaphore:  # held for the request only, not during the backoff sleep
+                self.stats.requests += 1
+                start = time.perf_counter()
+                try:
+                    # wait_for bounds the whole attempt; httpx's timeout alone bounds each read, not the total
+                    response = await asyncio.wait_for(client.chat.completions.create(**request), self.timeout)
+                    error = None
+                except (openai.APIError, asyncio.TimeoutError) as err:
+                    error = err
+                seconds = time.perf_counter() - start
+            if error is None:
+                return self._to_reply(response, sampling.get("stop"), seconds, attempt + 1)
+            transient = _is_transient(error)
+            if not transient or attempt >= self.max_retries:
+                raise self._failure(error, attempt + 1, transient) from error
+            delay = min(self.backoff * 2**attempt, MAX_BACKOFF)
+            delay = max(delay, min(_retry_after(error) or 0.0, MAX_BACKOFF))
+            log.warning(
+                "%s; retry %d/%d in %.2f s", self._redact(_describe(error)), attempt + 1, self.max_retries, delay
+            )
+            self.stats.retries += 1
+            attempt += 1
+            await asyncio.sleep(delay)
+
+    def _failure(self, error: BaseException, attempts: int, transient: bool) -> ChatRequestError:
+        self.stats.failures += 1
+        # A server may echo the key in its error body ("invalid key sk-..."): scrub the chained cause too, since
+        # tracebacks print it.
+        if self._api_key and self._api_key in str(error):
+            error.args = tuple(self._redact(a) if isinstance(a, str) else a for a in error.args)
+            if isinstance(getattr(error, "message", None), str):
+                error.message = self._redact(error.message)  # type: ignore[attr-defined]
+        what = f"failed after {attempts} attempt{'s' * (attempts != 1)}" if transient else "failed (not retried)"
+        message = self._redact(f"chat request to {self.base_url} {what}: {_describe(error)}")
+        status = getattr(error, "status_code", None)
+        return ChatRequestError(message, attempts=attempts, status_code=status, transient=transient)
+
+    def _to_reply(self, response: Any, stop: Any, seconds: float, attempts: int) -> Reply:
+        if not response.choices:
+            self.stats.failures += 1
+            message = f"chat request to {self.base_url} returned no choices"
+            raise ChatRequestError(message, attempts=attempts, status_code=None, transient=False)
+        choice = response.choices[0]
+        finish: FinishReason = "length" if choice.finish_reason == "length" else "stop"
+        usage = response.usage
+        prompt_tokens = usage.prompt_tokens if usage else 0
+        completion_tokens = usage.completion_tokens if usage else 0
+        self.stats.prompt_tokens += prompt_tokens
+        self.stats.completion_tokens += completion_tokens
+        return Reply(
+            text=_reply_text(choice, stop),
+            finish_reason=finish,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            seconds=seconds,
+        )

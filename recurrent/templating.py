@@ -1,0 +1,120 @@
+"""Prompt templates in token-id space.
+
+A :class:`TokenTemplate` is a format string whose literal pieces are tokenized once, up front, and whose slots
+are filled with token ids. Long chunks are therefore never decoded and re-encoded (spec 2.3). The price is
+that a slot value is tokenized apart from its neighbours, so the ids at a seam can differ from encoding the
+rendered string (spec P20); the decoded text is always identical. The trained checkpoints saw this
+segmentation, so the sync training path keeps it.
+
+Slots are ``{name}`` with ``name`` made of ASCII letters only: ``\\boxed{}`` and ``{{}}`` stay literal text,
+braces and all (spec P3).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+SLOT = re.compile(r"\{([a-zA-Z]+)\}")
+# No whitespace, braces or markup: chat templates that trim or escape content leave it intact.
+_PLACEHOLDER = "MEMAGENTxMESSAGExPLACEHOLDERx7f3a9c"
+
+TokenIds = Sequence[int] | np.ndarray | torch.Tensor
+
+
+def _as_id_list(key: str, value: Any) -> list[int]:
+    """A slot value as a list of ints (list, tuple, 1-D numpy array or 1-D tensor)."""
+    if isinstance(value, torch.Tensor | np.ndarray):
+        if value.ndim != 1:
+            raise ValueError(f"slot {key!r}: expected a 1-D sequence of token ids, got shape {tuple(value.shape)}")
+        return [int(v) for v in value.tolist()]
+    if isinstance(value, list | tuple):
+        return [int(v) for v in value]
+    raise TypeError(f"slot {key!r}: expected token ids (list, tuple, numpy array or tensor), got {type(value)}")
+
+
+def _check_special_tokens(piece: str, ids: list[int], tokenizer: Any) -> None:
+    """Special (added) tokens written in the text must map to their single ids, not to their characters."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    pairs = [(str(tok), int(i)) for i, tok in added.items()]
+    pairs += list(zip(tokenizer.all_special_tokens, tokenizer.all_special_ids, strict=True))
+    for token, token_id in pairs:
+        if token and token in piece and token_id not in ids:
+            raise ValueError(
+                f"the tokenizer splits the special token {token!r} written in the template text into pieces; "
+                "load it with split_special_tokens=False"
+            )
+
+
+class TokenTemplate:
+    """A format string in token-id space: ``TokenTemplate("Q: {q}\\nA:", tok).format(q=ids) -> list[int]``.
+
+    Attributes: ``keys`` (slot names in order, repeats included) and ``length`` (number of literal tokens).
+    """
+
+    def __init__(self, template: str, tokenizer: Any) -> None:
+        self.template = template
+        parts = SLOT.split(template)  # literal, key, literal, key, ..., literal
+        self.keys: list[str] = parts[1::2]
+        self.sections: list[list[int]] = []
+        for piece in parts[0::2]:
+            ids = tokenizer.encode(piece, add_special_tokens=False) if piece else []
+            _check_special_tokens(piece, ids, tokenizer)
+            self.sections.append(list(ids))
+        self.length: int = sum(len(s) for s in self.sections)
+
+    def format(self, **values: TokenIds) -> list[int]:
+        """Concatenate the literal pieces with the slot values (each a 1-D sequence of token ids)."""
+        missing = [k for k in dict.fromkeys(self.keys) if k not in values]
+        if missing:
+            raise KeyError(f"missing template slot(s): {', '.join(missing)}")
+        unexpected = [k for k in values if k not in self.keys]
+        if unexpected:
+            raise TypeError(f"unexpected template slot(s): {', '.join(unexpected)} (slots: {self.keys})")
+        filled = {k: _as_id_list(k, v) for k, v in values.items()}
+        out: list[int] = list(self.sections[0])
+        for key, section in zip(self.keys, self.sections[1:], strict=True):
+            out += filled[key]
+            out += section
+        return out
+
+    def __repr__(self) -> str:
+        return f"TokenTemplate(keys={self.keys}, length={self.length})"
+
+
+def chat_prompt_template(tokenizer: Any, system: str | None = None) -> str:
+    """The model's chat template around one user message, as text with a single ``{message}`` hole.
+
+    The "chat template trick": render a conversation whose user content is a unique placeholder (with the
+    generation prompt), then put the hole where the placeholder landed. Without ``system`` the template's
+    default system turn (if any) is kept, as the released checkpoints were trained with it.
+    """
+    messages = [{"role": "user", "content": _PLACEHOLDER}]
+    if system is not None:
+        messages.insert(0, {"role": "system", "content": system})
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    if not isinstance(rendered, str):
+        raise TypeError(f"apply_chat_template(tokenize=False) returned {type(rendered)}, expected str")
+    count = rendered.count(_PLACEHOLDER)
+    if count != 1:
+        raise ValueError(f"the chat template rendered the user message {count} times (expected once)")
+    clashes = sorted(set(SLOT.findall(rendered)))
+    if clashes:
+        raise ValueError(
+            "the rendered chat template contains text that would be read as template slots: "
+            + ", ".join("{" + c + "}" for c in clashes)
+        )
+    return rendered.replace(_PLACEHOLDER, "{message}")
+
+
+def chat_token_template(tokenizer: Any, message_template: str, system: str | None = None) -> TokenTemplate:
+    """``message_template`` (with its own slots) as the user turn of the chat template, as one TokenTemplate.
+
+    Inserted by string replacement, not ``str.format``: the message's own braces (``\\boxed{{}}``) are kept.
+    """
+    text = chat_prompt_template(tokenizer, system=system).replace("{message}", message_template)
+    return TokenTemplate(text, tokenizer)

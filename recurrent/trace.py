@@ -1,0 +1,112 @@
+"""Memory traces as JSON lines: one line per finished sample, appended and flushed as samples finish.
+
+A long evaluation killed half-way keeps every sample finished before the kill, so a rerun can skip them
+(:func:`finished_ids`). A kill can leave a half-written last line; reopening the file for writing cuts it off,
+and reading ignores it, so appending across runs never glues a new record onto a broken one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from recurrent.interface import Session
+
+
+def sample_record(
+    sample_id: Any, session: Session, error: BaseException | str | None = None, seconds: float = 0.0
+) -> dict[str, Any]:
+    """The trace line of one sample: its id, the session's own trace, the error if it failed, its wall time and
+    its token totals (every reply counted, a failed sample's partial turns too: they were paid for)."""
+    history = session.history
+    if isinstance(error, BaseException):
+        error = f"{type(error).__name__}: {error}"
+    return {
+        "id": sample_id,
+        **session.trace(),
+        "error": error,
+        "seconds": round(seconds, 6),
+        "prompt_tokens": sum(rec.reply.prompt_tokens for rec in history),
+        "completion_tokens": sum(rec.reply.completion_tokens for rec in history),
+    }
+
+
+def _cut_partial_line(path: Path) -> None:
+    """Truncate the file after its last newline: whatever follows is a line a killed run did not finish."""
+    with path.open("rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return
+        # Walk back in blocks until a newline (or the start of the file) is found.
+        end = size
+        while end > 0:
+            start = max(0, end - 65536)
+            f.seek(start)
+            block = f.read(end - start)
+            newline = block.rfind(b"\n")
+            if newline >= 0:
+                keep = start + newline + 1
+                break
+            end = start
+        else:
+            keep = 0
+        if keep < size:
+            f.truncate(keep)
+
+
+class TraceWriter:
+    """Append JSON lines to ``path`` (created with its folders), one ``write`` per line, flushed at once."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():
+            _cut_partial_line(self.path)
+        self._file = self.path.open("ab", buffering=0)  # unbuffered: each line is one system write
+
+    def write(self, record: dict[str, Any]) -> None:
+        data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        view = memoryview(data)
+        while view:  # a raw write may be partial for very large lines
+            view = view[self._file.write(view) :]
+
+    def write_sample(
+        self, sample_id: Any, session: Session, error: BaseException | str | None = None, seconds: float = 0.0
+    ) -> None:
+        self.write(sample_record(sample_id, session, error, seconds))
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_trace(path: str | Path) -> list[dict[str, Any]]:
+    """Every complete record of a trace file, in file order. A last line without its newline (a killed run) is
+    ignored; a broken line anywhere else is corruption and raises, naming the line."""
+    records = []
+    with Path(path).open("rb") as f:
+        lines = f.read().split(b"\n")
+    # split leaves the text after the last newline as the final element: empty if the file ended cleanly
+    for number, line in enumerate(lines[:-1], start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number}: not a JSON line ({err})") from err
+    return records
+
+
+def finished_ids(path: str | Path, include_errors: bool = False) -> set[Any]:
+    """Ids of the samples a trace already holds, to skip on resume. Failed samples are not finished unless
+    ``include_errors`` (by default a rerun retries them). Ids are compared after a JSON round trip."""
+    if not Path(path).exists():
+        return set()
+    return {r["id"] for r in read_trace(path) if include_errors or r.get("error") is None}

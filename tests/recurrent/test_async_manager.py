@@ -1,0 +1,188 @@
+"""The async manager against a real `transformers serve` (tiny model): rows, masks, usage, greedy determinism,
+session concurrency, traces, and failures recorded per sample."""
+
+import asyncio
+
+import pytest
+
+from recurrent.async_manager import AsyncGenerationManager, reduce_timings, run_session, run_sessions
+from recurrent.client import ChatRequestError, OpenAIChatClient
+from recurrent.interface import Reply, Session, Turn, TurnRecord
+from recurrent.serving import free_port, transformers_serve
+from recurrent.trace import finished_ids, read_trace
+
+GREEDY = {"temperature": 0}
+
+
+class RelaySession(Session):
+    """``k`` non-final turns then a final one; each prompt is one user message quoting the previous reply.
+    ``fail_at`` makes the session raise when it records that turn's reply (a workflow bug in mid-run)."""
+
+    def __init__(self, name: str, k: int, max_tokens: int = 4, fail_at: int | None = None) -> None:
+        self.name, self.k, self.max_tokens, self.fail_at = name, k, max_tokens, fail_at
+        self._history: list[TurnRecord] = []
+        self._pending: Turn | None = None
+
+    def next_turn(self) -> Turn | None:
+        step = len(self._history)
+        if step > self.k:
+            return None
+        previous = self._history[-1].reply.text if self._history else "nothing yet"
+        content = f"{self.name}, step {step}. Previous reply: {previous}"
+        self._pending = Turn([{"role": "user", "content": content}], self.max_tokens, final=step == self.k)
+        self._pending.meta["step"] = step
+        return self._pending
+
+    def record(self, reply: Reply) -> None:
+        if len(self._history) == self.fail_at:
+            raise RuntimeError(f"{self.name} broke at step {self.fail_at}")
+        self._history.append(TurnRecord(self._pending, reply))
+
+    @property
+    def history(self) -> list[TurnRecord]:
+        return self._history
+
+
+class EarlyFinalSession(RelaySession):
+    """A buggy workflow: it flags its first turn final, then goes on asking more turns."""
+
+    def next_turn(self) -> Turn | None:
+        turn = super().next_turn()
+        if turn is not None and turn.meta["step"] == 0:
+            turn.final = True
+        return turn
+
+
+class InFlight:
+    """A ChatClient wrapper that records the peak number of calls in flight."""
+
+    def __init__(self, client) -> None:
+        self.client, self.now, self.peak = client, 0, 0
+
+    async def chat(self, messages, max_tokens, **sampling) -> Reply:
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        try:
+            return await self.client.chat(messages, max_tokens, **sampling)
+        finally:
+            self.now -= 1
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    with transformers_serve(tiny_model_dir) as server:
+        yield server
+
+
+@pytest.fixture
+async def client(server):
+    """A client of the tiny server, its connections closed after the test."""
+    client = OpenAIChatClient(server.base_url, server.model)
+    yield client
+    await client.aclose()
+
+
+def test_reduce_timings_averages_async_keys_and_sums_the_rest():
+    per_sample = [
+        {"mt_async_gen": 2.0, "mt_model": 1.5},
+        {"mt_async_gen": 4.0, "mt_model": 2.5, "tokenize": 0.25},
+        {"mt_async_gen": 6.0, "mt_model": 1.0},
+    ]
+    # async: (2 + 4 + 6) / 3 = 4; model: 1.5 + 2.5 + 1 = 5; tokenize only in one sample: 0.25
+    assert reduce_timings(per_sample) == {"mt_async_gen": 4.0, "mt_model": 5.0, "tokenize": 0.25}
+    assert reduce_timings([]) == {}
+
+
+async def test_run_session_drives_one_session_to_the_end(client):
+    session = await run_session(RelaySession("solo", k=2), client, GREEDY)
+    assert [rec.turn.final for rec in session.history] == [False, False, True]
+    assert session.next_turn() is None
+    # each prompt quotes the previous reply: the loop hands replies back in order
+    assert session.history[1].turn.messages[0]["content"].endswith(session.history[0].reply.text)
+
+
+async def test_rows_masks_usage_and_length(client):
+    sessions = [RelaySession("a", k=0), RelaySession("b", k=1), RelaySession("c", k=3)]
+    rollout = await AsyncGenerationManager(client, progress=False).run(sessions, GREEDY)
+    assert rollout.errors == [None, None, None] and rollout.ok == [True, True, True]
+    assert rollout.sample_index.tolist() == [0, 1, 1, 2, 2, 2, 2]
+    assert rollout.final_mask.tolist() == [True, False, True, False, False, False, True]
+    assert rollout.sample_index.dtype.is_floating_point is False and rollout.final_mask.dtype.is_signed is False
+    assert [rec.turn.meta["step"] for rec in rollout.records] == [0, 0, 1, 0, 1, 2, 3]
+    replies = [rec.reply for rec in rollout.records]
+    assert all(r.finish_reason == "length" and r.completion_tokens == 4 and r.prompt_tokens > 0 for r in replies)
+    assert rollout.completion_tokens == 7 * 4 == client.stats.completion_tokens
+    assert rollout.prompt_tokens == sum(r.prompt_tokens for r in replies) == client.stats.prompt_tokens
+    assert set(rollout.timing) == {"mt_async_gen", "mt_model", "mt_wall"}
+    assert max(rollout.seconds) <= rollout.timing["mt_wall"]
+
+
+def test_greedy_runs_are_deterministic_and_traced(server, tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    client = OpenAIChatClient(server.base_url, server.model)  # one client, two event loops (two asyncio.run)
+
+    def run():
+        sessions = [RelaySession(f"s{i}", k=i % 3, max_tokens=6) for i in range(5)]
+        return run_sessions(sessions, client, GREEDY, ids=[f"q{i}" for i in range(5)], trace_path=trace, progress=False)
+
+    first, second = run(), run()
+    assert [r.reply.text for r in first.records] == [r.reply.text for r in second.records]
+    records = read_trace(trace)
+    assert len(records) == 10  # appended across the two runs
+    assert sorted(r["id"] for r in records[:5]) == [f"q{i}" for i in range(5)]
+    q2 = next(r for r in records if r["id"] == "q2")
+    assert [t["step"] for t in q2["turns"]] == [0, 1, 2] and q2["turns"][-1]["final"] is True
+    assert q2["error"] is None and q2["completion_tokens"] == 3 * 6 and q2["seconds"] > 0
+
+
+async def test_manager_bounds_concurrent_sessions(client):
+    counted = InFlight(client)
+    sessions = [RelaySession(f"s{i}", k=1) for i in range(6)]
+    rollout = await AsyncGenerationManager(counted, max_concurrency=2, progress=False).run(sessions, GREEDY)
+    assert rollout.num_failed == 0
+    assert counted.peak == 2  # each session has one call in flight at a time
+
+
+async def test_failing_session_is_recorded_and_the_others_finish(client, tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    sessions = [
+        RelaySession("ok1", k=2),
+        RelaySession("broken", k=3, fail_at=1),
+        EarlyFinalSession("early-final", k=1),
+        RelaySession("ok2", k=1),
+    ]
+    manager = AsyncGenerationManager(client, trace_path=trace, progress=False)
+    rollout = await manager.run(sessions, GREEDY, ids=["a", "b", "c", "d"])
+    assert rollout.ok == [True, False, False, True] and rollout.num_failed == 2
+    assert isinstance(rollout.errors[1], RuntimeError) and "broke at step 1" in str(rollout.errors[1])
+    assert "only the last one flagged final" in str(rollout.errors[2])
+    # failed samples contribute no training rows; the sample indices still name the original positions
+    assert rollout.sample_index.tolist() == [0, 0, 0, 3, 3]
+    assert rollout.final_mask.tolist() == [False, False, True, False, True]
+    # their partial turns were paid for: counted in the token totals and kept in the trace
+    assert rollout.completion_tokens == 4 * (3 + 1 + 2 + 2)
+    by_id = {r["id"]: r for r in read_trace(trace)}
+    assert set(by_id) == {"a", "b", "c", "d"}
+    assert by_id["b"]["error"] == "RuntimeError: broken broke at step 1" and len(by_id["b"]["turns"]) == 1
+    assert finished_ids(trace) == {"a", "d"}  # a resumed run redoes b and c
+
+
+async def test_unreachable_server_errors_surface_per_sample():
+    client = OpenAIChatClient(f"http://127.0.0.1:{free_port()}/v1", "m", max_retries=1, backoff=0.01)
+    rollout = await AsyncGenerationManager(client, progress=False).run([RelaySession(f"s{i}", k=1) for i in range(3)])
+    assert rollout.num_failed == 3
+    assert all(isinstance(e, ChatRequestError) and e.attempts == 2 for e in rollout.errors)
+    assert len(rollout.records) == 0 and rollout.sample_index.tolist() == []
+    assert client.stats.failures == 3 and client.stats.requests == 6
+    await client.aclose()
+
+
+async def test_fail_fast_raises_and_cancels_the_rest(client, tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    sessions = [RelaySession("broken", k=1, fail_at=0)] + [RelaySession(f"long{i}", k=50) for i in range(3)]
+    manager = AsyncGenerationManager(client, trace_path=trace, progress=False)
+    with pytest.raises(RuntimeError, match="broke at step 0"):
+        await manager.run(sessions, GREEDY, fail_fast=True)
+    assert all(len(s.history) < 51 for s in sessions[1:])  # stopped before their end
+    assert [r["id"] for r in read_trace(trace)] == [0]  # only the finished (failed) sample is traced
+    assert not [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]  # nothing left running
