@@ -234,11 +234,11 @@ class MemorySession(Session):
         if turn is None:
             raise RuntimeError("record called without a pending turn")
         if not turn.final:
-            # Overwrite the memory with the response: the raw generated ids when the backend returned them.
+            # Overwrite the memory with the response: the raw generated ids when the backend returned them (P21).
             self.memory_text = reply.text
-            self.memory_ids = (
-                None if reply.token_ids is None else [t for t in reply.token_ids if t not in self.workflow.drop_ids]
-            )
+            self.memory_ids = None  # re-encoded from the text when the next prompt is built in token space
+            if reply.token_ids is not None and not self.workflow.reencode_memory:
+                self.memory_ids = [t for t in reply.token_ids if t not in self.workflow.drop_ids]
             self.memory_trace.append(reply.text)
             self._step += 1
         if not self.workflow.keep_prompts:  # keep the facts of the turn, not its (chunk-sized) prompt

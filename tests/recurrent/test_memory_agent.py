@@ -117,6 +117,20 @@ def test_memory_is_overwritten_and_final_sees_only_question_and_memory(tokenizer
     assert trace["turns"][-1]["final"] and trace["answer"] == "\\boxed{Paris}"
 
 
+def test_reencoded_memory_uses_the_canonical_ids(tokenizer):
+    # Generated ids need not be the canonical encoding of their text: here "ou" generated as "o", "u".
+    raw = tokenizer.encode("o", add_special_tokens=False) + tokenizer.encode("u", add_special_tokens=False)
+    canonical = tokenizer.encode("ou", add_special_tokens=False)
+    assert raw != canonical
+    for reencode, expected in ((False, raw), (True, canonical)):
+        workflow = MemoryWorkflow(MemoryConfig(chunk_size=4), tokenizer, reencode_memory=reencode)
+        session = workflow.session({"prompt": "Q?", "context": "one two three"})
+        session.next_turn()
+        session.record(Reply("ou", "stop", token_ids=raw + [tokenizer.eos_token_id]))
+        final = session.next_turn()
+        assert final.prompt_ids == workflow.final_ids_template.format(prompt=session.question_ids, memory=expected)
+
+
 def test_empty_context_answers_from_no_previous_memory(tokenizer):
     for context in ("", None):
         session = MemoryWorkflow(MemoryConfig(), tokenizer).session({"prompt": "Q?", "context": context})
