@@ -123,9 +123,9 @@ def test_reencoded_memory_uses_the_canonical_ids(tokenizer):
     canonical = tokenizer.encode("ou", add_special_tokens=False)
     assert raw != canonical
     for reencode, expected in ((False, raw), (True, canonical)):
-        workflow = MemoryWorkflow(MemoryConfig(chunk_size=4), tokenizer, reencode_memory=reencode)
-        session = workflow.session({"prompt": "Q?", "context": "one two three"})
-        session.next_turn()
+        workflow = MemoryWorkflow(MemoryConfig(chunk_size=64), tokenizer, reencode_memory=reencode)
+        session = workflow.session({"prompt": "Q?", "context": "one two three"})  # one chunk
+        assert not session.next_turn().final
         session.record(Reply("ou", "stop", token_ids=raw + [tokenizer.eos_token_id]))
         final = session.next_turn()
         assert final.prompt_ids == workflow.final_ids_template.format(prompt=session.question_ids, memory=expected)
