@@ -29,6 +29,7 @@ from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
 from recurrent.models import _english_like_corpus
 from recurrent.serving import transformers_serve
 from recurrent.sync_manager import SessionBatchAgent, SyncGenerationManager
+from recurrent.trace import read_trace
 
 GREEDY = {"temperature": 0.0}
 CONFIG = MemoryConfig(chunk_size=64, max_chunks=None, max_memorization_length=12, max_final_response_length=12)
@@ -57,9 +58,10 @@ def run_sync(workflow, batch, model_dir, tokenizer):
     return manager.run(SessionBatchAgent(workflow), batch).sessions
 
 
-def run_async(workflow, batch, server):
+def run_async(workflow, batch, server, trace_path=None):
     sessions = [workflow.session(sample) for sample in batch]
-    rollout = run_sessions(sessions, OpenAIChatClient(server.base_url, server.model), GREEDY, progress=False)
+    client = OpenAIChatClient(server.base_url, server.model)
+    rollout = run_sessions(sessions, client, GREEDY, progress=False, trace_path=trace_path)
     assert rollout.num_failed == 0, rollout.errors
     return sessions
 
@@ -69,9 +71,18 @@ def canonical_ids(tokenizer, turn):
     return list(ids)
 
 
-def test_sync_and_async_agree_when_the_memory_is_reencoded(batch, server, tiny_model_dir, tokenizer):
+def test_sync_and_async_agree_when_the_memory_is_reencoded(batch, server, tiny_model_dir, tokenizer, tmp_path):
     sync = run_sync(MemoryWorkflow(CONFIG, tokenizer, reencode_memory=True), batch, tiny_model_dir, tokenizer)
-    asyn = run_async(MemoryWorkflow(CONFIG, tokenizer, token_prompts=False), batch, server)
+    trace = tmp_path / "trace.jsonl"
+    asyn = run_async(MemoryWorkflow(CONFIG, tokenizer, token_prompts=False), batch, server, trace)
+    # The memory trace: per sample, the memory after every chunk, the answer, token counts and timings.
+    lines = read_trace(trace)
+    assert sorted(line["id"] for line in lines) == [0, 1, 2]
+    for line in lines:
+        session = asyn[line["id"]]
+        assert line["memories"] == session.memory_trace and line["answer"] == session.answer
+        assert len(line["turns"]) == session.num_chunks + 1 and line["turns"][-1]["final"]
+        assert all(t["completion_tokens"] > 0 and t["seconds"] > 0 for t in line["turns"])
     assert [s.num_chunks for s in sync] == [0, 2, 7]
     for s, a in zip(sync, asyn, strict=True):
         # Precondition: every token-space prompt is exactly what the server builds from the messages.
