@@ -59,19 +59,11 @@ FINAL_TEMPLATE_BOXED = """You are presented with a problem and a previous memory
 Your answer:
 """  # noqa: E501, W291
 
-# The paper's evaluation protocol (spec 6.4, P4): same layout, answer phrased "Therefore, the answer is ...".
-FINAL_TEMPLATE_ANSWER_IS = """You are presented with a problem and a previous memory. Please answer the problem based on the previous memory and format your response as follows "Therefore, the answer is (insert answer here)".
-
-<problem> 
-{prompt}
-</problem>
-
-<memory>
-{memory}
-</memory>
-
-Your answer:
-"""  # noqa: E501, W291
+# The paper's evaluation protocol (spec 6.4, P4): the same prompt, the answer phrased "Therefore, the answer is".
+FINAL_TEMPLATE_ANSWER_IS = FINAL_TEMPLATE_BOXED.replace(
+    "put the answer in \\boxed{}.",
+    'format your response as follows "Therefore, the answer is (insert answer here)".',
+)
 
 NO_MEMORY = "No previous memory"
 FINAL_TEMPLATES = {"boxed": FINAL_TEMPLATE_BOXED, "answer_is": FINAL_TEMPLATE_ANSWER_IS}
