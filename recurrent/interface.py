@@ -185,4 +185,3 @@ def load_register(spec: str, obj_name: str = "REGISTER") -> RRegister:
     if not isinstance(register, RRegister):
         raise TypeError(f"{where}:{obj_name} is a {type(register).__name__}, expected an RRegister")
     return register
-

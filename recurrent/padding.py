@@ -92,3 +92,23 @@ def strip_tokens(
         keep = ~torch.isin(flat, torch.tensor(sorted(drop), dtype=flat.dtype, device=flat.device))
         return flat[keep]
     return [int(t) for t in ids if int(t) not in drop]
+
+
+def rollout_tensors(
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    prompt_position_ids: torch.Tensor,
+    responses: torch.Tensor,
+    response_mask: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """verl's row layout: left-padded prompts and right-padded responses side by side. Response positions
+    continue from each row's last prompt position; attention covers the prompt and the valid response."""
+    steps = torch.arange(1, responses.shape[1] + 1, dtype=prompt_position_ids.dtype).unsqueeze(0)
+    return {
+        "prompts": prompt_ids,
+        "responses": responses,
+        "response_mask": response_mask,
+        "input_ids": torch.cat([prompt_ids, responses], dim=1),
+        "attention_mask": torch.cat([prompt_mask.long(), response_mask], dim=1),
+        "position_ids": torch.cat([prompt_position_ids, prompt_position_ids[:, -1:] + steps], dim=1),
+    }

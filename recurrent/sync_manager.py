@@ -23,7 +23,7 @@ import torch
 from verl import DataProto
 
 from recurrent.interface import RAgent, Reply, Session, Turn
-from recurrent.padding import graceful_padding, pad_tensor_list_to_length, position_ids_from_mask
+from recurrent.padding import graceful_padding, pad_tensor_list_to_length, position_ids_from_mask, rollout_tensors
 
 PADDING_WORD = "Hello."  # the dummy prompt that fills a round up to a multiple of world_size (spec 2.2)
 
@@ -290,14 +290,7 @@ class SyncGenerationManager:
             [row for r in rounds for row in self._response_mask(r.output)], 0, response_width, left_pad=False
         )
         responses = responses.masked_fill(response_mask == 0, self.pad_id)
-        prompt_pos = position_ids_from_mask(prompt_mask)
-        steps = torch.arange(1, response_width + 1).unsqueeze(0)
-        tensors = {
-            "prompts": prompt_ids,
-            "responses": responses,
-            "response_mask": response_mask,
-            "input_ids": torch.cat([prompt_ids, responses], dim=1),
-            "attention_mask": torch.cat([prompt_mask.long(), response_mask], dim=1),
-            "position_ids": torch.cat([prompt_pos, prompt_pos[:, -1:] + steps], dim=1),
-        }
+        tensors = rollout_tensors(
+            prompt_ids, prompt_mask, position_ids_from_mask(prompt_mask), responses, response_mask
+        )
         return DataProto.from_dict(tensors=tensors)

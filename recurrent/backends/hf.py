@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from verl import DataProto
 
-from recurrent.padding import pad_tensor_list_to_length
+from recurrent.padding import pad_tensor_list_to_length, rollout_tensors
 
 
 def _eos_list(eos: int | list[int] | tuple[int, ...] | None) -> list[int]:
@@ -132,16 +132,7 @@ class HFBackend:
         response_mask = response_mask_from_eos(responses, eos_ids, lengths)
         responses = responses.masked_fill(response_mask == 0, pad_id)  # pad after eos, whatever HF put there
 
-        # verl's convention: response positions continue from the last prompt position.
-        steps = torch.arange(1, pad_to + 1, dtype=position_ids.dtype).unsqueeze(0)
-        tensors = {
-            "prompts": input_ids,
-            "responses": responses,
-            "response_mask": response_mask,
-            "input_ids": torch.cat([input_ids, responses], dim=1),
-            "attention_mask": torch.cat([attention_mask.long(), response_mask], dim=1),
-            "position_ids": torch.cat([position_ids, position_ids[:, -1:] + steps], dim=1),
-        }
+        tensors = rollout_tensors(input_ids, attention_mask, position_ids, responses, response_mask)
         return DataProto.from_dict(
             tensors=tensors, non_tensors=dict(prompts.non_tensor_batch), meta_info=dict(prompts.meta_info)
         )
