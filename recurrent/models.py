@@ -205,7 +205,7 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -229,7 +229,7 @@ def build_smollm2(dest: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=_ensure(dest.parent)))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    _write_manifest(tmp, SMOLLM2, {"gguf_sha256": _file_sha256(gguf)})
+    _write_manifest(tmp, SMOLLM2, {"gguf_sha256": file_sha256(gguf)})
     _publish(tmp, dest)
     return dest
 

