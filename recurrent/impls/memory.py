@@ -148,7 +148,8 @@ class MemoryWorkflow(Workflow):
         # Ids that end or pad a response; the memory is the response without them (spec P21).
         self.drop_ids = {i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
 
-    def session(self, sample: dict[str, Any]) -> MemorySession:
+    def context_text(self, sample: dict[str, Any]) -> str:
+        """The context of a row as a string (a missing value reads as an empty document)."""
         config: MemoryConfig = self.config
         if config.context_key not in sample:
             raise KeyError(f"sample has no column {config.context_key!r} (the context); columns: {sorted(sample)}")
@@ -157,10 +158,29 @@ class MemoryWorkflow(Workflow):
             context = ""
         if not isinstance(context, str):
             raise TypeError(f"column {config.context_key!r} must hold a string, got {type(context).__name__}")
-        if config.strip_context:
-            context = context.strip()
-        context_ids = encode_long(context, self.tokenizer)
-        return self.session_from_ids(question_text(sample, config.question_key), context_ids)
+        return context.strip() if config.strip_context else context
+
+    def session(self, sample: dict[str, Any], context_ids: np.ndarray | None = None) -> MemorySession:
+        """The session of one row; ``context_ids`` lets a caller that already tokenized the context reuse it."""
+        context = self.context_text(sample)
+        question = question_text(sample, self.config.question_key)
+        if context_ids is None:
+            context_ids = encode_long(context, self.tokenizer)
+        return self.session_from_ids(question, context_ids)
+
+    def max_turn_lengths(self) -> tuple[int, int]:
+        """(longest prompt, largest max_tokens) of any turn, in tokens, when prompts are built in token space.
+
+        A memory turn holds the template, the question (<= max_prompt_length), a chunk (<= chunk_size) and
+        the memory (the previous response, <= max_memorization_length tokens); the final turn holds the
+        template, the question and the memory."""
+        if not self.token_prompts:
+            raise ValueError("max_turn_lengths needs token_prompts=True (the template lengths are in tokens)")
+        cfg: MemoryConfig = self.config
+        memory = max(cfg.max_memorization_length, len(self.no_memory_ids))
+        memory_turn = self.memory_ids_template.length + cfg.max_prompt_length + cfg.chunk_size + memory
+        final_turn = self.final_ids_template.length + cfg.max_prompt_length + memory
+        return max(memory_turn, final_turn), max(cfg.max_memorization_length, cfg.max_final_response_length)
 
     def session_from_ids(self, question: str, context_ids: np.ndarray) -> MemorySession:
         """A session over an already tokenized context (the training path tokenizes once, upstream)."""

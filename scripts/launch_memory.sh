@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Launch a MemAgent RL training run (verl_ext.main) on one node or on a Ray cluster.
+# Called by run_memory_7B.sh / run_memory_14B.sh:  launch_memory.sh CONFIG DEFAULT_MODEL DEFAULT_NNODES [overrides]
+#
+# Environment (all optional):
+#   PROJ_ROOT       where runs go: $PROJ_ROOT/memory_agent/<size>/ holds checkpoints (global_step_N/), rollout
+#                   dumps and Hydra logs (default: <repository>/checkpoints, git-ignored)
+#   DATASET_ROOT    holds hotpotqa/hotpotqa_train_32k.parquet and hotpotqa/hotpotqa_dev.parquet
+#                   (columns prompt, context, data_source, reward_model.ground_truth; default: <repository>/data)
+#   MODEL_PATH      a local model folder, or a hub id already in the local Hugging Face cache (nothing is
+#                   downloaded at run time; on a cluster, a folder every node can read)
+#   NNODES, NGPUS_PER_NODE   cluster shape (defaults: the paper's)
+#   RAY_ADDRESS     join an existing Ray cluster ("auto" on its head node); unset: start Ray on this node
+#   MODE            async (default) | sync        the memory agent's rollout mode (recurrent.mode)
+#   RESUME          auto (default: the latest checkpoint of the run folder) | disable | a global_step_N folder
+#   LOGGER          console,wandb (default; the paper's) | console | console,file | console,tensorboard
+#   WANDB_OFFLINE   1: wandb logs locally (upload later with `wandb sync`)
+#   DUMP_ROLLOUTS   1: every training rollout (all memory turns) and validation generation as JSONL
+#                   under the run folder (rollouts/<step>.jsonl, validation/<step>.jsonl)
+#   DRY_RUN         1: print the command and the composed config (resolved), then exit (no Ray, no GPU)
+#   PYTHON          the interpreter (default: the repository's .venv, else python3)
+# Extra arguments are Hydra overrides, e.g. trainer.total_epochs=1 actor_rollout_ref.actor.clip_ratio_high=0.28
+#
+# Before anything starts, the run checks on this machine that the data files exist and have the columns,
+# that the model folder exists, and that the token budgets fit; it stops with a list of problems otherwise.
+#
+# Several nodes: start Ray yourself with the same environment and code on every node
+#   (head)   ray start --head --port=6379        (others) ray start --address=<head-ip>:6379
+# then run the script on the head node with RAY_ADDRESS=auto NNODES=<n>.
+#
+# Export a trained checkpoint as a Hugging Face folder (for `vllm serve` and the evaluation harness):
+#   python -m verl.model_merger merge --backend fsdp \
+#       --local_dir  $PROJ_ROOT/memory_agent/<size>/global_step_<N>/actor \
+#       --target_dir $PROJ_ROOT/memory_agent/<size>/hf/global_step_<N>
+#   vllm serve $PROJ_ROOT/memory_agent/<size>/hf/global_step_<N>
+set -euo pipefail
+
+if [ $# -lt 3 ]; then
+  sed -n '2,33p' "$0"; exit 2
+fi
+CONFIG=$1; DEFAULT_MODEL=$2; DEFAULT_NNODES=$3; shift 3
+
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+PROJ_ROOT=${PROJ_ROOT:-$REPO/checkpoints}
+DATASET_ROOT=${DATASET_ROOT:-$REPO/data}
+MODEL_PATH=${MODEL_PATH:-$DEFAULT_MODEL}
+NNODES=${NNODES:-$DEFAULT_NNODES}
+NGPUS_PER_NODE=${NGPUS_PER_NODE:-8}
+MODE=${MODE:-async}
+RESUME=${RESUME:-auto}
+LOGGER=${LOGGER:-console,wandb}
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x "$REPO/.venv/bin/python" ]; then PYTHON=$REPO/.venv/bin/python; else PYTHON=python3; fi
+fi
+SIZE=${CONFIG#memagent_}; SIZE=${SIZE^^}
+RUN_DIR=$PROJ_ROOT/memory_agent/$SIZE
+export PROJ_ROOT DATASET_ROOT
+
+ARGS=(
+  --config-name "$CONFIG"
+  "actor_rollout_ref.model.path=$MODEL_PATH"
+  "data.train_files=$DATASET_ROOT/hotpotqa/hotpotqa_train_32k.parquet"
+  "data.val_files=$DATASET_ROOT/hotpotqa/hotpotqa_dev.parquet"
+  "trainer.nnodes=$NNODES"
+  "trainer.n_gpus_per_node=$NGPUS_PER_NODE"
+  "trainer.default_local_dir=$RUN_DIR"
+  "trainer.logger=[$LOGGER]"
+  "recurrent.mode=$MODE"
+  "hydra.run.dir=$RUN_DIR/hydra/\${now:%Y-%m-%d_%H-%M-%S}"
+)
+case "$RESUME" in
+  auto|disable) ARGS+=("trainer.resume_mode=$RESUME") ;;
+  *) ARGS+=("trainer.resume_mode=resume_path" "trainer.resume_from_path=$RESUME") ;;
+esac
+if [ "${DUMP_ROLLOUTS:-0}" = 1 ]; then
+  ARGS+=("trainer.rollout_data_dir=$RUN_DIR/rollouts" "trainer.validation_data_dir=$RUN_DIR/validation")
+fi
+if [ "${WANDB_OFFLINE:-0}" = 1 ]; then
+  export WANDB_MODE=offline
+  ARGS+=("+ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE=offline")  # also on a remote cluster's nodes
+fi
+ARGS+=("$@")
+
+echo "[memagent] ${RAY_ADDRESS:+Ray cluster $RAY_ADDRESS, }$NNODES node(s) x $NGPUS_PER_NODE GPU(s), run folder $RUN_DIR"
+printf '[memagent] command:'; printf ' %q' "$PYTHON" -m verl_ext.main "${ARGS[@]}"; echo
+if [ "${DRY_RUN:-0}" = 1 ]; then
+  echo "[memagent] DRY_RUN=1: composed config follows; not starting"
+  exec "$PYTHON" -m verl_ext.main "${ARGS[@]}" --cfg job --resolve
+fi
+exec "$PYTHON" -m verl_ext.main "${ARGS[@]}"

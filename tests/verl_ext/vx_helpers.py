@@ -1,0 +1,63 @@
+"""Helpers shared by the verl_ext tests (a plain module: test files import it by name)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+
+# Small budgets for the tiny model: several chunks from a short document, distinct caps per turn kind.
+TINY_BUDGETS = [
+    "recurrent.config.chunk_size=16",
+    "recurrent.config.max_prompt_length=32",
+    "recurrent.config.max_memorization_length=8",
+    "recurrent.config.max_final_response_length=6",
+    "recurrent.config.max_chunks=8",
+]
+
+
+def compose_config(name: str, overrides: list[str] | None = None) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return compose(config_name=name, overrides=overrides or [])
+
+
+class LocalHandle:
+    """A reward-worker actor handle that runs verl's real RewardLoopWorker in this process."""
+
+    def __init__(self, worker) -> None:
+        self.compute_score = type("Method", (), {"remote": staticmethod(worker.compute_score)})()
+
+
+def make_worker(config: DictConfig, tokenizer, llm_client=None):
+    """Our agent-loop worker (verl's AgentLoopWorkerTQ underneath) without Ray, wired to a real reward worker."""
+    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from verl_ext.agent_loop_manager import MemoryAgentLoopWorkerImpl
+
+    worker = object.__new__(MemoryAgentLoopWorkerImpl)
+    worker.config, worker.tokenizer, worker.processor, worker.llm_client = config, tokenizer, None, llm_client
+    worker.distillation_enabled, worker.mm_processor_kwargs, worker.background_tasks = False, {}, set()
+    worker.tools, worker.hf_model_type, worker.dataset_cls = [], None, RLHFDataset
+    worker.reward_loop_worker_handles = [LocalHandle(RewardLoopWorker(config))]
+    return worker
+
+
+def capture_transfer_queue(monkeypatch) -> dict[str, list]:
+    """Record what verl's worker writes to TransferQueue (rows and prompt status tags) instead of writing it."""
+    import transfer_queue
+
+    log: dict[str, list] = {"rows": [], "status": []}
+
+    async def batch_put(keys, fields, tags, partition_id):
+        log["rows"].append({"keys": keys, "fields": fields, "tags": tags, "partition_id": partition_id})
+
+    async def put(key, partition_id, tag):
+        log["status"].append((key, partition_id, tag["status"]))
+
+    monkeypatch.setattr(transfer_queue, "async_kv_batch_put", batch_put)
+    monkeypatch.setattr(transfer_queue, "async_kv_put", put)
+    return log

@@ -1,0 +1,154 @@
+"""verl's V1 agent-loop manager and worker, extended for the memory agent (``recurrent.mode``: async | sync).
+
+Selected with ``actor_rollout_ref.rollout.agent.agent_loop_manager_class=
+verl_ext.agent_loop_manager.MemoryAgentLoopManager`` (read by verl's and our task runner).
+
+- async (default): verl's own behaviour. The batch is split over the agent-loop workers and every
+  trajectory runs its own ``memory_agent`` loop (:mod:`verl_ext.agent_loop`).
+- sync: the whole batch goes to one worker (round-robin over calls), which runs all its trajectories
+  in lockstep rounds (:mod:`verl_ext.lockstep`) and then stores them exactly as verl's worker does
+  (reward on the last output, copied to the earlier ones; keys ``{uid}_{session_id}_{index}``). With
+  DAPO dynamic sampling verl fetches prompts one at a time (``gen_batch_size=1``), so lockstep then
+  spans the ``n`` rollouts of one prompt only.
+
+Both modes: only the final answer is sent to the reward worker (works around a padding bug of verl
+0.9.1's multi-output scoring, see ``_compute_score``), the final row's ``reward_extra_info`` gains the
+trajectory's memory statistics (so verl's validation reports them per data source), and the long
+``context`` column is not copied into every stored row (VERL_NOTES risk R6: verl copies all dataset
+columns into each row).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import ray
+import torch
+import transfer_queue as tq
+from tensordict import NonTensorData, NonTensorStack, TensorDict
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
+from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ, apply_greedy_sampling_params
+
+from verl_ext.lockstep import Trajectory, run_lockstep
+from verl_ext.rollout import MemoryRollout, recurrent_section, session_stats
+
+logger = logging.getLogger(__name__)
+
+
+class MemoryAgentLoopWorkerImpl(AgentLoopWorkerTQ.__ray_actor_class__):
+    """verl's ``AgentLoopWorkerTQ`` plus the lockstep mode, memory statistics and no stored context."""
+
+    async def generate_sequences(self, batch: TensorDict) -> None:
+        if recurrent_section(self.config)["mode"] != "sync":
+            return await super().generate_sequences(batch)
+        validate, sampling_params, prompts = self._unpack(batch)
+        task = asyncio.create_task(self._run_lockstep_batch(prompts, sampling_params, validate))
+        self.background_tasks.add(task)  # fire-and-forget, as verl's worker: rows arrive through TransferQueue
+        task.add_done_callback(self.background_tasks.discard)
+
+    def _unpack(self, batch: TensorDict) -> tuple[bool, dict[str, Any], list[dict[str, Any]]]:
+        """Sampling parameters and per-prompt fields, as ``AgentLoopWorkerTQ.generate_sequences`` builds them
+        (``verl/trainer/ppo/v1/agent_loop_tq.py:57-103``)."""
+        validate = bool(batch["validate"]) if "validate" in batch else False
+        batch.pop("validate", None)
+        config = self.config.actor_rollout_ref.rollout
+        sampling_params = dict(
+            temperature=config.temperature,
+            top_p=config.top_p,
+            top_k=config.top_k,
+            repetition_penalty=1.0,
+            logprobs=config.calculate_log_probs,
+        )
+        if validate:
+            sampling_params.update(
+                top_p=config.val_kwargs.top_p, top_k=config.val_kwargs.top_k, temperature=config.val_kwargs.temperature
+            )
+        prompts = []
+        for i in range(len(batch)):
+            prompt = {}
+            for key, value in batch.items():
+                if isinstance(value, torch.Tensor):
+                    prompt[key] = value[i]
+                elif isinstance(value, NonTensorStack):
+                    prompt[key] = value[i].data
+                elif isinstance(value, NonTensorData):
+                    prompt[key] = value.data
+            prompts.append(prompt)
+        return validate, sampling_params, prompts
+
+    async def _run_lockstep_batch(self, prompts: list[dict], sampling_params: dict[str, Any], validate: bool) -> None:
+        partition_id = "val" if validate else "train"
+        uids = [prompt["uid"] for prompt in prompts]
+        for uid in uids:
+            await tq.async_kv_put(key=uid, partition_id=partition_id, tag={"status": "running"})
+        config = self.config.actor_rollout_ref.rollout
+        trajectories = []
+        for prompt in prompts:
+            n = int(prompt.pop("__rollout_n__", config.val_kwargs.n if validate else config.n))
+            params = dict(sampling_params)
+            if not validate and not prompt.pop("__do_sample__", True):
+                apply_greedy_sampling_params(params)
+            prompt.pop("agent_name", None)
+            trajectories += [Trajectory({**prompt, "session_id": i}, i, params) for i in range(n)]
+
+        results: list[list[AgentLoopOutput]] | None = None
+        try:
+            rollout = MemoryRollout.get(self.config, self.tokenizer)
+            results = await run_lockstep(rollout, self.llm_client, trajectories)
+        except Exception:  # the batch's groups are marked failed; verl's replay buffer decides what follows
+            logger.exception("lockstep rollout of %d trajectories failed", len(trajectories))
+        failed = set(uids)
+        if results is not None:
+            stored = await asyncio.gather(
+                *(
+                    self._agent_loop_postprocess(outs, validate, **t.sample)
+                    for t, outs in zip(trajectories, results, strict=True)
+                ),
+                return_exceptions=True,
+            )
+            failed = set()
+            for trajectory, result in zip(trajectories, stored, strict=True):
+                if isinstance(result, BaseException):
+                    logger.error("storing trajectory %s failed", trajectory.sample["uid"], exc_info=result)
+                    failed.add(trajectory.sample["uid"])
+        for uid in uids:
+            status = "failure" if uid in failed else "finished"
+            await tq.async_kv_put(key=uid, partition_id=partition_id, tag={"status": status})
+
+    async def _agent_loop_postprocess(self, output, validate, **kwargs) -> None:
+        kwargs.pop(recurrent_section(self.config).get("config", {}).get("context_key", "context"), None)
+        return await super()._agent_loop_postprocess(output, validate, **kwargs)
+
+    async def _compute_score(self, outputs: list[AgentLoopOutput], kwargs: dict) -> None:
+        # Only the final answer goes to the reward worker. verl 0.9.1 sends every output of the trajectory,
+        # right-padded to a common length, and its managers take the last row's response length from the last
+        # `response_width` columns of its attention mask (naive.py:38-39, dapo.py:56-57). When the final row is
+        # shorter than the longest memory row (the final prompt has no chunk), those columns are padding, the
+        # decoded answer is cut short and a correct answer scores 0. The managers score data[-1:] only anyway.
+        await super()._compute_score(outputs[-1:], kwargs)
+        info = outputs[-1].extra_fields.get("reward_extra_info")
+        if isinstance(info, dict) and "turn_kind" in outputs[-1].extra_fields:
+            info.update(session_stats(outputs))
+
+
+MemoryAgentLoopWorker = ray.remote(MemoryAgentLoopWorkerImpl)
+
+
+class MemoryAgentLoopManager(AgentLoopManagerTQ):
+    """``AgentLoopManagerTQ`` with :class:`MemoryAgentLoopWorker` workers and the lockstep dispatch."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.agent_loop_workers_class = MemoryAgentLoopWorker  # workers are created later, in create()
+        self.mode = recurrent_section(self.config)["mode"]
+        self._next_worker = 0
+
+    def generate_sequences(self, prompts: TensorDict) -> None:
+        if self.mode != "sync":
+            return super().generate_sequences(prompts)
+        # Lockstep spans the whole batch: one worker runs it, the next call goes to the next worker.
+        worker = self.agent_loop_workers[self._next_worker % len(self.agent_loop_workers)]
+        self._next_worker += 1
+        ray.get(worker.generate_sequences.remote(prompts))

@@ -1,0 +1,195 @@
+"""The ``hf_cpu`` rollout server: verl's token-in/token-out server API around a transformers model.
+
+One instance per replica runs as a Ray actor (created by :class:`~verl_ext.cpu.rollout.replica.HFCPUReplica`).
+It answers what verl's rollout servers answer (``workers/rollout/vllm_rollout/vllm_async_server.py``):
+
+- ``generate(request_id, prompt_ids, sampling_params, image_data=None, video_data=None, **kw) -> TokenOutput``,
+  called by ``LLMServerClient.generate`` (``workers/rollout/llm_server.py:105-163``). ``max_tokens`` (or
+  ``max_new_tokens``) caps new tokens; without it the default is vLLM's,
+  ``min(response_length, prompt_length + response_length - len(prompt))`` (``vllm_async_server.py:601-612``),
+  and it is clamped to ``[1, max_model_len - len(prompt)]``. ``temperature``/``top_p``/``top_k`` are
+  honoured, ``logprobs`` returns the log-probability of each sampled token under the temperature-scaled
+  distribution (vLLM's ``processed_logprobs``, what the actor recomputes). ``extra_fields`` carries
+  ``global_steps`` (the weight version), which ``LLMServerClient`` and the V1 replay buffer read.
+- ``update_weights(state_dict, global_steps)``: the weights pushed by the trainer-side adapter.
+- lifecycle calls the trainers and ``RolloutReplica`` make (``wake_up``, ``sleep``, kv-cache, abort,
+  profiling): no-ops, since a CPU model has no device memory to free and requests are not preemptible.
+
+Requests are served one at a time (an asyncio lock; the forward passes run in a thread so the actor's
+event loop stays responsive).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from verl.utils.config import omega_conf_to_dataclass
+from verl.workers.config import HFModelConfig, RolloutConfig
+from verl.workers.rollout.replica import TokenOutput
+
+from verl_ext.cpu.hf_server import HFTokenServer
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+@torch.no_grad()
+def copy_weights(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
+    """Copy ``(name, tensor)`` pairs (Hugging Face names) into ``model`` in place; returns the count.
+
+    Unknown names and shape mismatches raise: a silent partial update would let the server sample from a
+    model the trainer no longer has. Tied weights (``lm_head.weight`` = embeddings) share storage, so
+    either name updates both."""
+    target = model.state_dict(keep_vars=True)
+    copied = 0
+    for name, tensor in weights:
+        if name not in target:
+            raise KeyError(f"weight {name!r} is not a parameter or buffer of the served model")
+        dest = target[name]
+        if tuple(dest.shape) != tuple(tensor.shape):
+            raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)} != served {tuple(dest.shape)}")
+        dest.data.copy_(tensor.detach().to(device=dest.device, dtype=dest.dtype))
+        copied += 1
+    return copied
+
+
+class HFCPUServer:
+    """A replica's server: the policy model in this process, its weights updated by the trainer."""
+
+    def __init__(
+        self,
+        config: RolloutConfig | Any,
+        model_config: HFModelConfig | Any,
+        replica_rank: int = 0,
+        dtype: str = "float32",
+    ) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.config: RolloutConfig = omega_conf_to_dataclass(config)
+        self.model_config: HFModelConfig = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
+        self.replica_rank = replica_rank
+        model = AutoModelForCausalLM.from_pretrained(
+            self.model_config.local_path,
+            dtype=DTYPES[dtype],
+            attn_implementation="sdpa",
+            trust_remote_code=self.model_config.trust_remote_code,
+        )
+        self.max_model_len = self.config.max_model_len or self.config.prompt_length + self.config.response_length
+        self.engine = HFTokenServer(model, self.model_config.tokenizer, device="cpu", max_model_len=self.max_model_len)
+        self.weight_updates = 0
+        self._lock: asyncio.Lock | None = None  # generation vs weight update; created in the actor's loop
+
+    def _model_lock(self) -> asyncio.Lock:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.engine.model
+
+    @property
+    def global_steps(self) -> int:
+        return self.engine.global_steps
+
+    async def ready(self) -> bool:
+        """Returns once the model is loaded (the replica waits on it, so load errors surface at launch)."""
+        return True
+
+    def max_tokens_for(self, prompt_len: int, sampling_params: dict[str, Any]) -> int:
+        """The token budget of a request, as vLLM's server computes it (``vllm_async_server.py:593-617``)."""
+        headroom = self.max_model_len - prompt_len
+        if headroom < 1:
+            raise ValueError(
+                f"prompt length ({prompt_len}) leaves no room to generate within max_model_len ({self.max_model_len})"
+            )
+        if sampling_params.get("max_tokens") is not None:
+            budget = sampling_params["max_tokens"]
+        elif sampling_params.get("max_new_tokens") is not None:
+            budget = sampling_params["max_new_tokens"]
+        else:
+            budget = min(
+                self.config.response_length, self.config.prompt_length + self.config.response_length - prompt_len
+            )
+        return max(1, min(int(budget), headroom))
+
+    async def generate(
+        self,
+        request_id: str,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        image_data: Any = None,
+        video_data: Any = None,
+        **kwargs: Any,
+    ) -> TokenOutput:
+        params = dict(sampling_params)
+        params.pop("max_new_tokens", None)
+        params["max_tokens"] = self.max_tokens_for(len(prompt_ids), sampling_params)
+        params.setdefault("repetition_penalty", getattr(self.config, "repetition_penalty", 1.0))
+        async with self._model_lock():
+            return await self.engine.generate(
+                request_id,
+                prompt_ids=prompt_ids,
+                sampling_params=params,
+                image_data=image_data,
+                video_data=video_data,
+                **kwargs,
+            )
+
+    async def update_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
+        """Load the trainer's weights (Hugging Face names) and record their version."""
+        async with self._model_lock():
+            copied = copy_weights(self.engine.model, state_dict.items())
+            self.weight_updates += 1
+            if global_steps is not None:
+                self.engine.global_steps = int(global_steps)
+        logger.info("hf_cpu server %d: %d tensors updated (global_steps=%s)", self.replica_rank, copied, global_steps)
+        return copied
+
+    async def set_global_steps(self, global_steps: int) -> None:
+        self.engine.global_steps = int(global_steps)
+
+    async def get_global_steps(self) -> int:
+        return self.engine.global_steps
+
+    async def stats(self) -> dict[str, int]:
+        return {"requests": self.engine.requests, "weight_updates": self.weight_updates,
+                "global_steps": self.engine.global_steps}  # fmt: skip
+
+    # Lifecycle calls of RolloutReplica (workers/rollout/replica.py:265-307) and the trainers: nothing to do on CPU.
+    async def wake_up(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    async def sleep(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    async def clear_kv_cache(self) -> None:
+        return None
+
+    async def release_kv_cache(self) -> None:
+        return None
+
+    async def resume_kv_cache(self) -> None:
+        return None
+
+    async def abort_all_requests(self, reject_request: bool = False) -> dict[str, Any]:
+        return {"aborted_count": 0, "request_ids": []}
+
+    async def resume_generation(self) -> None:
+        return None
+
+    async def wait_for_requests_to_drain(self) -> None:
+        async with self._model_lock():
+            return None
+
+    async def start_profile(self, **kwargs: Any) -> None:
+        return None
+
+    async def stop_profile(self) -> None:
+        return None

@@ -1,0 +1,50 @@
+"""Train the memory agent on stock verl: ``python -m verl_ext.main --config-name memagent_7b [overrides]``.
+
+Hydra entry over ``configs/`` (``--cfg job`` prints the composed config and exits without running).
+The run: checks on this machine first (:mod:`verl_ext.preflight`: data files and columns, the model folder,
+token budgets), the config resolved here (so ``${oc.env:...}`` means this machine's environment, also on
+a remote Ray cluster), verl's own config validation, then verl's ``run_ppo`` with our task runner
+(:class:`verl_ext.trainer.RecurrentTaskRunner`: the V1 sync trainer plus final-answer metrics).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def run(config: DictConfig) -> None:
+    # verl and Ray are imported here, not at module level: `--cfg job` and --help stay fast.
+    from verl.trainer.main_ppo import run_ppo
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    from verl.utils.device import auto_set_device
+
+    from verl_ext.preflight import preflight
+    from verl_ext.trainer import RecurrentTaskRunner
+
+    auto_set_device(config)
+    preflight(config)
+    OmegaConf.resolve(config)
+    validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    run_ppo(config, task_runner_class=RecurrentTaskRunner)
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="memagent_7b", version_base=None)
+def main(config: DictConfig) -> None:
+    from verl_ext.preflight import PreflightError
+
+    try:
+        run(config)
+    except PreflightError as err:  # a configuration problem, not a crash: the message says what to fix
+        print(f"[memagent] {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

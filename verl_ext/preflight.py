@@ -1,0 +1,128 @@
+"""Checks that run on the launching machine before Ray starts and before any GPU is touched.
+
+Every problem found is reported at once (one :class:`PreflightError` listing them): a missing data file,
+a data file without the columns the memory agent and the reward need, a model that is neither a local
+folder nor in the local Hugging Face cache (nothing is downloaded at run time), token budgets that do
+not fit verl's row widths, and algorithm settings the multi-conversation path does not support.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, open_dict
+
+from verl_ext.rollout import Budgets, check_budgets, recurrent_section
+
+
+class PreflightError(ValueError):
+    """The configuration cannot run; the message lists every problem."""
+
+
+def _files(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list | tuple | ListConfig):
+        return [str(v) for v in value]
+    return [str(value)]
+
+
+def data_problems(path: str, required: dict[str, str]) -> list[str]:
+    """Problems with one data file: missing, unreadable, or lacking a required column.
+
+    ``required`` maps a column to what it is for; ``reward_model`` must hold a ``ground_truth`` field.
+    """
+    if "://" in path:  # remote storage (hdfs://, s3://): verl copies it locally at run time
+        return []
+    file = Path(path).expanduser()
+    if not file.is_file():
+        return [f"data file not found: {file}"]
+    if file.suffix != ".parquet":
+        return [f"data file {file} is not a parquet file (verl's RLHFDataset reads parquet)"]
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(file)
+    except Exception as err:
+        return [f"cannot read the parquet schema of {file}: {err}"]
+    problems = [f"{file} has no column {col!r} ({why})" for col, why in required.items() if col not in schema.names]
+    if "reward_model" in schema.names:
+        kind = schema.field("reward_model").type
+        fields = [kind.field(i).name for i in range(kind.num_fields)] if hasattr(kind, "num_fields") else []
+        if "ground_truth" not in fields:
+            problems.append(f"{file}: column 'reward_model' has no field 'ground_truth' (the answers to score)")
+    return problems
+
+
+def preflight(config: DictConfig, load_tokenizer: bool = True) -> None:
+    """Raise :class:`PreflightError` if the run cannot work; resolves ``model.path`` to a local folder."""
+    problems: list[str] = []
+    section = recurrent_section(config)
+    algorithm = config.algorithm
+    if algorithm.adv_estimator != "grpo":
+        problems.append(
+            f"algorithm.adv_estimator={algorithm.adv_estimator!r}: only grpo spreads a trajectory's advantage over "
+            "its turns in verl 0.9.1 (compute_advantage_for_multi_trajectories); other estimators would treat "
+            "every memory turn as an independent response (VERL_NOTES R2)"
+        )
+    if algorithm.use_kl_in_reward:
+        problems.append(
+            "algorithm.use_kl_in_reward=true is not supported: the advantage is computed from the final turn "
+            "only, so the memory turns' KL would be ignored; use actor_rollout_ref.actor.use_kl_loss (spec P14)"
+        )
+
+    rollout = config.actor_rollout_ref.rollout
+    widest = int(rollout.prompt_length) + int(rollout.response_length)
+    if rollout.get("max_model_len") is not None and int(rollout.max_model_len) < widest:
+        problems.append(
+            f"actor_rollout_ref.rollout.max_model_len={rollout.max_model_len} is below prompt_length + response_length "
+            f"= {widest}: the server could not hold the longest turn"
+        )
+
+    memory = section.get("config") or {}
+    required = {
+        config.data.prompt_key: "the question",
+        memory.get("context_key", "context"): "the long document",
+        config.data.get("reward_fn_key", "data_source"): "selects the verifier",
+        "reward_model": "holds ground_truth",
+    }
+    for key in ("train_files", "val_files"):
+        files = _files(config.data.get(key))
+        if not files:
+            problems.append(f"data.{key} is not set")
+        for path in files:
+            problems += data_problems(path, required)
+
+    model_path = None
+    try:
+        from recurrent.models import resolve_model_path
+
+        model_path = resolve_model_path(str(config.actor_rollout_ref.model.path))
+    except Exception as err:
+        problems.append(f"actor_rollout_ref.model.path: {err}")
+    if model_path is not None:
+        with open_dict(config):
+            config.actor_rollout_ref.model.path = model_path  # workers load the same local folder
+        if load_tokenizer:
+            problems += budget_problems(config, section, model_path)
+    if problems:
+        raise PreflightError("the run cannot start:\n  - " + "\n  - ".join(problems))
+
+
+def budget_problems(config: DictConfig, section: dict[str, Any], model_path: str) -> list[str]:
+    from transformers import AutoTokenizer
+
+    from verl_ext.rollout import build_workflow
+
+    rollout = config.actor_rollout_ref.rollout
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        check_budgets(
+            build_workflow(section, tokenizer), Budgets(int(rollout.prompt_length), int(rollout.response_length))
+        )
+    except (ValueError, TypeError, OSError) as err:
+        return [str(err)]
+    return []
