@@ -33,22 +33,27 @@ def encode_long(text: str, tokenizer, window_chars: int = 64_000, margin_chars: 
     while True:
         end = min(len(text), start + window_chars)
         enc = backend.encode(text[start:end], add_special_tokens=False)
-        ids, offsets, words = enc.ids, enc.offsets, enc.word_ids
-        if expected and ids[: len(expected)] != expected:
+        ids = np.asarray(enc.ids, dtype=TOKEN_DTYPE)
+        if expected and ids[: len(expected)].tolist() != expected:
             logger.warning("tokenizer seams do not agree; encoding the whole text at once")
             return _encode_whole(text, tokenizer)
         if end == len(text):
-            parts.append(np.asarray(ids, dtype=TOKEN_DTYPE))
+            parts.append(ids)
             break
-        cut = _last_word_start(offsets, words, limit=(end - start) - 2 * margin_chars)
+        # Per-token accessors, not enc.offsets / enc.word_ids: those build Python lists of the whole window.
+        cut = _last_word_start(enc, len(ids), limit=(end - start) - 2 * margin_chars)
         if cut is None:
             logger.warning("no safe seam found in a window; encoding the whole text at once")
             return _encode_whole(text, tokenizer)
-        parts.append(np.asarray(ids[:cut], dtype=TOKEN_DTYPE))
+        parts.append(ids[:cut])
         # Tokens after the seam that end well before this window's edge are final: the next window must agree.
         stable_end = (end - start) - margin_chars
-        expected = [ids[j] for j in range(cut, len(ids)) if offsets[j][1] <= stable_end][:256]
-        start += offsets[cut][0]
+        expected = []
+        for j in range(cut, min(len(ids), cut + 256)):
+            if enc.token_to_chars(j)[1] > stable_end:
+                break
+            expected.append(int(ids[j]))
+        start += enc.token_to_chars(cut)[0]
     return np.concatenate(parts) if parts else np.zeros(0, dtype=TOKEN_DTYPE)
 
 
@@ -56,13 +61,14 @@ def _encode_whole(text: str, tokenizer) -> np.ndarray:
     return np.asarray(tokenizer.encode(text, add_special_tokens=False), dtype=TOKEN_DTYPE)
 
 
-def _last_word_start(offsets: list[tuple[int, int]], words: list[int | None], limit: int) -> int | None:
+def _last_word_start(enc, num_tokens: int, limit: int) -> int | None:
     """Index of the last token that starts a new pre-token (word) at or before char ``limit``: BPE never
     merges across pre-tokens, so a seam there cannot split a token."""
-    for k in range(len(offsets) - 1, 0, -1):
-        if offsets[k][0] > limit:
+    for k in range(num_tokens - 1, 0, -1):
+        if enc.token_to_chars(k)[0] > limit:
             continue
-        if words[k] is not None and words[k] != words[k - 1]:
+        word = enc.token_to_word(k)
+        if word is not None and word != enc.token_to_word(k - 1):
             return k
     return None
 
