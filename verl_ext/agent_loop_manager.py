@@ -28,7 +28,7 @@ import ray
 import torch
 import transfer_queue as tq
 from tensordict import NonTensorData, NonTensorStack, TensorDict
-from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWorker
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ, apply_greedy_sampling_params
 
 from verl_ext.lockstep import Trajectory, run_lockstep
@@ -39,6 +39,14 @@ logger = logging.getLogger(__name__)
 
 class MemoryAgentLoopWorkerImpl(AgentLoopWorkerTQ.__ray_actor_class__):
     """verl's ``AgentLoopWorkerTQ`` plus the lockstep mode, memory statistics and no stored context."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # AgentLoopWorkerTQ.__init__ (agent_loop_tq.py:54-57) calls zero-argument super(), whose class cell is
+        # not a base of the class Ray builds from this subclass ("TypeError: super(type, obj)" at actor
+        # creation). Do what it does, naming the grandparent explicitly.
+        AgentLoopWorker.__init__(self, *args, **kwargs)
+        tq.init()
+        self.background_tasks = set()
 
     async def generate_sequences(self, batch: TensorDict) -> None:
         if recurrent_section(self.config)["mode"] != "sync":

@@ -1,4 +1,4 @@
-"""Adaptation 4: verl's FSDP/FSDP2 training engines registered for device ``cpu``.
+"""Adaptation 4: verl's FSDP2 training engines registered for device ``cpu``.
 
 ``workers/engine/fsdp/transformer_impl.py:1143,1594`` register ``FSDPEngineWithLMHead`` and
 ``FSDPEngineWithValueHead`` for devices ``cuda``/``npu`` only, and ``EngineRegistry.get_engine_cls``
@@ -31,7 +31,11 @@ from types import ModuleType
 from verl_ext.cpu._compat import require_verl
 
 ENGINE_MODULE = "verl.workers.engine.fsdp.transformer_impl"
-BACKENDS = ("fsdp", "fsdp2")
+# FSDP2 only: FSDP1 (strategy=fsdp, verl's default) refuses CPU modules with sync_module_states=True
+# (transformer_impl.py:437-449: "The module has CPU parameters or buffers when `sync_module_states=True`,
+# which requires them to be on GPU"). Unregistered, strategy=fsdp fails at once with verl's
+# "No engine registered for device='cpu' ... backend='fsdp'": set actor_rollout_ref.actor.strategy=fsdp2.
+BACKENDS = ("fsdp2",)
 DEVICE = "cpu"
 # model_type -> CPU engine class name in verl_ext.cpu._fsdp_cpu
 ENGINES = {"language_model": "CPUFSDPEngineWithLMHead", "value_model": "CPUFSDPEngineWithValueHead"}

@@ -1,0 +1,210 @@
+#!/usr/bin/env bash
+# Train with verl 0.9.1's V1 trainer on CPU, at tiny scale, with the trainer code GPU clusters run.
+#
+#   scripts/train_tiny_cpu.sh [hydra overrides...]
+#
+# TASK=toy (default): verl's stock `python -m verl.trainer.main_ppo` (trainer.use_v1=True, trainer.v1.trainer_mode=
+#   sync: PPOTrainerSync, AgentLoopManagerTQ, TransferQueue, ReplayBuffer) with the stock `single_turn_agent` loop on
+#   a generated copy task (verl_ext/cpu/toy_data.py) and a dense reward (verl_ext/cpu/toy_reward.py).
+# TASK=memory (experimental: needs the memory agent's pieces to work on Ray, see verl_ext/cpu/README.md):
+#   `python -m verl_ext.main --config-name tiny_cpu` (the `memory_agent` loop and its agent-loop manager) on a
+#   generated question-about-a-document task, with the dense toy reward.
+# Both: GRPO with n=2, KL loss against the ref policy, NGPUS FSDP2 ranks on gloo (fake Ray GPUs), the `hf_cpu`
+# transformers rollout, validation before training and after every step, a checkpoint every step (resume_mode=auto),
+# console + JSONL metrics, rollout and validation dumps. The CPU adaptations are verl_ext/cpu (README.md there);
+# they load in every Ray process through VERL_USE_EXTERNAL_MODULES, and only because VERL_PLATFORM=cpu is set here.
+#
+# Environment:
+#   STEPS=2          total training steps (a rerun with a larger STEPS in the same OUT_DIR resumes)
+#   OUT_DIR=...      everything the run writes: data/, checkpoints/, metrics.jsonl (this run; earlier runs
+#                    metrics.N.jsonl), rollout/, validation/, train.log (appended across runs)
+#   TASK=toy         toy | memory (see above)
+#   MODEL=...        model folder (default: the tiny offline model, materialized if missing)
+#   NGPUS=2          FSDP ranks (= fake Ray GPUs)
+#   PYTHON=...       interpreter (default: the repo's .venv)
+# Extra arguments are passed to the trainer as hydra overrides (they come last, so they win).
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
+STEPS="${STEPS:-2}"
+OUT_DIR="${OUT_DIR:-$REPO/.cache/train_tiny_cpu}"
+TASK="${TASK:-toy}"
+NGPUS="${NGPUS:-2}"
+mkdir -p "$OUT_DIR"
+OUT_DIR="$(cd "$OUT_DIR" && pwd)"
+
+# --- environment of every process (the driver's env is inherited by Ray's raylet and workers; the CPU
+# --- adaptations' variables are also put into Ray's runtime env below) --------------------------------
+export VERL_PLATFORM=cpu
+export VERL_USE_EXTERNAL_MODULES=verl_ext.cpu.load
+export RAY_USAGE_STATS_ENABLED=0
+export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"   # ray>=2.5x turns token auth on for new local clusters
+export RAY_DEDUP_LOGS=0
+export WANDB_MODE=offline
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
+export PYTHONUNBUFFERED=1
+# verl's file logger truncates its file (utils/tracking.py FileLogger opens it "wb"): metrics.jsonl is this run's,
+# an earlier run's (before a resume) is kept as metrics.1.jsonl, metrics.2.jsonl, ...
+export VERL_FILE_LOGGER_PATH="$OUT_DIR/metrics.jsonl"
+if [[ -s "$VERL_FILE_LOGGER_PATH" ]]; then
+  n=1; while [[ -e "$OUT_DIR/metrics.$n.jsonl" ]]; do n=$((n + 1)); done
+  mv "$VERL_FILE_LOGGER_PATH" "$OUT_DIR/metrics.$n.jsonl"
+fi
+# Ray's Unix sockets live under its temp dir: keep the path short (108-byte limit), and unique per run.
+RAY_TMP="$(mktemp -d /tmp/rc.XXXXXX)"
+
+MODEL="${MODEL:-$("$PYTHON" -c 'from recurrent.models import TINY, materialize; print(materialize(TINY))')}"
+DATA="$OUT_DIR/data"
+case "$TASK" in
+  toy) data_task=copy ;;
+  memory) data_task=memory ;;
+  *) echo "TASK must be toy or memory, got '$TASK'" >&2; exit 2 ;;
+esac
+if [[ ! -f "$DATA/train.parquet" || ! -f "$DATA/val.parquet" ]]; then
+  "$PYTHON" -m verl_ext.cpu.toy_data --task "$data_task" --out "$DATA" --train 32 --val 4 >/dev/null
+fi
+
+# --- the CPU platform and the run's bookkeeping (any task) ------------------------------------------------
+# `++` sets a key whether or not the composed config already has it.
+cpu_args=(
+  trainer.use_v1=True
+  trainer.v1.trainer_mode=sync
+  trainer.device=cpu
+  trainer.nnodes=1
+  trainer.n_gpus_per_node="$NGPUS"
+  # model and engines on CPU: sdpa attention, no flash-attn varlen path, no torch.compile, FSDP2 on gloo
+  actor_rollout_ref.model.path="$MODEL"
+  actor_rollout_ref.model.use_remove_padding=False
+  actor_rollout_ref.model.enable_gradient_checkpointing=False
+  ++actor_rollout_ref.model.override_config.attn_implementation=sdpa
+  actor_rollout_ref.actor.strategy=fsdp2
+  actor_rollout_ref.actor.use_torch_compile=False
+  actor_rollout_ref.actor.fsdp_config.use_torch_compile=False
+  actor_rollout_ref.ref.fsdp_config.use_torch_compile=False
+  actor_rollout_ref.actor.fsdp_config.param_offload=False
+  actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
+  actor_rollout_ref.ref.fsdp_config.param_offload=False
+  # rollout: the transformers server of verl_ext/cpu/rollout, one replica per rank
+  actor_rollout_ref.rollout.name=hf_cpu
+  actor_rollout_ref.rollout.mode=async
+  actor_rollout_ref.rollout.tensor_model_parallel_size=1
+  # one agent-loop and one reward-loop worker: each is a Ray process importing torch and verl
+  actor_rollout_ref.rollout.agent.num_workers=1
+  reward.num_workers=1
+  # validation before training and after every step, a checkpoint every step, resume from the last one
+  trainer.total_epochs=1
+  trainer.total_training_steps="$STEPS"
+  trainer.val_before_train=True
+  trainer.test_freq=1
+  trainer.save_freq=1
+  trainer.resume_mode=auto
+  'actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]'
+  'trainer.logger=[console,file]'
+  trainer.default_local_dir="$OUT_DIR/checkpoints"
+  trainer.rollout_data_dir="$OUT_DIR/rollout"
+  trainer.validation_data_dir="$OUT_DIR/validation"
+  # Ray: logical CPUs (each worker bundle asks for 3), fake GPUs, a short temp dir, our env in every worker
+  # (values quoted for hydra: Ray wants strings, hydra would parse 1/false as int/bool)
+  ray_kwargs.ray_init.num_cpus=16
+  ++ray_kwargs.ray_init.num_gpus="$NGPUS"
+  ++ray_kwargs.ray_init._temp_dir="$RAY_TMP"
+  ++ray_kwargs.ray_init.include_dashboard=False
+  "++ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM='$VERL_PLATFORM'"
+  "++ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES='$VERL_USE_EXTERNAL_MODULES'"
+  "++ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS='$OMP_NUM_THREADS'"
+  "++ray_kwargs.ray_init.runtime_env.env_vars.TOKENIZERS_PARALLELISM='$TOKENIZERS_PARALLELISM'"
+  # TransferQueue: verl's default 8 storage units (1 Ray CPU each) hang tq.init on a small Ray
+  transfer_queue.backend.SimpleStorage.num_data_storage_units=2
+)
+
+# --- the task ---------------------------------------------------------------------------------------------
+if [[ "$TASK" == toy ]]; then
+  entry=(-m verl.trainer.main_ppo)
+  task_args=(
+    algorithm.adv_estimator=grpo
+    data.train_files="$DATA/train.parquet"
+    data.val_files="$DATA/val.parquet"
+    data.train_batch_size=4
+    data.max_prompt_length=64
+    data.max_response_length=16
+    data.filter_overlong_prompts=True
+    data.dataloader_num_workers=0
+    actor_rollout_ref.actor.optim.lr=1e-4
+    actor_rollout_ref.actor.ppo_mini_batch_size=4
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4
+    actor_rollout_ref.actor.use_kl_loss=True
+    actor_rollout_ref.actor.kl_loss_type=low_var_kl
+    actor_rollout_ref.actor.kl_loss_coef=0.001
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4
+    actor_rollout_ref.rollout.n=2
+    actor_rollout_ref.rollout.max_model_len=80
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4
+    actor_rollout_ref.rollout.agent.default_agent_loop=single_turn_agent
+    reward.custom_reward_function.path=pkg://verl_ext.cpu.toy_reward
+    reward.custom_reward_function.name=compute_score
+    trainer.project_name=tiny_cpu
+    trainer.experiment_name=single_turn
+  )
+else
+  # configs/tiny_cpu.yaml (the memory agent, the paper's algorithm at tiny sizes) on the generated documents.
+  entry=(-m verl_ext.main --config-name tiny_cpu)
+  task_args=(
+    data.train_files="$DATA/train.parquet"
+    data.val_files="$DATA/dev.parquet"
+    # A trajectory is several rows (memory turns + answer); verl pads a step to a multiple of
+    # lcm(dp, ppo_mini_batch_size * n) rows only, so with static micro-batches the rows per rank must be
+    # divisible by the micro-batch size (workers/engine/utils.py:125): 1 always is.
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1
+    # The dense toy reward: a random model never passes the strict verifier, and GRPO needs reward differences.
+    reward.custom_reward_function.path=pkg://verl_ext.cpu.toy_reward
+    reward.custom_reward_function.name=compute_score
+    trainer.project_name=tiny_cpu
+    trainer.experiment_name=memory_agent
+  )
+fi
+
+session_pids() {
+  # Pids of the live processes in session $1 (read from /proc/<pid>/stat: "... ) state ppid pgrp session ...").
+  local sid="$1" f stat fields
+  for f in /proc/[0-9]*/stat; do
+    stat="$(cat "$f" 2>/dev/null)" || continue
+    read -r -a fields <<< "${stat##*) }"
+    if [[ "${fields[3]}" == "$sid" && "${fields[0]}" != "Z" ]]; then f="${f#/proc/}"; echo "${f%/stat}"; fi
+  done
+}
+
+cleanup() {
+  # The trainer runs in its own session (setsid below); Ray's daemons and workers inherit it (each worker in
+  # its own process group). End whatever of that session is still alive (a crash, Ctrl-C, a timeout) by pid:
+  # only processes this script started.
+  local pids
+  if [[ -n "${TRAINER_PID:-}" ]]; then
+    pids="$(session_pids "$TRAINER_PID")"
+    if [[ -n "$pids" ]]; then
+      kill -TERM $pids 2>/dev/null || true
+      sleep 2
+      pids="$(session_pids "$TRAINER_PID")"
+      [[ -z "$pids" ]] || kill -KILL $pids 2>/dev/null || true
+    fi
+  fi
+  rm -rf "$RAY_TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+cd "$REPO"
+echo "[train_tiny_cpu] task=$TASK steps=$STEPS out=$OUT_DIR ranks=$NGPUS model=$MODEL ray_tmp=$RAY_TMP"
+start=$(date +%s)
+set +e
+setsid "$PYTHON" "${entry[@]}" "${cpu_args[@]}" "${task_args[@]}" "$@" > >(tee -a "$OUT_DIR/train.log") 2>&1 &
+TRAINER_PID=$!
+echo "[train_tiny_cpu] trainer pid=$TRAINER_PID (its own session: Ray's processes run in it)"
+wait "$TRAINER_PID"
+rc=$?
+set -e
+echo "[train_tiny_cpu] rc=$rc wall=$(( $(date +%s) - start ))s log=$OUT_DIR/train.log metrics=$VERL_FILE_LOGGER_PATH"
+exit "$rc"
