@@ -1,0 +1,246 @@
+"""Quickstart: a memory agent reads a document chunk by chunk, overwriting its memory, then answers.
+
+    python quickstart.py                       # CPU, no set-up beyond `make setup`: SmolLM2-135M-Instruct
+                                               # behind a local `transformers serve`, the bundled example
+    vllm serve BytedTsinghua-SIA/RL-MemoryAgent-14B --tensor-parallel-size 2
+    URL=http://localhost:8000/v1 python quickstart.py --model BytedTsinghua-SIA/RL-MemoryAgent-14B
+    URL=https://{endpoint} API_KEY=... python quickstart.py --model gpt-4o-2024-11-20 --tokenizer PATH
+    URL=https://{endpoint}/openai/deployments/{name}?api-version=... API_KEY=... python quickstart.py --model NAME
+
+Without ``URL`` the model must be available offline (a local folder, ``tiny``, ``smollm2-135m-instruct``, or a
+hub id already in the Hugging Face cache): a local ``transformers serve`` is started for it and stopped at the
+end. With ``URL`` (and ``API_KEY``) the endpoint is used as is: a local vLLM server, an online service or an
+Azure deployment. The API key is never printed.
+
+The memory agent is the one of ``recurrent.impls.memory`` (the prompts the released checkpoints were trained
+with, the boxed final answer as in the original quickstart). The document is cut into ``--chunk``-token chunks
+with the model's tokenizer; ``--max-new`` caps both every memory update and the answer, as the original does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_DOCUMENT = HERE / "examples" / "quickstart_document.txt"
+DEFAULT_QUESTION = "What is the magic number?"
+# The embedded CPU models get a chunk size that gives the bundled ~1.8K-token example several chunks and a memory
+# cap a 135M model on 2 cores writes in seconds; any other model gets the original quickstart's 5000 / 1024.
+CPU_CHUNK, CPU_MAX_NEW = 500, 64
+PAPER_CHUNK, PAPER_MAX_NEW = 5000, 1024
+MAX_CONTEXT = 120000  # the original quickstart keeps the first and last 60K tokens of longer documents
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python quickstart.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--model",
+        help=f"with URL: the model name the endpoint serves; without URL: a model available offline, served "
+        f"locally (default: {DEFAULT_MODEL})",
+    )
+    parser.add_argument(
+        "--chunk",
+        type=int,
+        help=f"context tokens per chunk (default: {CPU_CHUNK} for the embedded CPU models, else {PAPER_CHUNK})",
+    )
+    parser.add_argument(
+        "--max-new",
+        type=int,
+        help=f"max new tokens of every memory update and of the answer (default: {CPU_MAX_NEW} for the embedded "
+        f"CPU models, else {PAPER_MAX_NEW})",
+    )
+    parser.add_argument("--context-file", type=Path, default=DEFAULT_DOCUMENT, help="the document (a text file)")
+    parser.add_argument("--question", default=DEFAULT_QUESTION, help=f"the question (default: {DEFAULT_QUESTION!r})")
+    parser.add_argument("--trace", type=Path, help="append the run's trace (memory after each chunk, tokens) as JSONL")
+    parser.add_argument(
+        "--tokenizer",
+        help="tokenizer folder or cached hub id for chunking (default: the model's; for a hosted model that "
+        "is not available offline, the SmolLM2 tokenizer, with a note)",
+    )
+    parser.add_argument(
+        "--final-prompt", choices=("boxed", "answer_is"), default="boxed", help="answer format (default: boxed)"
+    )
+    parser.add_argument(
+        "--max-context",
+        type=int,
+        default=MAX_CONTEXT,
+        help=f"keep the first and last halves of this many document tokens (default {MAX_CONTEXT}; 0: no cap)",
+    )
+    parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default 0.7)")
+    parser.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling (default 0.95)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    return parser
+
+
+def load_tokenizer(name: str) -> Any:
+    from transformers import AutoTokenizer
+
+    from recurrent.models import resolve_model_path
+
+    return AutoTokenizer.from_pretrained(resolve_model_path(name))
+
+
+def endpoint_tokenizer(args: argparse.Namespace, model: str) -> Any:
+    """The tokenizer to chunk with when the model is behind a URL (it may not exist locally)."""
+    from recurrent.models import ModelNotAvailableError
+
+    if args.tokenizer:
+        return load_tokenizer(args.tokenizer)
+    try:
+        return load_tokenizer(model)
+    except (ModelNotAvailableError, OSError, ValueError):
+        print(
+            f"note: no local tokenizer for {model!r}; chunks are counted with {DEFAULT_MODEL}'s tokenizer "
+            "(pass --tokenizer to choose)",
+            file=sys.stderr,
+        )
+        return load_tokenizer(DEFAULT_MODEL)
+
+
+def show(title: str, text: str) -> None:
+    print(f"\n--- {title}")
+    print(text.strip() or "(empty)", flush=True)
+
+
+async def read_and_answer(session: Any, client: Any, sampling: dict[str, Any]) -> None:
+    """Drive the session turn by turn (what ``recurrent.async_manager.run_session`` does), printing as it goes."""
+    chunks = session.num_chunks
+    while (turn := session.next_turn()) is not None:
+        reply = await client.chat(turn.messages, turn.max_tokens, **sampling)
+        session.record(reply)
+        cut = ", cut at the cap" if reply.finish_reason == "length" else ""
+        facts = f"{reply.completion_tokens} tokens, {reply.seconds:.1f} s{cut}"
+        if turn.final:
+            show(f"final answer ({facts})", reply.text)
+        else:
+            chunk = turn.meta["chunk"]
+            show(
+                f"memory after chunk {chunk + 1}/{chunks} ({turn.meta['chunk_tokens']} tokens read; {facts})",
+                reply.text,
+            )
+
+
+def run(args: argparse.Namespace) -> int:
+    from recurrent.client import OpenAIChatClient
+    from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
+    from recurrent.models import KNOWN_MODELS, ModelNotAvailableError, resolve_model_path
+    from recurrent.serving import transformers_serve
+    from recurrent.trace import TraceWriter
+    from taskutils.verifiers import extract_answer, final_text, last_boxed_answer
+
+    url = os.environ.get("URL")
+    if url and not args.model:
+        print("error: URL is set: pass --model, the model name the endpoint serves", file=sys.stderr)
+        return 2
+    model = args.model or DEFAULT_MODEL
+    embedded = model in KNOWN_MODELS
+    chunk = args.chunk or (CPU_CHUNK if embedded else PAPER_CHUNK)
+    max_new = args.max_new or (CPU_MAX_NEW if embedded else PAPER_MAX_NEW)
+    if chunk <= 0 or max_new <= 0:
+        print("error: --chunk and --max-new must be positive", file=sys.stderr)
+        return 2
+    document = args.context_file.read_text()
+    question = args.question.strip()
+
+    with contextlib.ExitStack() as stack:
+        start = time.perf_counter()
+        if url:
+            tokenizer = endpoint_tokenizer(args, model)
+            base_url, served = url, model
+            print(f"endpoint: {url} (model {model})")
+        else:
+            try:
+                model_dir = resolve_model_path(model)
+            except ModelNotAvailableError as err:
+                print(f"error: {err}\nOr serve it yourself (vllm serve {model}) and set URL.", file=sys.stderr)
+                return 2
+            tokenizer = load_tokenizer(args.tokenizer or model_dir)
+            print(f"starting transformers serve for {model} ({model_dir}) ...", flush=True)
+            server = stack.enter_context(transformers_serve(model_dir))
+            base_url, served = server.base_url, server.model
+            print(f"server ready at {base_url} in {time.perf_counter() - start:.1f} s")
+        config = MemoryConfig(
+            context_key="context",
+            question_key="input",
+            max_prompt_length=10**9,  # the question is not capped at inference
+            chunk_size=chunk,
+            max_memorization_length=max_new,
+            max_final_response_length=max_new,
+            max_chunks=max(1, args.max_context // chunk) if args.max_context > 0 else None,
+            final_prompt=args.final_prompt,
+            strip_context=True,
+        )
+        workflow = MemoryWorkflow(config, tokenizer, token_prompts=False, keep_prompts=False)
+        session = workflow.session({"input": question, "context": document})
+        print(
+            f"document: {args.context_file.name}, {session.original_context_tokens} tokens -> {session.num_chunks} "
+            f"chunk(s) of up to {chunk}; memory and answer capped at {max_new} new tokens"
+        )
+        print(f"question: {question}")
+        client = OpenAIChatClient(base_url, served, max_concurrency=1, timeout=args.timeout, max_retries=2)
+        sampling = {"temperature": args.temperature, "top_p": args.top_p}
+        began = time.perf_counter()
+
+        async def main() -> None:
+            async with client:
+                await read_and_answer(session, client, sampling)
+
+        asyncio.run(main())
+        agent_seconds = time.perf_counter() - began
+
+    response = session.answer or ""
+    answer = last_boxed_answer(final_text(response)) if args.final_prompt == "boxed" else extract_answer(response)
+    stats = client.stats
+    if answer is None:
+        expected = "\\boxed{} answer" if args.final_prompt == "boxed" else "'the answer is ...'"
+        answer = f"(none: the reply above has no {expected})"
+    print(f"\nAnswer: {answer}")
+    print(
+        f"Time: {agent_seconds:.1f} s for {len(session.history)} model calls ({time.perf_counter() - start:.1f} s "
+        f"in all, server start included)"
+    )
+    print(
+        f"Tokens: {stats.prompt_tokens:,d} prompt + {stats.completion_tokens:,d} completion = "
+        f"{stats.prompt_tokens + stats.completion_tokens:,d}"
+    )
+    if args.trace:
+        with TraceWriter(args.trace) as writer:
+            writer.write_sample("quickstart", session, None, agent_seconds)
+        print(f"Trace: {args.trace}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    sys.path.insert(0, str(HERE))  # run from anywhere: the project's packages live next to this file
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never a download at run time
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # tokenizer-loading chatter is not what a user came to read
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    except (RuntimeError, TimeoutError, OSError) as err:
+        # A clear message, not a traceback: requests that failed after the retries (ChatRequestError), a server
+        # that did not start, a missing --context-file.
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

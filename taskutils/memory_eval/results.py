@@ -1,0 +1,136 @@
+"""Per-item results: ``<results>/<task>_<length>/<model>__<method>.jsonl``, one JSON line per item, keyed by
+the item's index (``id``), appended and flushed as each item finishes (through :class:`recurrent.trace.TraceWriter`,
+which cuts a half-written last line left by a killed run).
+
+A rerun skips the ids already there, so a killed run resumes with no duplicate and no lost item. Failed items
+are recorded with ``"error"`` and count as 0 (P7); ``retry_failed`` drops their lines first and redoes them. The
+settings of a file (checkpoint, method, budgets, sampling) are kept next to it in ``<model>__<method>.meta.json``;
+resuming with different settings is refused, so one file never mixes two configurations.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from recurrent.interface import Session
+from recurrent.trace import read_trace
+
+FORMAT_VERSION = 1
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
+
+
+class SettingsMismatchError(RuntimeError):
+    """A results file exists with other settings than this run's."""
+
+
+def safe_name(name: str) -> str:
+    """A model name usable in a file name (``org/model`` -> ``org_model``)."""
+    return _UNSAFE.sub("_", name).strip("_") or "model"
+
+
+def results_path(results_dir: str | Path, task: str, length: int, model: str, method: str) -> Path:
+    return Path(results_dir) / f"{task}_{length}" / f"{safe_name(model)}__{method}.jsonl"
+
+
+def meta_path(path: Path) -> Path:
+    return path.with_name(path.name[: -len(".jsonl")] + ".meta.json")
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """The sidecar of a results file ({} if there is none)."""
+    meta = meta_path(path)
+    return json.loads(meta.read_text()) if meta.is_file() else {}
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def prepare(
+    path: Path,
+    settings: dict[str, Any],
+    info: dict[str, Any] | None = None,
+    retry_failed: bool = False,
+    overwrite: bool = False,
+) -> set[Any]:
+    """Get ``path`` ready for appending and return the ids to skip.
+
+    ``settings`` must equal the stored ones (else :class:`SettingsMismatchError`); ``info`` (the expected item
+    count, the data file) is stored beside them without being compared; ``overwrite`` starts afresh.
+    Duplicate ids (which this harness never writes) are collapsed to their last line; with ``retry_failed``
+    failed lines are dropped so that their items run again.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = meta_path(path)
+    if overwrite:
+        path.unlink(missing_ok=True)
+        meta.unlink(missing_ok=True)
+    if meta.is_file() and path.exists():
+        stored = json.loads(meta.read_text()).get("settings")
+        if stored != settings:
+            changed = sorted(k for k in set(stored or {}) | set(settings) if (stored or {}).get(k) != settings.get(k))
+            raise SettingsMismatchError(
+                f"{path} was made with other settings ({', '.join(changed)} differ); "
+                "use another --results-dir, or --overwrite to start this file afresh"
+            )
+    payload = {"version": FORMAT_VERSION, "settings": settings, **(info or {})}
+    meta.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    if not path.exists():
+        return set()
+    records = read_trace(path)  # ignores a half-written last line; TraceWriter cuts it when reopening
+    last = {r["id"]: r for r in records}
+    keep = [r for r in last.values() if not (retry_failed and r.get("error"))]
+    if len(keep) != len(records):
+        _write_atomic(path, b"".join((json.dumps(r, ensure_ascii=False) + "\n").encode() for r in keep))
+    return {r["id"] for r in keep}
+
+
+def item_record(
+    *,
+    item: dict[str, Any],
+    task: str,
+    length: int,
+    model: str,
+    method: str,
+    session: Session | None,
+    error: BaseException | None,
+    seconds: float,
+    scores: dict[str, Any],
+    gold: list[str],
+    keep_trace: bool = False,
+) -> dict[str, Any]:
+    """The result line of one item (the context is never stored)."""
+    history = session.history if session is not None else []
+    answer = history[-1].reply.text if history and history[-1].turn.final and error is None else None
+    record: dict[str, Any] = {
+        "id": item["index"],
+        "task": task,
+        "length": length,
+        "model": model,
+        "method": method,
+        "question": item.get("input"),
+        "gold": gold,
+        "response": answer,
+        **scores,
+        "error": None if error is None else f"{type(error).__name__}: {error}",
+        "turns": len(history),
+        "prompt_tokens": sum(r.reply.prompt_tokens for r in history),  # a failed item's turns too: paid for
+        "completion_tokens": sum(r.reply.completion_tokens for r in history),
+        "truncated_turns": sum(r.reply.finish_reason == "length" for r in history),
+        "seconds": round(seconds, 4),
+    }
+    if session is not None:
+        trace = session.trace()
+        for key in ("context_tokens", "num_chunks", "prompt_tokens_full", "truncated"):
+            if key in trace:
+                record[key] = trace[key]
+        if keep_trace:
+            record["memories"] = trace.get("memories")
+            record["trace"] = trace.get("turns")
+    return record

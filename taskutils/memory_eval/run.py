@@ -1,0 +1,394 @@
+"""Evaluate models x tasks x lengths, as in the paper (MEMAGENT_SPEC 6), through OpenAI-compatible servers.
+
+For every selected model: start its server (``vllm serve`` on GPU machines, ``transformers serve`` on CPU) or
+use the given URL, run every (task, length) eval file with its method(s), write one JSON line per item as it
+finishes, stop the server. A killed run resumes where it stopped. Failed requests are retried with backoff;
+an item that still fails is recorded with its error and counts as wrong (never dropped, P7). At the end the
+token totals are printed and the summary (``summary.md``, ``summary.csv``, ``accuracy_vs_length.png``) is
+written into the results folder (``python -m taskutils.memory_eval.report RESULTS_DIR`` redoes it).
+
+Examples:
+    # the paper's full evaluation (14 configurations, HotpotQA 50..6400 docs, 11 RULER tasks 8K..512K)
+    python -m taskutils.memory_eval.run --data-dir data
+    # one model, HotpotQA only, two lengths, first 16 items, against a server you started yourself
+    python -m taskutils.memory_eval.run --models MemoryAgent-14B-5k-1k-infty --tasks hotpotqa \\
+        --lengths 50,800 --limit 16 --url http://localhost:8000/v1
+    # CPU: the tiny offline model, both methods
+    python -m taskutils.memory_eval.run --models tiny --method memory,direct --tasks hotpotqa --lengths 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from tqdm import tqdm
+
+from recurrent.client import OpenAIChatClient
+from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
+from recurrent.interface import Session
+from recurrent.models import ModelNotAvailableError, resolve_model_path
+from recurrent.trace import TraceWriter
+
+from . import config as cfg
+from . import results, scoring
+from .direct import DirectWorkflow
+from .runner import FileOutcome, run_items
+from .serve import ServerError, endpoint
+
+log = logging.getLogger("memory_eval")
+
+QUESTION_BUDGET = 10**9  # the paper's evaluation never caps the question (training's budget is 1024 tokens)
+
+
+@dataclass
+class Job:
+    """One results file: a model, a method, a (task, length) eval set."""
+
+    task: str
+    length: int
+    method: str
+    data: Path
+    out: Path
+    pending: list[Any]  # ids still to run
+    expected: int
+
+
+def parse_list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m taskutils.memory_eval.run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sel = parser.add_argument_group("what to run")
+    sel.add_argument("--config", type=Path, help="YAML file of defaults for these options (keys as the long flags)")
+    sel.add_argument("--table", type=Path, help=f"model table (default: {cfg.TABLE_PATH.name} next to this file)")
+    sel.add_argument(
+        "--models",
+        type=parse_list,
+        help="comma list of table names or groups (paper, ablation, cpu); an unknown name is taken as a "
+        "checkpoint (local folder or cached hub id) run with the memory method. Default: paper,ablation",
+    )
+    sel.add_argument(
+        "--tasks", type=parse_list, help="comma list: hotpotqa, RULER task names, or groups ruler/all (default: all)"
+    )
+    sel.add_argument(
+        "--lengths",
+        type=lambda s: [int(x) for x in parse_list(s)],
+        help="comma list applied to every task: documents for hotpotqa, tokens for RULER (default: the paper's)",
+    )
+    sel.add_argument(
+        "--method",
+        type=parse_list,
+        help=f"comma list of {', '.join(cfg.METHODS)}; memory/direct use the paper's 'the answer is' prompt and "
+        "the -boxed variants the training format (default: each model's method in the table)",
+    )
+    sel.add_argument("--limit", type=int, help="only the first N items of every eval set")
+    io = parser.add_argument_group("data and results")
+    io.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(os.environ.get("MEMAGENT_DATA_DIR", "data")),
+        help="eval sets: eval_{N}.jsonl, eval_{task}_{L}.jsonl (default: $MEMAGENT_DATA_DIR or ./data, where "
+        "python -m taskutils.memory_data writes them)",
+    )
+    io.add_argument("--results-dir", type=Path, default=Path("results"), help="output folder (default: results)")
+    io.add_argument("--trace", action="store_true", help="store every item's memory after each chunk and its turns")
+    io.add_argument("--retry-failed", action="store_true", help="redo items recorded as failed")
+    io.add_argument("--overwrite", action="store_true", help="discard existing results of the selected files")
+    io.add_argument("--no-report", action="store_true", help="do not write the summary at the end")
+    srv = parser.add_argument_group("serving and client")
+    srv.add_argument("--url", help="an existing OpenAI-compatible endpoint for every selected model (env API_KEY)")
+    srv.add_argument("--served-model", help="with --url: the model name requests use (default: the checkpoint)")
+    srv.add_argument(
+        "--tokenizer",
+        help="tokenizer for chunking and truncation, for every selected model (default: the table's, else the "
+        "checkpoint; needed for hosted models that are not available offline)",
+    )
+    srv.add_argument(
+        "--serve", choices=("auto", "vllm", "transformers"), default="auto", help="server to start without a URL"
+    )
+    srv.add_argument("--replicas", type=int, help="vLLM data-parallel replicas (default: GPUs // tp)")
+    srv.add_argument("--ready-timeout", type=float, default=1800.0, help="seconds to wait for a server to be ready")
+    srv.add_argument("--log-dir", type=Path, help="server logs (default: <results-dir>/logs)")
+    srv.add_argument("--concurrency", type=int, help="requests in flight per model (default: the table's)")
+    srv.add_argument("--timeout", type=float, default=3600.0, help="seconds per request attempt")
+    srv.add_argument("--max-retries", type=int, default=3, help="retries of a failed request (with backoff)")
+    srv.add_argument("--backoff", type=float, default=1.0, help="first backoff in seconds (doubles each retry)")
+    srv.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (paper: 0.7)")
+    srv.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling (paper: 0.95)")
+    srv.add_argument("--seed", type=int, help="per-request sampling seed, if the server supports it")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    pre, _ = parser.parse_known_args(argv)
+    if pre.config:  # a config file sets defaults; flags on the command line still win
+        values = yaml.safe_load(pre.config.read_text()) or {}
+        dests = {a.dest: a for a in parser._actions}
+        defaults = {}
+        for key, value in values.items():
+            dest = key.replace("-", "_")
+            if dest not in dests:
+                parser.error(f"{pre.config}: unknown option {key!r}")
+            action = dests[dest]
+            if isinstance(value, list) and action.type is not None:
+                value = action.type(",".join(str(v) for v in value))
+            elif isinstance(value, str) and action.type is not None:
+                value = action.type(value)
+            defaults[dest] = value
+        parser.set_defaults(**defaults)
+    args = parser.parse_args(argv)
+    unknown = [m for m in args.method or [] if m not in cfg.METHODS]
+    if unknown:
+        parser.error(f"unknown method(s) {unknown}; choose from {', '.join(cfg.METHODS)}")
+    return args
+
+
+def load_tokenizer(name: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_model_path(name))
+
+
+def make_workflow(entry: cfg.ModelEntry, method: str, tokenizer: Any) -> Callable[[dict[str, Any]], Session]:
+    """The session factory of one method: the memory agent of ``recurrent`` or the direct baseline."""
+    agent, final_prompt = cfg.METHODS[method]
+    if agent == "memory":
+        b = entry.memory
+        workflow = MemoryWorkflow(
+            MemoryConfig(
+                context_key="context",
+                question_key="input",
+                max_prompt_length=QUESTION_BUDGET,
+                chunk_size=b.chunk_size,
+                max_memorization_length=b.max_new,
+                max_final_response_length=b.final_max_new,
+                max_chunks=None if b.max_context is None else max(1, b.max_context // b.chunk_size),
+                final_prompt=final_prompt,
+                strip_context=True,  # the paper's evaluation strips the context (spec 6.4)
+            ),
+            tokenizer,
+            token_prompts=False,  # text in, text out: an OpenAI-style endpoint applies the chat template
+            keep_prompts=False,  # hold one chunk at a time, not every prompt of a 3.5M-token document
+        )
+    else:
+        workflow = DirectWorkflow(tokenizer, entry.direct.max_input, entry.direct.max_output, final_prompt)
+
+    def make_session(item: dict[str, Any]) -> Session:
+        return workflow.session({"input": str(item.get("input", "")).strip(), "context": item.get("context") or ""})
+
+    return make_session
+
+
+def settings_of(entry: cfg.ModelEntry, method: str, sampling: dict[str, Any]) -> dict[str, Any]:
+    """What decides a file's results: resuming with other settings is refused."""
+    agent, final_prompt = cfg.METHODS[method]
+    budget = asdict(entry.memory if agent == "memory" else entry.direct)
+    return {
+        "checkpoint": entry.checkpoint,
+        "tokenizer": entry.tokenizer or entry.checkpoint,
+        "method": method,
+        "final_prompt": final_prompt,
+        "budget": budget,
+        "sampling": sampling,
+    }
+
+
+def plan_jobs(entry: cfg.ModelEntry, args: argparse.Namespace, sampling: dict[str, Any]) -> tuple[list[Job], list[str]]:
+    """The files of one model that still have items to run, and the (task, length) sets with no data."""
+    jobs, missing = [], []
+    for method in args.method or [entry.method]:
+        for task, length in cfg.plan(entry, cfg.expand_tasks(args.tasks), args.lengths):
+            data = cfg.data_file(args.data_dir, task, length)
+            if data is None:
+                missing.append(f"{task}_{length}")
+                continue
+            ids = cfg.item_ids(data, args.limit)
+            if len(set(ids)) != len(ids):
+                raise ValueError(f"{data}: duplicate item indices")
+            out = results.results_path(args.results_dir, task, length, entry.name, method)
+            info = {"expected": len(ids), "data_file": str(data), "model": entry.name, "task": task, "length": length}
+            done = results.prepare(out, settings_of(entry, method, sampling), info, args.retry_failed, args.overwrite)
+            pending = [i for i in ids if i not in done]
+            if pending:
+                jobs.append(Job(task, length, method, data, out, pending, len(ids)))
+    return jobs, sorted(set(missing))
+
+
+async def run_model(
+    entry: cfg.ModelEntry,
+    jobs: list[Job],
+    tokenizer: Any,
+    client: OpenAIChatClient,
+    args: argparse.Namespace,
+    sampling: dict[str, Any],
+) -> list[tuple[Job, FileOutcome]]:
+    workflows = {method: make_workflow(entry, method, tokenizer) for method in {job.method for job in jobs}}
+    outcomes = []
+    try:
+        for job in jobs:
+            desc = f"{entry.name} {job.method} {job.task}_{job.length}"
+            bar = tqdm(total=job.expected, initial=job.expected - len(job.pending), desc=desc, disable=args.quiet)
+
+            def make_record(item, session, error, seconds, job=job):
+                gold = scoring.golds(item)
+                if error is None:
+                    final_prompt = cfg.METHODS[job.method][1]
+                    scores = scoring.score(job.task, final_prompt, session.history[-1].reply.text, gold)
+                else:
+                    scores = scoring.failed(job.task)
+                return results.item_record(
+                    item=item,
+                    task=job.task,
+                    length=job.length,
+                    model=entry.name,
+                    method=job.method,
+                    session=session,
+                    error=error,
+                    seconds=seconds,
+                    scores=scores,
+                    gold=gold,
+                    keep_trace=args.trace,
+                )
+
+            with TraceWriter(job.out) as writer:
+                try:
+                    outcome = await run_items(
+                        cfg.iter_items(job.data, args.limit, only=set(job.pending)),
+                        workflows[job.method],
+                        make_record,
+                        client,
+                        writer,
+                        entry.concurrency,
+                        sampling,
+                        bar,
+                    )
+                finally:
+                    bar.close()
+            outcomes.append((job, outcome))
+            if outcome.failed:
+                log.warning(
+                    "%s: %d of %d items failed (first: %s)", desc, outcome.failed, outcome.done, outcome.first_error
+                )
+    finally:
+        await client.aclose()
+    return outcomes
+
+
+def run_entry(
+    entry: cfg.ModelEntry, jobs: list[Job], args: argparse.Namespace, sampling: dict[str, Any]
+) -> list[tuple[Job, FileOutcome]]:
+    """One model: its tokenizer, its endpoint for the duration of its files, then the server is stopped."""
+    tokenizer = load_tokenizer(entry.tokenizer or entry.checkpoint)  # before a server starts: fail fast
+    log_dir = args.log_dir or args.results_dir / "logs"
+    with endpoint(entry, args.url, args.serve, args.replicas, log_dir, args.ready_timeout) as ep:
+        log.info("%s: endpoint %s (%s), model %r", entry.name, ep.base_url, ep.kind, ep.model)
+        client = OpenAIChatClient(
+            ep.base_url,
+            ep.model,
+            max_concurrency=entry.concurrency,
+            timeout=args.timeout,
+            max_retries=args.max_retries,
+            backoff=args.backoff,
+        )
+        return asyncio.run(run_model(entry, jobs, tokenizer, client, args, sampling))
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    # SIGTERM (a scheduler stopping the job) unwinds like Ctrl-C, so the servers we started are stopped.
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def print_totals(rows: list[tuple[str, Job, FileOutcome]]) -> None:
+    if not rows:
+        return
+    print("\nToken totals of this run:", file=sys.stderr)
+    print(
+        f"{'model':32} {'method':13} {'file':28} {'items':>6} {'failed':>6} {'prompt':>12} {'completion':>11}",
+        file=sys.stderr,
+    )
+    for model, job, out in rows:
+        print(
+            f"{model[:32]:32} {job.method:13} {f'{job.task}_{job.length}'[:28]:28} {out.done:6d} {out.failed:6d} "
+            f"{out.prompt_tokens:12,d} {out.completion_tokens:11,d}",
+            file=sys.stderr,
+        )
+    prompt = sum(o.prompt_tokens for _, _, o in rows)
+    completion = sum(o.completion_tokens for _, _, o in rows)
+    done = sum(o.done for _, _, o in rows)
+    failed = sum(o.failed for _, _, o in rows)
+    print(f"{'total':75} {done:6d} {failed:6d} {prompt:12,d} {completion:11,d}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for noisy in ("httpx", "httpx2", "openai", "matplotlib"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    sampling = {"temperature": args.temperature, "top_p": args.top_p}
+    if args.seed is not None:
+        sampling["seed"] = args.seed
+    table = cfg.load_table(args.table)
+    entries = [
+        cfg.with_overrides(e, concurrency=args.concurrency, served_name=args.served_model, tokenizer=args.tokenizer)
+        for e in cfg.select_models(table, args.models)
+    ]
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    rows: list[tuple[str, Job, FileOutcome]] = []
+    missing_all: set[str] = set()
+    skipped_models: list[str] = []
+    try:
+        for entry in entries:
+            jobs, missing = plan_jobs(entry, args, sampling)
+            missing_all.update(missing)
+            if not jobs:
+                log.info("%s: nothing to run (%s)", entry.name, "no data" if missing else "all items done")
+                continue
+            log.info("%s: %d file(s), %d item(s) to run", entry.name, len(jobs), sum(len(j.pending) for j in jobs))
+            try:
+                rows.extend((entry.name, job, outcome) for job, outcome in run_entry(entry, jobs, args, sampling))
+            except (ModelNotAvailableError, ServerError) as err:
+                # One model that cannot be served must not stop a multi-day run: report it, go on.
+                log.error("%s: skipped: %s", entry.name, err)
+                skipped_models.append(entry.name)
+    except KeyboardInterrupt:
+        print("\ninterrupted: finished items are saved; run the same command again to resume", file=sys.stderr)
+        print_totals(rows)
+        return 130
+    except (results.SettingsMismatchError, FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if missing_all:
+        log.warning("no data for %d set(s), skipped: %s", len(missing_all), ", ".join(sorted(missing_all)))
+    print_totals(rows)
+    if not args.no_report and args.results_dir.is_dir():
+        from .report import write_report
+
+        written = write_report(args.results_dir, data_dir=args.data_dir)
+        print(f"summary: {', '.join(str(p) for p in written)}", file=sys.stderr)
+    if skipped_models:
+        print(f"error: model(s) not evaluated: {', '.join(skipped_models)} (see the log above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

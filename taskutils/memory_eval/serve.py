@@ -1,0 +1,255 @@
+"""One endpoint per model: an existing URL, a ``vllm serve`` the harness starts on GPU machines, or a local
+``transformers serve`` on CPU (:mod:`recurrent.serving`).
+
+The harness owns the servers it starts: each runs in its own process group and is stopped (SIGTERM, then
+SIGKILL) when the model is done, on errors and on Ctrl-C / SIGTERM alike. Readiness means the process is alive
+and ``GET /v1/models`` lists the served name (the original polled the same endpoint every 5 s).
+
+Replicas across a node's GPUs (the original used Ray Serve with ``num_replicas = GPUs // tp``) come from
+vLLM's own data parallelism: ``--data-parallel-size GPUs // tp``, one OpenAI endpoint in front.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from recurrent.models import resolve_model_path
+from recurrent.serving import free_port, transformers_serve
+
+from .config import ModelEntry
+
+log = logging.getLogger(__name__)
+
+
+class ServerError(RuntimeError):
+    """A server the harness started did not come up (it exited, or was not ready in time)."""
+
+
+class ServerTimeoutError(ServerError, TimeoutError):
+    """A server the harness started was not ready in time."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    base_url: str  # http://host:port/v1
+    model: str  # the name requests use
+    kind: str  # url | vllm | transformers
+    pid: int | None = None  # the server process we started, if any
+
+
+def gpu_count() -> int:
+    """GPUs visible to this process (0 on CPU machines)."""
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # a broken CUDA install must not stop a CPU evaluation
+        return 0
+
+
+def vllm_available() -> bool:
+    return bool(shutil.which("vllm") or Path(sys.executable).with_name("vllm").exists())
+
+
+def choose_backend(entry: ModelEntry, requested: str = "auto", gpus: int | None = None) -> str:
+    """``vllm`` or ``transformers`` for a model with no URL: the flag wins, then the table, then the machine."""
+    kind = requested if requested != "auto" else entry.serve
+    if kind != "auto":
+        return kind
+    gpus = gpu_count() if gpus is None else gpus
+    return "vllm" if gpus > 0 and vllm_available() else "transformers"
+
+
+def vllm_command(
+    model_path: str,
+    served_name: str,
+    port: int,
+    tp: int = 1,
+    replicas: int = 1,
+    max_model_len: int | None = None,
+    extra_args: Sequence[str] = (),
+    host: str = "127.0.0.1",
+    vllm_bin: str | None = None,
+) -> list[str]:
+    """The ``vllm serve`` command line of one model: ``tp`` GPUs per replica, ``replicas`` data-parallel copies."""
+    if tp < 1 or replicas < 1:
+        raise ValueError(f"tp and replicas must be >= 1, got {tp}, {replicas}")
+    if vllm_bin is None:
+        local = Path(sys.executable).with_name("vllm")
+        vllm_bin = str(local) if local.exists() else "vllm"
+    cmd = [vllm_bin, "serve", model_path, "--served-model-name", served_name, "--host", host, "--port", str(port)]
+    cmd += ["--tensor-parallel-size", str(tp)]
+    if replicas > 1:
+        cmd += ["--data-parallel-size", str(replicas)]
+    if max_model_len:
+        cmd += ["--max-model-len", str(max_model_len)]
+    return cmd + list(extra_args)
+
+
+def replicas_for(tp: int, gpus: int, requested: int | None = None) -> int:
+    """Data-parallel replicas: as asked, else every GPU of the node used (``gpus // tp``, at least 1)."""
+    if requested is not None:
+        if requested * tp > max(gpus, tp):
+            raise ValueError(f"{requested} replicas x tp {tp} needs {requested * tp} GPUs; {gpus} visible")
+        return requested
+    return max(1, gpus // tp)
+
+
+def served_models(base_url: str, timeout: float = 5.0, api_key: str | None = None) -> list[str] | None:
+    """The model ids ``GET {base_url}/models`` lists, or None if the server does not answer (yet)."""
+    request = urllib.request.Request(base_url.rstrip("/") + "/models")
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            data = json.loads(response.read())
+    except (OSError, ValueError):
+        return None
+    return [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
+
+
+def _tail(log_path: Path | None, chars: int = 3000) -> str:
+    if log_path is None or not log_path.exists():
+        return ""
+    return log_path.read_text(errors="replace")[-chars:]
+
+
+def wait_ready(
+    base_url: str,
+    model: str,
+    process: subprocess.Popen | None = None,
+    timeout: float = 1800.0,
+    interval: float = 5.0,
+    log_path: Path | None = None,
+) -> float:
+    """Poll until ``model`` is listed by the server; returns the seconds waited. Raises RuntimeError when the
+    process exits first and TimeoutError after ``timeout``, both quoting the end of the server log."""
+    start = time.monotonic()
+    while True:
+        models = served_models(base_url)
+        if models is not None and model in models:
+            return time.monotonic() - start
+        if process is not None and process.poll() is not None:
+            raise ServerError(f"server exited with code {process.returncode} before it was ready:\n{_tail(log_path)}")
+        if time.monotonic() - start > timeout:
+            listed = f"it lists {models}" if models is not None else "it does not answer"
+            raise ServerTimeoutError(
+                f"{model!r} not served at {base_url} after {timeout:.0f} s ({listed}):\n{_tail(log_path)}"
+            )
+        time.sleep(interval)
+
+
+def stop_process_group(process: subprocess.Popen, grace: float = 30.0) -> None:
+    """SIGTERM the process's group, SIGKILL it after ``grace`` seconds (servers spawn workers: stop them all)."""
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    except ProcessLookupError:
+        process.wait()
+
+
+@contextmanager
+def managed_server(
+    cmd: list[str],
+    base_url: str,
+    model: str,
+    log_path: Path,
+    ready_timeout: float = 1800.0,
+    interval: float = 5.0,
+    env: dict[str, str] | None = None,
+) -> Iterator[subprocess.Popen]:
+    """Start ``cmd`` in its own process group, wait until it serves ``model``, stop the group on exit."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("w") as log_file:
+        try:
+            process = subprocess.Popen(
+                cmd,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+            )
+        except OSError as err:  # e.g. no `vllm` on this machine
+            raise ServerError(f"cannot start {cmd[0]}: {err} (GPU machines: make setup-gpu)") from err
+    try:
+        log.info("started %s (pid %d), log %s", cmd[0], process.pid, log_path)
+        waited = wait_ready(base_url, model, process, ready_timeout, interval, log_path)
+        log.info("server ready after %.1f s", waited)
+        yield process
+    finally:
+        stop_process_group(process)
+
+
+@contextmanager
+def endpoint(
+    entry: ModelEntry,
+    url: str | None = None,
+    backend: str = "auto",
+    replicas: int | None = None,
+    log_dir: str | Path | None = None,
+    ready_timeout: float = 1800.0,
+    vllm_bin: str | None = None,
+    poll_interval: float = 5.0,
+) -> Iterator[Endpoint]:
+    """The endpoint of one model for the duration of the block: ``url`` (or the table's) as is; otherwise a
+    server started here and stopped at the end. Weights are never downloaded: the checkpoint must be a local
+    folder, an offline alias or already in the Hugging Face cache."""
+    url = url or entry.url
+    if url:
+        yield Endpoint(url, entry.request_name, "url")
+        return
+    kind = choose_backend(entry, backend)
+    model_path = resolve_model_path(entry.checkpoint)  # raises ModelNotAvailableError with what to do
+    log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="memagent-serve-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{kind}-{entry.name.replace('/', '_')}.log"
+    if kind == "transformers":
+        with contextlib.ExitStack() as stack:
+            try:
+                server = stack.enter_context(
+                    transformers_serve(model_path, startup_timeout=ready_timeout, log_path=log_path)
+                )
+            except (RuntimeError, TimeoutError) as err:  # its start only; errors of the caller's block pass as is
+                raise ServerError(f"transformers serve for {entry.name} did not start: {err}") from err
+            log.info("transformers serve pid %d at %s", server.process.pid, server.base_url)
+            yield Endpoint(server.base_url, server.model, kind, server.process.pid)
+        return
+    if kind != "vllm":
+        raise ValueError(f"unknown backend {kind!r}")
+    port = free_port()
+    gpus = gpu_count()
+    cmd = vllm_command(
+        model_path,
+        entry.request_name,
+        port,
+        tp=entry.tp,
+        replicas=replicas_for(entry.tp, gpus, replicas),
+        max_model_len=entry.max_model_len,
+        extra_args=entry.vllm_args,
+        vllm_bin=vllm_bin,
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # never a download at run time
+    base_url = f"http://127.0.0.1:{port}/v1"
+    with managed_server(cmd, base_url, entry.request_name, log_path, ready_timeout, poll_interval, env) as process:
+        log.info("vllm serve pid %d at %s", process.pid, base_url)
+        yield Endpoint(base_url, entry.request_name, kind, process.pid)

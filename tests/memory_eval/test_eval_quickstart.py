@@ -1,0 +1,82 @@
+"""`python quickstart.py` as users run it: a subprocess that starts its own server (tiny; SmolLM2 with no
+arguments, marked slow), or uses URL/API_KEY without ever printing the key, or fails with a clear message."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recurrent.serving import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+SECRET = "sk-quickstart-SECRET-91b2"
+
+
+def quickstart(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k not in ("URL", "API_KEY")}
+    return subprocess.run(
+        [sys.executable, str(REPO / "quickstart.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**environ, **(env or {})},
+        cwd=REPO,
+    )
+
+
+def test_quickstart_with_the_tiny_model(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    run = quickstart("--model", "tiny", "--chunk", "200", "--max-new", "16", "--trace", str(trace))
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = run.stdout
+    assert "starting transformers serve for tiny" in out and "question: What is the magic number?" in out
+    chunks = int(out.split(" chunk(s) of up to 200")[0].rsplit("-> ", 1)[1])
+    assert chunks >= 5  # the bundled document is ~1.4K tokens of SmolLM2 (more of the tiny BPE)
+    for k in range(1, chunks + 1):
+        assert f"--- memory after chunk {k}/{chunks} (" in out
+    assert "--- final answer (" in out and "\nAnswer: " in out
+    assert "\nTime: " in out and "\nTokens: " in out
+    (record,) = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert len(record["memories"]) == chunks and record["num_chunks"] == chunks and record["error"] is None
+
+
+def test_quickstart_against_a_url_never_prints_the_key(tiny_server):
+    run = quickstart(
+        "--model", tiny_server.model, "--chunk", "300", "--max-new", "8",
+        env={"URL": tiny_server.base_url, "API_KEY": SECRET},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"endpoint: {tiny_server.base_url}" in run.stdout and "\nAnswer: " in run.stdout
+    assert "starting transformers serve" not in run.stdout
+    assert SECRET not in run.stdout + run.stderr
+    # A dead endpoint: a one-line error after the retries, still without the key.
+    dead = quickstart("--model", "m", "--tokenizer", "tiny", env={"URL": f"http://127.0.0.1:{free_port()}/v1",
+                                                                   "API_KEY": SECRET})  # fmt: skip
+    assert dead.returncode == 1 and "error: chat request to" in dead.stderr
+    assert SECRET not in dead.stdout + dead.stderr
+
+
+def test_quickstart_errors_are_clear():
+    missing = quickstart("--model", "no-such-org/no-such-model")
+    assert missing.returncode == 2
+    assert "neither a local folder nor in the local Hugging Face cache" in missing.stderr
+    assert "set URL" in missing.stderr
+    no_model = quickstart(env={"URL": "http://127.0.0.1:9/v1"})
+    assert no_model.returncode == 2 and "pass --model" in no_model.stderr
+
+
+@pytest.mark.slow
+def test_quickstart_with_no_arguments_uses_smollm2(smollm2_dir):
+    run = quickstart(timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = run.stdout
+    assert "starting transformers serve for smollm2-135m-instruct" in out
+    assert "-> 3 chunk(s) of up to 500" in out
+    for k in (1, 2, 3):
+        assert f"--- memory after chunk {k}/3 (" in out
+    assert "--- final answer (" in out and "\nAnswer: " in out and "\nTime: " in out

@@ -1,0 +1,212 @@
+"""Harness logic without a model server: the direct baseline's prompt and truncation, scoring per method, the
+model table and task plans, resumable results files, and the report's arithmetic (hand-computed)."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from eval_fixtures import hotpotqa_set, read_lines
+from transformers import AutoTokenizer
+
+from recurrent.interface import Reply
+from taskutils.memory_eval import config as cfg
+from taskutils.memory_eval import results, scoring
+from taskutils.memory_eval.direct import TEMPLATE_0SHOT, DirectWorkflow
+from taskutils.memory_eval.report import collect, markdown, write_report
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+# ---- the direct baseline ----
+
+
+def test_direct_prompt_is_the_paper_template_when_it_fits(tokenizer):
+    workflow = DirectWorkflow(tokenizer, max_input=10_000, max_output=7)
+    session = workflow.session({"input": " Who? ", "context": "  some text  "})
+    turn = session.next_turn()
+    assert turn.messages == [{"role": "user", "content": TEMPLATE_0SHOT.format(context="some text", question="Who?")}]
+    assert turn.max_tokens == 7 and turn.final
+    assert turn.messages[0]["content"].startswith("Please read the following text and answer the question below.")
+    assert turn.messages[0]["content"].endswith('"Therefore, the answer is (insert answer here)".')
+    assert not session.truncated
+
+
+def test_direct_prompt_is_middle_truncated_in_token_space(tokenizer):
+    context = " ".join(f"word{i}" for i in range(3000))
+    workflow = DirectWorkflow(tokenizer, max_input=200, max_output=5, final_prompt="boxed")
+    session = workflow.session({"input": "Which word comes first?", "context": context})
+    text = session.next_turn().messages[0]["content"]
+    full = tokenizer.encode(TEMPLATE_0SHOT.format(context=context, question="x"), add_special_tokens=False)
+    assert session.truncated and session.prompt_tokens_full > len(full) - 50
+    sent = tokenizer.encode(text, add_special_tokens=False)
+    assert abs(len(sent) - 200) <= 4  # 100 head + 100 tail tokens, re-encoded at the seam
+    # Head and tail survive (instruction and question), the middle of the document is gone.
+    assert text.startswith("Please read the following text") and text.endswith("Put the answer in \\boxed{}.")
+    assert "Which word comes first?" in text and "word1500" not in text
+
+
+def test_direct_session_is_one_final_turn(tokenizer):
+    session = DirectWorkflow(tokenizer, 100, 5).session({"input": "q", "context": "c"})
+    turn = session.next_turn()
+    with pytest.raises(RuntimeError):
+        session.next_turn()
+    session.record(Reply("Therefore, the answer is c.", "stop", prompt_tokens=9, completion_tokens=4))
+    assert session.next_turn() is None and session.answer == "Therefore, the answer is c."
+    assert session.history[0].turn.final and session.history[0].turn.messages == []  # prompt not kept
+    assert session.trace()["turns"][0]["prompt_tokens"] == 9 and turn.final
+
+
+# ---- scoring ----
+
+
+def test_scores_per_method_and_task():
+    answer_is = scoring.score("hotpotqa", "answer_is", "Therefore, the answer is Paris.", ["Paris", "paris"])
+    assert answer_is == {"pred": "Paris", "strict": 0.0, "em": 1.0, "sub_em": 1.0, "f1": 1.0}  # no box: strict 0
+    boxed = scoring.score("hotpotqa", "boxed", "so \\boxed{the Paris}", ["Paris"])
+    assert boxed["strict"] == 0.0 and boxed["sub_em"] == 1.0 and boxed["em"] == 1.0  # strict keeps articles
+    assert scoring.score("hotpotqa", "boxed", "\\boxed{paris}", ["Paris"])["strict"] == 1.0
+    ruler = scoring.score("niah_multivalue", "answer_is", "the answer is 123 and 999", ["123", "456"])
+    assert ruler == {"pred": "123 and 999", "strict": 0.0, "em": None, "sub_em": 0.5, "f1": None}
+    assert scoring.score("vt", "boxed", "\\boxed{A B}", ["a", "b", "c"])["sub_em"] == 0.67
+    assert scoring.score("vt", "answer_is", "The answer is X", ["x"])["sub_em"] == 0  # case-sensitive trigger (P6)
+    assert scoring.score("qa_1", "answer_is", "the answer is Bob", ["Bob"])["f1"] == 1.0  # QA task: em/f1 apply
+    assert scoring.failed("hotpotqa") == {"pred": None, "strict": 0.0, "em": 0, "sub_em": 0, "f1": 0}
+    assert scoring.failed("vt")["em"] is None
+    assert scoring.golds({"outputs": ["1", 2]}) == ["1", "2"] and scoring.golds({"answers": "x"}) == ["x"]
+
+
+# ---- model table and task plans ----
+
+
+def test_default_table_is_the_papers():
+    table = cfg.load_table()
+    default = cfg.select_models(table, None)
+    assert len(default) == 14 and all(e.group in ("paper", "ablation") for e in default)
+    by_name = {e.name: e for e in table}
+    mem14 = by_name["MemoryAgent-14B-5k-1k-infty"]
+    assert (mem14.checkpoint, mem14.tp, mem14.method, mem14.concurrency) == (
+        "BytedTsinghua-SIA/RL-MemoryAgent-14B",
+        2,
+        "memory",
+        256,
+    )
+    assert mem14.memory == cfg.MemoryBudget(5000, 1024, 1024, None)
+    assert by_name["L1-120k+10k"].concurrency == 128 and by_name["L1-120k+10k"].direct.max_input == 120000
+    assert by_name["Qwen-7B-990k+10k"].direct == cfg.DirectBudget(990000, 10000)
+    assert {e.name for e in cfg.select_models(table, ["cpu"])} == {"tiny", "smollm2-135m-instruct"}
+    adhoc = cfg.select_models(table, ["/models/My-Model"])[0]
+    assert (adhoc.name, adhoc.checkpoint, adhoc.method) == ("My-Model", "/models/My-Model", "memory")
+
+
+def test_task_plans_are_fresh_and_follow_the_paper():
+    table = {e.name: e for e in cfg.load_table()}
+    memory, direct = table["MemoryAgent-7B-5k-1k-infty"], table["R1-7B-120k+10k"]
+    tasks = cfg.expand_tasks(None)
+    assert tasks[0] == "hotpotqa" and len(tasks) == 12
+    first = cfg.plan(memory, tasks, None)
+    for _ in range(3):  # P8: planning a memory model never leaks its over-1M lengths into other plans
+        assert cfg.plan(direct, tasks, None) == cfg.plan(direct, tasks, None)
+    hqa = [n for t, n in cfg.plan(direct, tasks, None) if t == "hotpotqa"]
+    assert hqa == [50, 100, 200, 400, 800, 1600, 3200, 6400]
+    assert [n for t, n in first if t == "hotpotqa"][-2:] == [12800, 25600]
+    assert ("qa_1", 524288) not in first and ("vt", 524288) in first  # spec 5.5: qa_1 skipped at 512K
+    assert cfg.plan(memory, ["vt"], [1, 2]) == [("vt", 1), ("vt", 2)]
+    with pytest.raises(ValueError, match="unknown task"):
+        cfg.expand_tasks(["nope"])
+
+
+def test_items_stream_with_limit_and_ids(tmp_path):
+    path = hotpotqa_set(tmp_path, 2, items=5)
+    assert cfg.item_ids(path) == [10, 11, 12, 13, 14] and cfg.item_ids(path, limit=2) == [10, 11]
+    assert [i["index"] for i in cfg.iter_items(path, limit=4, only={11, 13, 14})] == [11, 13]
+    plain = tmp_path / "eval_vt_8.jsonl"
+    plain.write_text('{"input": "q", "context": "c", "outputs": ["a"]}\n\n{"context": "d", "outputs": ["b"]}\n')
+    assert cfg.item_ids(plain) == [0, 1] and [i["index"] for i in cfg.iter_items(plain)] == [0, 1]
+    assert cfg.data_file(tmp_path, "vt", 8) == plain and cfg.data_file(tmp_path, "vt", 9) is None
+
+
+# ---- results files: resume, failures, settings ----
+
+
+def _line(i, error=None, sub_em=1):
+    return {"id": i, "model": "m", "method": "memory", "sub_em": sub_em, "strict": 0.0, "em": sub_em, "f1": sub_em,
+            "error": error, "prompt_tokens": 10, "completion_tokens": 2, "seconds": 1.0}  # fmt: skip
+
+
+def test_resume_cuts_a_half_written_line_and_skips_finished_ids(tmp_path):
+    path = results.results_path(tmp_path, "hotpotqa", 50, "org/model", "memory")
+    assert path.name == "org_model__memory.jsonl" and path.parent.name == "hotpotqa_50"
+    settings = {"method": "memory", "budget": {"chunk_size": 5}}
+    assert results.prepare(path, settings) == set()
+    lines = [json.dumps(_line(0)), json.dumps(_line(1, error="ChatRequestError: boom"))]
+    path.write_text("\n".join(lines) + "\n" + json.dumps(_line(2))[:25])  # killed mid-write
+    assert results.prepare(path, settings) == {0, 1}  # the failed item is recorded: not rerun by default
+    from recurrent.trace import TraceWriter
+
+    with TraceWriter(path) as writer:  # what the runner appends with: the broken tail is cut first
+        writer.write(_line(2))
+    assert [r["id"] for r in read_lines(path)] == [0, 1, 2]
+    assert results.prepare(path, settings, retry_failed=True) == {0, 2}  # its line is dropped, the item redone
+    assert [r["id"] for r in read_lines(path)] == [0, 2]
+    with pytest.raises(results.SettingsMismatchError, match="budget"):
+        results.prepare(path, {"method": "memory", "budget": {"chunk_size": 6}})
+    assert results.prepare(path, {"method": "memory"}, overwrite=True) == set() and not path.exists()
+
+
+# ---- the report ----
+
+
+def test_report_counts_failures_in_the_denominator(tmp_path):
+    folder = tmp_path / "hotpotqa_50"
+    folder.mkdir()
+    lines = [_line(0), _line(1, sub_em=0), _line(2, error="ChatRequestError: x", sub_em=0), _line(3)]
+    (folder / "m__memory.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    results.meta_path(folder / "m__memory.jsonl").write_text(json.dumps({"settings": {}, "expected": 5}))
+    ruler = tmp_path / "vt_8192"
+    ruler.mkdir()
+    (ruler / "m__memory.jsonl").write_text(json.dumps({**_line(0), "em": None, "f1": None}) + "\n")
+    rows = collect(tmp_path)
+    hqa = next(r for r in rows if r.task == "hotpotqa")
+    assert (hqa.n, hqa.expected, hqa.failed, hqa.sub_em, hqa.strict) == (4, 5, 1, 50.0, 0.0)  # 2 of 4, failed = 0
+    assert hqa.incomplete and hqa.prompt_tokens == 40
+    vt = next(r for r in rows if r.task == "vt")
+    assert vt.em is None and vt.sub_em == 100.0 and vt.expected is None
+    text = markdown(rows)
+    assert "4 lines, eval set has 5" in text and "1 of 4 items failed" in text and "| m | memory | 50.00* |" in text
+    md, csv_path, png = write_report(tmp_path)
+    with csv_path.open() as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == 2 and table[0]["sub_em"] == "50.0" and table[1]["em"] == ""
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and md.read_text().startswith("# Evaluation summary")
+
+
+def test_run_options_from_a_config_file_and_flags(tmp_path):
+    from taskutils.memory_eval.run import parse_args
+
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "models: [tiny, smollm2-135m-instruct]\nlengths: [2, 4]\ntasks: hotpotqa\nlimit: 2\nmethod: direct\n"
+    )
+    args = parse_args(["--config", str(config), "--limit", "3"])
+    assert args.models == ["tiny", "smollm2-135m-instruct"] and args.lengths == [2, 4] and args.tasks == ["hotpotqa"]
+    assert args.limit == 3 and args.method == ["direct"]  # the command line wins over the file
+    assert args.temperature == 0.7 and args.top_p == 0.95  # the paper's sampling
+    with pytest.raises(SystemExit):
+        parse_args(["--method", "recurrent"])
+
+
+def test_a_model_that_cannot_be_served_is_skipped_and_reported(tmp_path, caplog):
+    from taskutils.memory_eval.run import main as run_main
+
+    hotpotqa_set(tmp_path, 2, items=1)
+    table = tmp_path / "table.yaml"
+    table.write_text("models:\n  - {name: missing, checkpoint: no-such-org/no-such-model}\n")
+    argv = ["--table", str(table), "--models", "missing", "--tasks", "hotpotqa", "--lengths", "2,3",
+            "--data-dir", str(tmp_path), "--results-dir", str(tmp_path / "out"), "--quiet"]  # fmt: skip
+    assert run_main(argv) == 1
+    assert "missing: skipped" in caplog.text and "no data for 1 set(s), skipped: hotpotqa_3" in caplog.text
