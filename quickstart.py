@@ -180,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
             max_chunks=max(1, args.max_context // chunk) if args.max_context > 0 else None,
             final_prompt=args.final_prompt,
             strip_context=True,
+            strip_think=True,
         )
         workflow = MemoryWorkflow(config, tokenizer, token_prompts=False, keep_prompts=False)
         session = workflow.session({"input": question, "context": document})

@@ -66,6 +66,7 @@ FINAL_TEMPLATE_ANSWER_IS = FINAL_TEMPLATE_BOXED.replace(
 )
 
 NO_MEMORY = "No previous memory"
+THINK_END = "</think>"
 FINAL_TEMPLATES = {"boxed": FINAL_TEMPLATE_BOXED, "answer_is": FINAL_TEMPLATE_ANSWER_IS}
 _SLOT = re.compile(r"\{([a-zA-Z]+)\}")
 
@@ -84,6 +85,7 @@ class MemoryConfig(RConfig):
     final_prompt: Literal["boxed", "answer_is"] = "boxed"  # boxed: as trained; answer_is: paper's evaluation
     question_overflow: Literal["error", "truncate"] = "error"  # a question over budget: raise, or keep its head
     strip_context: bool = False  # the paper's evaluation strips the context before tokenizing (spec P19)
+    strip_think: bool = False  # the paper's evaluation keeps only the text after "</think>" as memory (P34)
 
     def __post_init__(self) -> None:
         for name in ("max_prompt_length", "chunk_size", "max_memorization_length", "max_final_response_length"):
@@ -249,9 +251,11 @@ class MemorySession(Session):
             # Overwrite the memory with the response: the raw generated ids when the backend returned them (P21).
             self.memory_text = reply.text
             self.memory_ids = None  # re-encoded from the text when the next prompt is built in token space
-            if reply.token_ids is not None and not self.workflow.reencode_memory:
+            if self.config.strip_think and THINK_END in reply.text:  # a reasoning model's memory: its conclusion
+                self.memory_text = reply.text.rsplit(THINK_END, 1)[1].strip()
+            elif reply.token_ids is not None and not self.workflow.reencode_memory:
                 self.memory_ids = [t for t in reply.token_ids if t not in self.workflow.drop_ids]
-            self.memory_trace.append(reply.text)
+            self.memory_trace.append(self.memory_text)
             self._step += 1
         if not self.workflow.keep_prompts:  # keep the facts of the turn, not its (chunk-sized) prompt
             turn = Turn(messages=[], max_tokens=turn.max_tokens, final=turn.final, meta=turn.meta)

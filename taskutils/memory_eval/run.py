@@ -182,6 +182,7 @@ def make_workflow(entry: cfg.ModelEntry, method: str, tokenizer: Any) -> Callabl
                 max_chunks=None if b.max_context is None else max(1, b.max_context // b.chunk_size),
                 final_prompt=final_prompt,
                 strip_context=True,  # the paper's evaluation strips the context (spec 6.4)
+                strip_think=True,  # and keeps a reasoning model's memory after "</think>" (P34)
             ),
             tokenizer,
             token_prompts=False,  # text in, text out: an OpenAI-style endpoint applies the chat template

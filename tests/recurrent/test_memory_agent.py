@@ -131,6 +131,17 @@ def test_reencoded_memory_uses_the_canonical_ids(tokenizer):
         assert final.prompt_ids == workflow.final_ids_template.format(prompt=session.question_ids, memory=expected)
 
 
+def test_strip_think_keeps_the_conclusion_as_memory(tokenizer):
+    for strip, expected in ((False, "<think>hmm</think> The number is 7."), (True, "The number is 7.")):
+        session = MemoryWorkflow(MemoryConfig(chunk_size=64, strip_think=strip), tokenizer).session(
+            {"prompt": "Q?", "context": "one two three"}
+        )
+        session.next_turn()
+        session.record(reply("<think>hmm</think> The number is 7.", tokenizer))
+        assert session.memory_trace == [expected]
+        assert f"<memory>\n{expected}\n</memory>" in session.next_turn().messages[0]["content"]
+
+
 def test_empty_context_answers_from_no_previous_memory(tokenizer):
     for context in ("", None):
         session = MemoryWorkflow(MemoryConfig(), tokenizer).session({"prompt": "Q?", "context": context})
