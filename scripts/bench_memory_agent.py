@@ -6,8 +6,9 @@ Prints, measured side by side in one run:
 - peak memory of the agent process at both lengths (tracemalloc peak of Python allocations during the pass,
   and the process's peak RSS); each length runs in its own subprocess so the peaks are its own.
 
-The server is ``transformers serve`` with the tiny offline model on CPU (greedy, fixed-length memories), so
-model time per chunk is constant and any non-linearity is ours.
+The server is ``transformers serve`` with an offline model on CPU (greedy; ``--model tiny`` by default, whose
+memories always fill ``--max-new`` tokens, so model time per chunk is constant and any non-linearity is ours;
+``--model smollm2-135m-instruct`` for model calls of realistic cost).
 
     .venv/bin/python scripts/bench_memory_agent.py [--tokens 5000] [--chunk 500] [--max-new 16]
 """
@@ -25,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from recurrent.models import TINY, materialize  # noqa: E402
+from recurrent.models import KNOWN_MODELS, TINY, materialize  # noqa: E402
 
 
 def make_document(tokenizer, num_tokens: int) -> str:
@@ -93,6 +94,7 @@ def main() -> int:
     parser.add_argument("--factor", type=int, default=16, help="the long run has factor x N tokens")
     parser.add_argument("--chunk", type=int, default=500, help="chunk size in tokens")
     parser.add_argument("--max-new", type=int, default=16, help="max new tokens per memory update and answer")
+    parser.add_argument("--model", default=TINY, choices=KNOWN_MODELS, help="offline model behind the server")
     parser.add_argument("--repeats", type=int, default=3, help="runs per length, alternating; the fastest counts")
     parser.add_argument("--one-pass", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--base-url", help=argparse.SUPPRESS)
@@ -105,7 +107,7 @@ def main() -> int:
 
     from recurrent.serving import transformers_serve
 
-    model_dir = str(materialize(TINY))
+    model_dir = str(materialize(args.model))
     results = {}
     with transformers_serve(model_dir) as server:
         common = ["--base-url", server.base_url, "--model-name", server.model, "--model-dir", model_dir]
@@ -122,7 +124,7 @@ def main() -> int:
                 if label not in results or run["wall_s"] < results[label]["wall_s"]:
                     results[label] = run
     short, long = results["N"], results[f"{args.factor}N"]
-    print(f"memory agent through transformers serve (tiny model), chunk {args.chunk}, max new {args.max_new}")
+    print(f"memory agent through transformers serve ({args.model}), chunk {args.chunk}, max new {args.max_new}")
     header = ("", "tokens", "turns", "wall s", "model s", "outside", "py peak MB", "RSS MB")
     print("{:>6} {:>8} {:>6} {:>8} {:>8} {:>8} {:>11} {:>8}".format(*header))
     for label, r in results.items():
