@@ -3,33 +3,38 @@
 #
 #   scripts/train_tiny_cpu.sh [hydra overrides...]
 #
-# TASK=toy (default): verl's stock `python -m verl.trainer.main_ppo` (trainer.use_v1=True, trainer.v1.trainer_mode=
-#   sync: PPOTrainerSync, AgentLoopManagerTQ, TransferQueue, ReplayBuffer) with the stock `single_turn_agent` loop on
-#   a generated copy task (verl_ext/cpu/toy_data.py) and a dense reward (verl_ext/cpu/toy_reward.py).
-# TASK=memory (experimental: needs the memory agent's pieces to work on Ray, see verl_ext/cpu/README.md):
-#   `python -m verl_ext.main --config-name tiny_cpu` (the `memory_agent` loop and its agent-loop manager) on a
-#   generated question-about-a-document task, with the dense toy reward.
-# Both: GRPO with n=2, KL loss against the ref policy, NGPUS FSDP2 ranks on gloo (fake Ray GPUs), the `hf_cpu`
-# transformers rollout, validation before training and after every step, a checkpoint every step (resume_mode=auto),
-# console + JSONL metrics, rollout and validation dumps. The CPU adaptations are verl_ext/cpu (README.md there);
-# they load in every Ray process through VERL_USE_EXTERNAL_MODULES, and only because VERL_PLATFORM=cpu is set here.
+# TASK=memory (default): our trainer, `python -m verl_ext.main --config-name tiny_cpu` (the entry of the GPU runs:
+#   RecurrentPPOTrainer, the `memory_agent` loop and its agent-loop manager), on a needle-in-a-haystack task made
+#   here (verl_ext/cpu/toy_data.py --task memory: documents of 2-4 chunks) with a dense reward next to the strict
+#   verifier. configs/tiny_cpu.yaml carries the whole run; this script adds only what belongs to the machine and
+#   the run folder (model folder, data files, ranks, steps, output folders, Ray temp dir, the environment).
+# TASK=toy: verl's stock `python -m verl.trainer.main_ppo` (trainer.use_v1=True, trainer.v1.trainer_mode=sync) with
+#   the stock `single_turn_agent` loop on a generated copy task (verl_ext/cpu/toy_data.py) and a dense reward
+#   (verl_ext/cpu/toy_reward.py); verl's own config, so the CPU values are passed below.
+# Both: GRPO (memory n=4, toy n=2), KL loss against the ref policy, NGPUS FSDP2 ranks on gloo (fake Ray GPUs), the
+# `hf_cpu` transformers rollout, validation before training and after every step, a checkpoint every step
+# (resume_mode=auto; with the Hugging Face model), console + JSONL metrics, rollout and validation dumps. The CPU
+# adaptations are verl_ext/cpu (README.md there); they load in every Ray process through
+# VERL_USE_EXTERNAL_MODULES, and only because VERL_PLATFORM=cpu is set here.
+# At the end: the reward per step (scripts/plot_training.py: a table, and OUT_DIR/training.png).
 #
 # Environment:
 #   STEPS=2          total training steps (a rerun with a larger STEPS in the same OUT_DIR resumes)
 #   OUT_DIR=...      everything the run writes: data/, checkpoints/, metrics.jsonl (this run; earlier runs
-#                    metrics.N.jsonl), rollout/, validation/, train.log (appended across runs)
-#   TASK=toy         toy | memory (see above)
+#                    metrics.N.jsonl), rollout/, validation/, hydra/, train.log (appended across runs), training.png
+#   TASK=memory      memory | toy (see above)
 #   MODEL=...        model folder (default: the tiny offline model, materialized if missing)
 #   NGPUS=2          FSDP ranks (= fake Ray GPUs)
 #   PYTHON=...       interpreter (default: the repo's .venv)
-# Extra arguments are passed to the trainer as hydra overrides (they come last, so they win).
+# Extra arguments are passed to the trainer as hydra overrides (they come last, so they win), e.g.
+# 'trainer.logger=[console,file,wandb]' (wandb runs offline: WANDB_MODE=offline, files under OUT_DIR/wandb).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
 STEPS="${STEPS:-2}"
 OUT_DIR="${OUT_DIR:-$REPO/.cache/train_tiny_cpu}"
-TASK="${TASK:-toy}"
+TASK="${TASK:-memory}"
 NGPUS="${NGPUS:-2}"
 mkdir -p "$OUT_DIR"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
@@ -41,9 +46,9 @@ export VERL_USE_EXTERNAL_MODULES=verl_ext.cpu.load
 export RAY_USAGE_STATS_ENABLED=0
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"   # ray>=2.5x turns token auth on for new local clusters
 export RAY_DEDUP_LOGS=0
-export WANDB_MODE=offline
+export WANDB_MODE=offline WANDB_DIR="${WANDB_DIR:-$OUT_DIR}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false TQ_NUM_THREADS=1
 export PYTHONUNBUFFERED=1
 # verl's file logger truncates its file (utils/tracking.py FileLogger opens it "wb"): metrics.jsonl is this run's,
 # an earlier run's (before a resume) is kept as metrics.1.jsonl, metrics.2.jsonl, ...
@@ -58,71 +63,84 @@ RAY_TMP="$(mktemp -d /tmp/rc.XXXXXX)"
 MODEL="${MODEL:-$("$PYTHON" -c 'from recurrent.models import TINY, materialize; print(materialize(TINY))')}"
 DATA="$OUT_DIR/data"
 case "$TASK" in
-  toy) data_task=copy ;;
-  memory) data_task=memory ;;
+  toy) data_args=(--task copy --train 32 --val 4) ;;
+  # 256 training questions: 64 steps of 4 before the data repeats (the run goes on: total_epochs 1000); 4 to validate.
+  memory) data_args=(--task memory --train 256 --val 4) ;;
   *) echo "TASK must be toy or memory, got '$TASK'" >&2; exit 2 ;;
 esac
+# Made once per OUT_DIR (deterministic for the seed): a resumed run reads the same files.
 if [[ ! -f "$DATA/train.parquet" || ! -f "$DATA/val.parquet" ]]; then
-  "$PYTHON" -m verl_ext.cpu.toy_data --task "$data_task" --out "$DATA" --train 32 --val 4 >/dev/null
+  "$PYTHON" -m verl_ext.cpu.toy_data "${data_args[@]}" --out "$DATA" >/dev/null
 fi
 
-# --- the CPU platform and the run's bookkeeping (any task) ------------------------------------------------
-# `++` sets a key whether or not the composed config already has it.
-cpu_args=(
-  trainer.use_v1=True
-  trainer.v1.trainer_mode=sync
-  trainer.device=cpu
-  trainer.nnodes=1
-  trainer.n_gpus_per_node="$NGPUS"
-  # model and engines on CPU: sdpa attention, no flash-attn varlen path, no torch.compile, FSDP2 on gloo
+# --- the machine and the run folder (any task) ----------------------------------------------------------------
+machine_args=(
+  "hydra.run.dir=$OUT_DIR/hydra/$(date +%Y%m%d-%H%M%S)"
   actor_rollout_ref.model.path="$MODEL"
-  actor_rollout_ref.model.use_remove_padding=False
-  actor_rollout_ref.model.enable_gradient_checkpointing=False
-  ++actor_rollout_ref.model.override_config.attn_implementation=sdpa
-  actor_rollout_ref.actor.strategy=fsdp2
-  actor_rollout_ref.actor.use_torch_compile=False
-  actor_rollout_ref.actor.fsdp_config.use_torch_compile=False
-  actor_rollout_ref.ref.fsdp_config.use_torch_compile=False
-  actor_rollout_ref.actor.fsdp_config.param_offload=False
-  actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
-  actor_rollout_ref.ref.fsdp_config.param_offload=False
-  # rollout: the transformers server of verl_ext/cpu/rollout, one replica per rank
-  actor_rollout_ref.rollout.name=hf_cpu
-  actor_rollout_ref.rollout.mode=async
-  actor_rollout_ref.rollout.tensor_model_parallel_size=1
-  # one agent-loop and one reward-loop worker: each is a Ray process importing torch and verl
-  actor_rollout_ref.rollout.agent.num_workers=1
-  reward.num_workers=1
-  # validation before training and after every step, a checkpoint every step, resume from the last one
-  trainer.total_epochs=1
+  trainer.n_gpus_per_node="$NGPUS"
+  ++ray_kwargs.ray_init.num_gpus="$NGPUS"
+  ++ray_kwargs.ray_init._temp_dir="$RAY_TMP"
   trainer.total_training_steps="$STEPS"
-  trainer.val_before_train=True
-  trainer.test_freq=1
-  trainer.save_freq=1
-  trainer.resume_mode=auto
-  'actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]'
-  'trainer.logger=[console,file]'
   trainer.default_local_dir="$OUT_DIR/checkpoints"
   trainer.rollout_data_dir="$OUT_DIR/rollout"
   trainer.validation_data_dir="$OUT_DIR/validation"
-  # Ray: logical CPUs (each worker bundle asks for 3), fake GPUs, a short temp dir, our env in every worker
-  # (values quoted for hydra: Ray wants strings, hydra would parse 1/false as int/bool)
-  ray_kwargs.ray_init.num_cpus=16
-  ++ray_kwargs.ray_init.num_gpus="$NGPUS"
-  ++ray_kwargs.ray_init._temp_dir="$RAY_TMP"
-  ++ray_kwargs.ray_init.include_dashboard=False
-  "++ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM='$VERL_PLATFORM'"
-  "++ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES='$VERL_USE_EXTERNAL_MODULES'"
-  "++ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS='$OMP_NUM_THREADS'"
-  "++ray_kwargs.ray_init.runtime_env.env_vars.TOKENIZERS_PARALLELISM='$TOKENIZERS_PARALLELISM'"
-  # TransferQueue: verl's default 8 storage units (1 Ray CPU each) hang tq.init on a small Ray
-  transfer_queue.backend.SimpleStorage.num_data_storage_units=2
 )
 
-# --- the task ---------------------------------------------------------------------------------------------
-if [[ "$TASK" == toy ]]; then
-  entry=(-m verl.trainer.main_ppo)
+# --- the task -----------------------------------------------------------------------------------------------
+if [[ "$TASK" == memory ]]; then
+  # configs/tiny_cpu.yaml: the CPU platform values, the budgets, the reward, validation/checkpoint cadence.
+  entry=(-m verl_ext.main --config-name tiny_cpu)
   task_args=(
+    data.train_files="$DATA/train.parquet"
+    data.val_files="$DATA/dev.parquet"
+  )
+else
+  entry=(-m verl.trainer.main_ppo)
+  # `++` sets a key whether or not the composed config already has it.
+  task_args=(
+    # the CPU platform (configs/tiny_cpu.yaml holds the same values for the memory task)
+    trainer.use_v1=True
+    trainer.v1.trainer_mode=sync
+    trainer.device=cpu
+    trainer.nnodes=1
+    # model and engines on CPU: sdpa attention, no flash-attn varlen path, no torch.compile, FSDP2 on gloo
+    actor_rollout_ref.model.use_remove_padding=False
+    actor_rollout_ref.model.enable_gradient_checkpointing=False
+    ++actor_rollout_ref.model.override_config.attn_implementation=sdpa
+    actor_rollout_ref.actor.strategy=fsdp2
+    actor_rollout_ref.actor.use_torch_compile=False
+    actor_rollout_ref.actor.fsdp_config.use_torch_compile=False
+    actor_rollout_ref.ref.fsdp_config.use_torch_compile=False
+    actor_rollout_ref.actor.fsdp_config.param_offload=False
+    actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
+    actor_rollout_ref.ref.fsdp_config.param_offload=False
+    # rollout: the transformers server of verl_ext/cpu/rollout, one replica per rank
+    actor_rollout_ref.rollout.name=hf_cpu
+    actor_rollout_ref.rollout.mode=async
+    actor_rollout_ref.rollout.tensor_model_parallel_size=1
+    # one agent-loop and one reward-loop worker: each is a Ray process importing torch and verl
+    actor_rollout_ref.rollout.agent.num_workers=1
+    reward.num_workers=1
+    # validation before training and after every step, a checkpoint every step, resume from the last one
+    trainer.total_epochs=1
+    trainer.val_before_train=True
+    trainer.test_freq=1
+    trainer.save_freq=1
+    trainer.resume_mode=auto
+    'actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]'
+    'trainer.logger=[console,file]'
+    # Ray: logical CPUs (each worker bundle asks for 3), our env in every worker (quoted for hydra: Ray wants
+    # strings, hydra would parse 1/false as int/bool)
+    ray_kwargs.ray_init.num_cpus=16
+    ++ray_kwargs.ray_init.include_dashboard=False
+    "++ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM='$VERL_PLATFORM'"
+    "++ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES='$VERL_USE_EXTERNAL_MODULES'"
+    "++ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS='$OMP_NUM_THREADS'"
+    "++ray_kwargs.ray_init.runtime_env.env_vars.TOKENIZERS_PARALLELISM='$TOKENIZERS_PARALLELISM'"
+    "++ray_kwargs.ray_init.runtime_env.env_vars.TQ_NUM_THREADS='$TQ_NUM_THREADS'"
+    # TransferQueue: verl's default 8 storage units (1 Ray CPU each) hang tq.init on a small Ray
+    transfer_queue.backend.SimpleStorage.num_data_storage_units=2
+    # the copy task
     algorithm.adv_estimator=grpo
     data.train_files="$DATA/train.parquet"
     data.val_files="$DATA/val.parquet"
@@ -146,24 +164,6 @@ if [[ "$TASK" == toy ]]; then
     reward.custom_reward_function.name=compute_score
     trainer.project_name=tiny_cpu
     trainer.experiment_name=single_turn
-  )
-else
-  # configs/tiny_cpu.yaml (the memory agent, the paper's algorithm at tiny sizes) on the generated documents.
-  entry=(-m verl_ext.main --config-name tiny_cpu)
-  task_args=(
-    data.train_files="$DATA/train.parquet"
-    data.val_files="$DATA/dev.parquet"
-    # A trajectory is several rows (memory turns + answer); verl pads a step to a multiple of
-    # lcm(dp, ppo_mini_batch_size * n) rows only, so with static micro-batches the rows per rank must be
-    # divisible by the micro-batch size (workers/engine/utils.py:125): 1 always is.
-    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1
-    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1
-    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1
-    # The dense toy reward: a random model never passes the strict verifier, and GRPO needs reward differences.
-    reward.custom_reward_function.path=pkg://verl_ext.cpu.toy_reward
-    reward.custom_reward_function.name=compute_score
-    trainer.project_name=tiny_cpu
-    trainer.experiment_name=memory_agent
   )
 fi
 
@@ -200,11 +200,17 @@ cd "$REPO"
 echo "[train_tiny_cpu] task=$TASK steps=$STEPS out=$OUT_DIR ranks=$NGPUS model=$MODEL ray_tmp=$RAY_TMP"
 start=$(date +%s)
 set +e
-setsid "$PYTHON" "${entry[@]}" "${cpu_args[@]}" "${task_args[@]}" "$@" > >(tee -a "$OUT_DIR/train.log") 2>&1 &
+setsid "$PYTHON" "${entry[@]}" "${task_args[@]}" "${machine_args[@]}" "$@" > >(tee -a "$OUT_DIR/train.log") 2>&1 &
 TRAINER_PID=$!
 echo "[train_tiny_cpu] trainer pid=$TRAINER_PID (its own session: Ray's processes run in it)"
 wait "$TRAINER_PID"
 rc=$?
 set -e
-echo "[train_tiny_cpu] rc=$rc wall=$(( $(date +%s) - start ))s log=$OUT_DIR/train.log metrics=$VERL_FILE_LOGGER_PATH"
+wall=$(( $(date +%s) - start ))
+# The reward per step of this OUT_DIR (earlier runs' metrics.N.jsonl, then this run's) and a plot of it.
+if [[ -s "$VERL_FILE_LOGGER_PATH" ]]; then
+  "$PYTHON" "$REPO/scripts/plot_training.py" "$OUT_DIR" --out "$OUT_DIR/training.png" \
+    || echo "[train_tiny_cpu] (plot_training.py failed; the run's rc is unaffected)"
+fi
+echo "[train_tiny_cpu] rc=$rc wall=${wall}s log=$OUT_DIR/train.log metrics=$VERL_FILE_LOGGER_PATH"
 exit "$rc"

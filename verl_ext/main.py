@@ -9,6 +9,7 @@ a remote Ray cluster), verl's own config validation, then verl's ``run_ppo`` wit
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -25,9 +26,15 @@ def run(config: DictConfig) -> None:
     from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
 
-    from verl_ext.preflight import preflight
+    from verl_ext.preflight import PreflightError, preflight
     from verl_ext.trainer import RecurrentTaskRunner
 
+    if config.trainer.device == "cpu" and os.environ.get("VERL_PLATFORM") != "cpu":
+        # Without the CPU platform verl falls back to CUDA (auto_set_device would switch the run to cuda).
+        raise PreflightError(
+            "trainer.device=cpu needs verl_ext's CPU platform in every process: run scripts/train_tiny_cpu.sh, or "
+            "set VERL_PLATFORM=cpu VERL_USE_EXTERNAL_MODULES=verl_ext.cpu.load (see verl_ext/cpu/README.md)"
+        )
     auto_set_device(config)
     preflight(config)
     OmegaConf.resolve(config)

@@ -33,11 +33,20 @@ class ScriptedServer:
                            extra_fields={"global_steps": 3})  # fmt: skip
 
 
+# tiny_cpu trains with a dense test reward (verl_ext.cpu.toy_reward) and answers of 8 tokens; these tests are
+# about the real reward, with answers of up to FINAL_CAP tokens.
+STRICT_REWARD = [
+    "reward.custom_reward_function.path=pkg://verl_ext.reward",
+    "reward.custom_reward_function.name=compute_score",
+    f"data.max_response_length={FINAL_CAP}",
+]
+
+
 @pytest.fixture(scope="module")
 def config(tiny_model_dir):
     return compose_config(
         "tiny_cpu",
-        [*TINY_BUDGETS, f"recurrent.config.max_final_response_length={FINAL_CAP}",
+        [*TINY_BUDGETS, *STRICT_REWARD, f"recurrent.config.max_final_response_length={FINAL_CAP}",
          f"actor_rollout_ref.model.path={tiny_model_dir}"],
     )  # fmt: skip
 
@@ -118,7 +127,7 @@ async def test_overlong_shaping_switch_penalises_the_final_answer_only(tiny_mode
     overlong = ["enable=true", "len=16", "penalty_factor=1.0", "log=true"]
     config = compose_config(
         "tiny_cpu",
-        [*TINY_BUDGETS, f"recurrent.config.max_final_response_length={FINAL_CAP}",
+        [*TINY_BUDGETS, *STRICT_REWARD, f"recurrent.config.max_final_response_length={FINAL_CAP}",
          f"actor_rollout_ref.model.path={tiny_model_dir}",
          *[f"reward.reward_kwargs.overlong_buffer_cfg.{kv}" for kv in overlong]],
     )  # fmt: skip

@@ -429,3 +429,30 @@ def test_toy_data_and_dense_reward(tmp_path):
     partial = toy_reward.compute_score("toy_copy", answer[: len(answer) // 2], answer)["score"]
     assert 0.0 < partial < 1.0
     assert toy_reward.compute_score("toy_copy", "", answer)["score"] == 0.0
+
+
+def test_memory_task_documents_have_two_to_four_chunks_and_a_dense_reward(tmp_path, tiny_model_dir):
+    import pandas as pd
+    from transformers import AutoTokenizer
+
+    from recurrent.tokens import encode_long, num_chunks
+    from verl_ext.cpu import toy_data, toy_reward
+
+    paths = toy_data.write(tmp_path, train=40, val=4, task="memory")
+    train = pd.read_parquet(paths["train"])
+    assert {"prompt", "context", "data_source", "reward_model"} <= set(train.columns)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    chunks = [num_chunks(len(encode_long(context, tokenizer)), 64) for context in train.context]
+    assert set(chunks) == {2, 3, 4}  # configs/tiny_cpu.yaml: chunk_size 64, max_chunks 4
+    for _, row in train.iterrows():  # the needle is in the haystack
+        assert f"is {row.reward_model['ground_truth']}." in row.context
+    assert toy_data.make_memory_rows(3, "train", 0) == toy_data.make_memory_rows(5, "train", 0)[:3]  # prefix-stable
+
+    score = toy_reward.compute_memory_score
+    assert score("toy_memory", "so \\boxed{8019}", "8019") == {"score": 1.0, "acc": 1.0, "dense": 1.0, "strict": 1.0}
+    unboxed = score("toy_memory", "8019", "8019")  # dense credit, but the strict verifier wants a box
+    assert unboxed["score"] == 1.0 and unboxed["acc"] == 0.0
+    near = score("toy_memory", "\\boxed{8010}", "8019")
+    assert 0.0 < near["score"] < 1.0 and near["acc"] == 0.0
+    assert score("toy_memory", "no digits here", "8019")["score"] == 0.0
+    assert score("toy_memory", "\\boxed{17}", ["8019", "17"])["acc"] == 1.0  # any ground truth

@@ -7,8 +7,10 @@ and the advantages are non-zero. Columns, as verl's ``RLHFDataset`` expects (``u
 ``prompt`` (a chat list), ``data_source``, ``reward_model`` (``{"style": "rule", "ground_truth": ...}``),
 ``extra_info``.
 
-``memory`` (the ``memory_agent`` loop): a question about a short document (``context`` column, a few
-hundred tokens of filler with one fact in it), the fact's value as the answer.
+``memory`` (the ``memory_agent`` loop): a needle in a haystack. A question "What is the <key>?" about a
+generated document (``context`` column: 8-24 filler sentences, about 80-250 tokens of the tiny tokenizer, i.e.
+2-4 chunks of 64 tokens, with the fact "The <key> is <number>." at a random place), the number as the answer;
+scored by :func:`verl_ext.cpu.toy_reward.compute_memory_score`.
 
     python -m verl_ext.cpu.toy_data --out DIR [--task copy|memory] [--train 32] [--val 8] [--seed 0]
 
@@ -50,14 +52,16 @@ MEMORY_SOURCE = "toy_memory"
 KEYS = ("magic number", "special value", "key year", "team number")
 
 
-def make_memory_rows(count: int, split: str, seed: int, sentences: int = 12) -> list[dict]:
-    """``count`` questions 'What is the <key>?' about a document of filler sentences stating it once."""
+def make_memory_rows(count: int, split: str, seed: int, sentences: tuple[int, int] = (8, 24)) -> list[dict]:
+    """``count`` questions 'What is the <key>?' about a document of ``sentences`` (min, max) filler sentences
+    stating it once. Rows are a prefix-stable sequence: the first k rows do not depend on ``count``."""
     rng = random.Random(f"{seed}-{split}-memory")
     rows = []
     for index in range(count):
         key, value = rng.choice(KEYS), str(rng.randint(10, 9999))
         filler = [
-            " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 10))).capitalize() + "." for _ in range(sentences)
+            " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 10))).capitalize() + "."
+            for _ in range(rng.randint(*sentences))
         ]
         filler.insert(rng.randrange(len(filler) + 1), f"The {key} is {value}.")
         rows.append(

@@ -1,0 +1,85 @@
+"""Helpers of the trainer tests: run ``scripts/train_tiny_cpu.sh`` in its own session and read what it wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "train_tiny_cpu.sh"
+
+
+def session_members(sid: int) -> list[int]:
+    """Pids of live processes whose session id is ``sid``."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[3]) == sid and fields[0] != "Z":  # fields: state ppid pgrp session ...
+            members.append(int(entry))
+    return members
+
+
+def run_script(out_dir: Path, steps: int, task: str, timeout_s: float) -> tuple[int, str, float]:
+    """Run the launcher in its own session; on timeout, stop it (its trap ends the trainer's session).
+    Returns (exit code, the launcher's output, seconds). Nothing of the run may outlive it."""
+    env = {**os.environ, "STEPS": str(steps), "OUT_DIR": str(out_dir), "TASK": task}
+    env.pop("VERL_PLATFORM", None)  # the script sets what it needs
+    log_path = out_dir / f"script_steps{steps}.log"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(["bash", str(SCRIPT)], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            rc = -1
+    elapsed = time.monotonic() - start
+    output = log_path.read_text()
+    match = re.search(r"trainer pid=(\d+)", output)
+    if match:  # nothing of the run (Ray daemons, workers, servers) may outlive it
+        deadline = time.monotonic() + 15
+        while session_members(int(match.group(1))) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not session_members(int(match.group(1))), "processes of the run were left behind"
+    return rc, output, elapsed
+
+
+def read_metrics(path: Path) -> dict[int, dict]:
+    """verl's file logger: one JSON line ``{"step": N, "data": {...}}`` per log call; merged per step."""
+    steps: dict[int, dict] = {}
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        steps.setdefault(int(record["step"]), {}).update(record["data"])
+    return steps
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def load_safetensors(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+def tail(text: str, lines: int = 60) -> str:
+    return "\n".join(text.splitlines()[-lines:])
