@@ -58,7 +58,7 @@ if [[ -s "$VERL_FILE_LOGGER_PATH" ]]; then
   mv "$VERL_FILE_LOGGER_PATH" "$OUT_DIR/metrics.$n.jsonl"
 fi
 # Ray's Unix sockets live under its temp dir: keep the path short (108-byte limit), and unique per run.
-RAY_TMP="$(mktemp -d /tmp/rc.XXXXXX)"
+RAY_TMP="$(mktemp -d -t rc.XXXXXX)"  # $TMPDIR or /tmp: short enough for Unix sockets
 
 MODEL="${MODEL:-$("$PYTHON" -c 'from recurrent.models import TINY, materialize; print(materialize(TINY))')}"
 DATA="$OUT_DIR/data"
