@@ -24,9 +24,12 @@ from typing import Any
 import ray
 import transfer_queue as tq
 from omegaconf import DictConfig, OmegaConf
+from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils.seqlen_balancing import log_seqlen_unbalance
 
 from verl_ext.metrics import FIELDS, memagent_metrics_from_rows, split_key
+from verl_ext.minibatch import MiniBatchPlan, Row, minibatch_mode, plan_minibatches, updates_per_step
 
 DEFAULT_MANAGER = "verl_ext.agent_loop_manager.MemoryAgentLoopManager"
 
@@ -39,13 +42,17 @@ DUMP_COLUMNS = (
     "response_length",  # tokens trained on (valid response tokens)
     "advantage",  # the row's GRPO advantage: the mean over its valid response tokens ...
     "advantage_spread",  # ... and max - min over them (0: one scalar on the whole row, as GRPO gives)
+    "minibatch",  # the optimizer update (0..K-1) that trained the row (None with recurrent.minibatch=rows)
 )
 # What the extra columns are read from (TransferQueue fields of the step's rows).
 DUMP_FIELDS = ["advantages", "response_mask", "extra_fields"]
 
 
-def dump_columns(keys: list[str], tags: list[dict], rows: Any) -> dict[str, dict[str, Any]]:
-    """The :data:`DUMP_COLUMNS` of each row, keyed by row key, from the rows' :data:`DUMP_FIELDS`."""
+def dump_columns(
+    keys: list[str], tags: list[dict], rows: Any, minibatch_of: dict[str, int] | None = None
+) -> dict[str, dict[str, Any]]:
+    """The :data:`DUMP_COLUMNS` of each row, keyed by row key, from the rows' :data:`DUMP_FIELDS` and the
+    step's mini-batch of each row key."""
     # Nested (jagged) tensors, or dense ones when all rows have one length: unbind gives the rows either way.
     advantages, masks = rows["advantages"].unbind(0), rows["response_mask"].unbind(0)
     extra = rows.get("extra_fields", None)
@@ -64,6 +71,7 @@ def dump_columns(keys: list[str], tags: list[dict], rows: Any) -> dict[str, dict
             "response_length": int(valid.numel()),
             "advantage": float(valid.mean()) if valid.numel() else 0.0,
             "advantage_spread": float(valid.max() - valid.min()) if valid.numel() else 0.0,
+            "minibatch": (minibatch_of or {}).get(key),
         }
         for name, value in values.items():
             columns[name][key] = value
@@ -71,9 +79,88 @@ def dump_columns(keys: list[str], tags: list[dict], rows: Any) -> dict[str, dict
 
 
 class RecurrentPPOTrainer(PPOTrainerSync):
-    """``PPOTrainerSync`` plus MemAgent's final-answer, turn and memory metrics."""
+    """``PPOTrainerSync`` plus the paper's optimizer updates per step and MemAgent's final-answer, turn and
+    memory metrics."""
 
     _dump_extra: dict[str, dict[str, Any]] | None = None
+    _plan: MiniBatchPlan | None = None  # this step's mini-batches (None: verl's row counting)
+    _minibatch_of: dict[str, int] | None = None  # row key -> update index, for the rollout dump
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.minibatch_mode = minibatch_mode(self.config)
+        if self.minibatch_mode != "rows":
+            check_minibatch_contract()
+
+    # ---- the paper's updates per step (verl_ext/minibatch.py, docs/fidelity.md "Mini-batches") ----
+
+    def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+        self._plan, self._minibatch_of = None, None
+        if self.minibatch_mode == "rows" or self.use_critic:
+            return super()._balance_batch(batch, metrics, logging_prefix, keep_minibatch)
+        worker_group = self.actor_rollout_wg
+        if "actor" not in worker_group._dispatch_info:
+            worker_group._dispatch_info["actor"] = worker_group._query_dispatch_info("actor")
+        dp_size = max(worker_group._dispatch_info["actor"]) + 1
+        actor = self.config.actor_rollout_ref.actor
+        updates = updates_per_step(int(self.config.data.train_batch_size), int(actor.ppo_mini_batch_size))
+        rows = [Row(key, int(tag["seq_len"])) for key, tag in zip(batch.keys, batch.tags, strict=True)]
+        plan = plan_minibatches(rows, updates, dp_size, self.minibatch_mode)
+        real = len(batch)
+        if plan.num_padding:  # verl's zero-mask rows (no loss, no tokens) top up the slots
+            batch = upsample_batch_to_divisible_size(batch, real + plan.num_padding, self.tokenizer.eos_token_id)
+        pads = iter(range(real, real + plan.num_padding))
+        order = [position if position is not None else next(pads) for position in plan.order]
+        seq_lens = [int(tag["seq_len"]) for tag in batch.tags]
+        batch.reorder(order)
+        shard = len(order) // dp_size
+        metrics.update(
+            log_seqlen_unbalance(
+                seqlen_list=seq_lens,
+                partitions=[order[r * shard : (r + 1) * shard] for r in range(dp_size)],
+                prefix=logging_prefix,
+            )
+        )
+        metrics.update(
+            {
+                "memagent/minibatch/updates": plan.num_minibatches,
+                "memagent/minibatch/rows": plan.minibatch_rows,
+                "memagent/minibatch/padding_rows": plan.num_padding,
+            }
+        )
+        self._plan = plan
+        self._minibatch_of = {batch.keys[new]: plan.minibatch_of[old] for new, old in enumerate(order) if old < real}
+        return batch
+
+    def _update_actor(self, batch, metrics):
+        plan = self._plan
+        if plan is None:
+            return super()._update_actor(batch, metrics)
+        worker_group = self.actor_rollout_wg
+        send = worker_group.update_actor
+
+        def send_planned(planned_batch):
+            # verl's _update_actor sets mini_batch_size = ppo_mini_batch_size * n rows; the plan's slots replace it.
+            planned_batch.extra_info.update(global_batch_size=plan.minibatch_rows, mini_batch_size=plan.minibatch_rows)
+            output = send(planned_batch)
+            made = optimizer_updates(output["metrics"])
+            if made is not None:
+                metrics["memagent/minibatch/updates_made"] = made
+            if made is not None and made != plan.num_minibatches:
+                raise RuntimeError(
+                    f"the actor made {made} optimizer updates instead of {plan.num_minibatches}: verl's "
+                    "train_mini_batch no longer cuts mini-batches as verl 0.9.1 did (verl_ext/minibatch.py); "
+                    "set recurrent.minibatch=rows to use verl's own counting"
+                )
+            return output
+
+        worker_group.update_actor = send_planned
+        try:
+            return super()._update_actor(batch, metrics)
+        finally:
+            worker_group.update_actor = send
+
+    # ---- metrics and dumps ----
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
@@ -89,7 +176,7 @@ class RecurrentPPOTrainer(PPOTrainerSync):
         # verl's dump (trainer_base.py:1297-1340) with DUMP_COLUMNS: they are read here and merged, by row key,
         # into what verl hands to _dump_generations (its `uid` column holds the sorted row keys).
         rows = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=DUMP_FIELDS)
-        self._dump_extra = dump_columns(list(batch.keys), list(batch.tags), rows)
+        self._dump_extra = dump_columns(list(batch.keys), list(batch.tags), rows, self._minibatch_of)
         try:
             super()._log_rollout_data(batch, timing_raw, rollout_data_dir)
         finally:
@@ -103,6 +190,26 @@ class RecurrentPPOTrainer(PPOTrainerSync):
                 **{name: [values[key] for key in keys] for name, values in self._dump_extra.items()},
             }
         super()._dump_generations(inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path)
+
+
+def check_minibatch_contract() -> None:
+    """The paper's update count relies on verl 0.9.1's worker cutting each rank's rows into equal contiguous
+    mini-batches of ``mini_batch_size / dp`` (``train_mini_batch`` + ``make_iterator``, no shuffle). Another verl
+    may cut differently: refuse to start rather than train with another count."""
+    import verl
+
+    if verl.__version__ != "0.9.1":
+        raise RuntimeError(
+            f"recurrent.minibatch=trajectory|turn_major was written against verl 0.9.1's mini-batching, this is verl "
+            f"{verl.__version__}: re-check verl_ext/minibatch.py against it, or set recurrent.minibatch=rows"
+        )
+
+
+def optimizer_updates(actor_metrics: dict[str, Any]) -> int | None:
+    """The number of optimizer updates an ``update_actor`` call made: the engine reports one ``grad_norm`` per
+    update (None when the metrics do not say)."""
+    values = actor_metrics.get("grad_norm")
+    return len(values) if isinstance(values, list) else None
 
 
 SUMMARY = (

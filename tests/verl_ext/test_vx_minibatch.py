@@ -1,0 +1,117 @@
+"""The paper's optimizer updates per step (verl_ext/minibatch.py), worked by hand on small steps.
+
+The step used throughout: prompts ``a`` and ``b``, two sessions each; trajectory ``a_0`` has 3 rows (2 memory
+turns + the answer), ``a_1`` 2, ``b_0`` 2, ``b_1`` 4: 11 rows. They arrive shuffled, as rows arrive from the
+replay buffer (in the order their trajectories finished).
+"""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from verl_ext.minibatch import Row, minibatch_mode, plan_minibatches, spread_over_ranks, updates_per_step
+
+LENGTHS = {
+    "a_0_0": 10, "a_0_1": 20, "a_0_2": 5,
+    "a_1_0": 30, "a_1_1": 8,
+    "b_0_0": 7, "b_0_1": 9,
+    "b_1_0": 40, "b_1_1": 11, "b_1_2": 12, "b_1_3": 6,
+}  # fmt: skip
+ARRIVAL = ["b_1_2", "a_0_0", "a_1_1", "b_0_0", "a_0_2", "b_1_0", "a_1_0", "b_0_1", "a_0_1", "b_1_3", "b_1_1"]
+ROWS = [Row(key, LENGTHS[key]) for key in ARRIVAL]
+
+
+def keys(positions):
+    return [None if p is None else ARRIVAL[p] for p in positions]
+
+
+def test_updates_per_step_is_the_papers_count():
+    assert updates_per_step(128, 8) == 16  # 7B
+    assert updates_per_step(256, 16) == 16  # 14B
+    with pytest.raises(ValueError, match="not a multiple"):
+        updates_per_step(128, 12)
+
+
+def test_trajectory_mode_by_hand():
+    plan = plan_minibatches(ROWS, num_minibatches=2, dp_size=2, mode="trajectory")
+    # Prompts in order of first appearance (b before a: b_1_2 arrived first), sessions in order:
+    # update 0 = b_0 + b_1 (6 rows), update 1 = a_0 + a_1 (5 rows).
+    # Each update's rows are dealt longest first to the rank with fewer rows, ties to fewer tokens, then rank 0:
+    #   update 0: b_1_0(40)->r0, b_1_2(12)->r1, b_1_1(11)->r1 (12 < 40 tokens), b_0_1(9)->r0 (1 row < 2),
+    #             b_0_0(7)->r1 (2 rows each, 23 < 49 tokens), b_1_3(6)->r0 (2 rows < 3)
+    #   update 1: a_1_0(30)->r0, a_0_1(20)->r1, a_0_0(10)->r1 (20 < 30), a_1_1(8)->r0, a_0_2(5)->r1 (30 < 38)
+    # Slots of 3 rows; shares keep arrival order; rank 0's update-1 share gets one padding row.
+    assert plan.num_minibatches == 2 and plan.slot_rows == 3 and plan.minibatch_rows == 6
+    assert keys(plan.order) == [
+        "b_1_0", "b_0_1", "b_1_3",  # rank 0, update 0
+        "a_1_1", "a_1_0", None,  # rank 0, update 1
+        "b_1_2", "b_0_0", "b_1_1",  # rank 1, update 0
+        "a_0_0", "a_0_2", "a_0_1",  # rank 1, update 1
+    ]  # fmt: skip
+    assert plan.num_padding == 1
+    by_key = {ARRIVAL[p]: g for p, g in plan.minibatch_of.items()}
+    assert {k for k, g in by_key.items() if g == 0} == {"b_0_0", "b_0_1", "b_1_0", "b_1_1", "b_1_2", "b_1_3"}
+    assert {k for k, g in by_key.items() if g == 1} == {"a_0_0", "a_0_1", "a_0_2", "a_1_0", "a_1_1"}
+
+
+def test_turn_major_mode_is_the_forks_cut():
+    plan = plan_minibatches(ROWS, num_minibatches=2, dp_size=2, mode="turn_major")
+    # Trajectory order b_0, b_1, a_0, a_1. Rounds: memory turn 0 (b_0_0, b_1_0, a_0_0, a_1_0), turn 1 (b_1_1,
+    # a_0_1), turn 2 (b_1_2), then the answers (b_0_1, b_1_3, a_0_2, a_1_1). 11 rows over 2 ranks: 6 + 5;
+    # rank 0's 6 in two updates of 3, rank 1's 5 in 3 + 2 (+1 padding row).
+    assert keys(plan.order) == [
+        "b_0_0", "b_1_0", "a_0_0",  # rank 0, update 0
+        "a_1_0", "b_1_1", "a_0_1",  # rank 0, update 1
+        "b_1_2", "b_0_1", "b_1_3",  # rank 1, update 0
+        "a_0_2", "a_1_1", None,  # rank 1, update 1
+    ]  # fmt: skip
+    assert plan.slot_rows == 3 and plan.num_padding == 1
+
+
+def test_every_row_once_and_each_trajectory_in_one_update():
+    # A larger step: 8 prompts x 4 sessions with 2-7 rows each, 4 updates, 3 ranks.
+    rows = []
+    for prompt in range(8):
+        for session in range(4):
+            for turn in range(2 + (prompt * 3 + session) % 6):
+                rows.append(Row(f"p{prompt}_{session}_{turn}", 50 + (prompt * 7 + session * 5 + turn * 11) % 90))
+    plan = plan_minibatches(rows, num_minibatches=4, dp_size=3, mode="trajectory")
+    real = [p for p in plan.order if p is not None]
+    assert sorted(real) == list(range(len(rows)))
+    assert len(plan.order) == 3 * 4 * plan.slot_rows
+    trajectories = {}
+    for p, g in plan.minibatch_of.items():
+        trajectories.setdefault(rows[p].key.rsplit("_", 1)[0], set()).add(g)
+    assert all(len(g) == 1 for g in trajectories.values())
+    # 32 trajectories in 4 updates: 8 each, i.e. two whole prompts (the paper's ppo_mini_batch_size x n).
+    for g in range(4):
+        prompts = {rows[p].key.split("_")[0] for p, h in plan.minibatch_of.items() if h == g}
+        assert prompts == {f"p{2 * g}", f"p{2 * g + 1}"}
+    # The worker cuts each rank's shard into equal slots: slot g of every rank holds only update g's rows.
+    for r in range(3):
+        shard = plan.order[r * 4 * plan.slot_rows : (r + 1) * 4 * plan.slot_rows]
+        for g in range(4):
+            slot = shard[g * plan.slot_rows : (g + 1) * plan.slot_rows]
+            assert {plan.minibatch_of[p] for p in slot if p is not None} <= {g}
+
+
+def test_fewer_trajectories_than_updates():
+    rows = [Row("u_0_0", 5), Row("u_0_1", 3)]
+    plan = plan_minibatches(rows, num_minibatches=16, dp_size=2, mode="trajectory")
+    # One trajectory: one update (not 16, 15 of them on padding alone); its two rows on the two ranks.
+    assert plan.num_minibatches == 1 and plan.order == [0, 1] and plan.slot_rows == 1
+
+
+def test_spread_keeps_row_counts_within_one():
+    rows = [Row(f"u_0_{i}", length) for i, length in enumerate([100, 1, 1, 1, 1, 1])]
+    shares = spread_over_ranks(range(6), rows, 2)
+    # Length alone would put the five short rows on one rank; the slots must stay equal for the worker.
+    assert sorted(len(s) for s in shares) == [3, 3]
+
+
+def test_mode_is_read_from_the_config_and_checked():
+    assert minibatch_mode(OmegaConf.create({"recurrent": {}})) == "trajectory"
+    assert minibatch_mode(OmegaConf.create({"recurrent": {"minibatch": "rows"}})) == "rows"
+    with pytest.raises(ValueError, match="recurrent.minibatch"):
+        minibatch_mode(OmegaConf.create({"recurrent": {"minibatch": "prompts"}}))
