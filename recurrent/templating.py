@@ -7,7 +7,8 @@ rendered string (spec P20); the decoded text is always identical. The trained ch
 segmentation, so the sync training path keeps it.
 
 Slots are ``{name}`` with ``name`` made of ASCII letters only: ``\\boxed{}`` and ``{{}}`` stay literal text,
-braces and all (spec P3).
+braces and all, as in the fork's token templates (which is why the released checkpoints saw ``\\boxed{{}}``:
+``recurrent.impls.memory.FINAL_TEMPLATE_BOXED_RELEASED``, tested in tests/recurrent/test_memory_agent.py).
 """
 
 from __future__ import annotations

@@ -59,6 +59,11 @@ FINAL_TEMPLATE_BOXED = """You are presented with a problem and a previous memory
 Your answer:
 """  # noqa: E501, W291
 
+# What the released 7B/14B checkpoints saw in training. Their runs used the fork's sync path, whose token
+# templates never un-double the braces written in the source, so the instruction literally reads "\boxed{{}}"
+# (the async, evaluation and quickstart paths format the string and show "\boxed{}"). docs/fidelity.md.
+FINAL_TEMPLATE_BOXED_RELEASED = FINAL_TEMPLATE_BOXED.replace("\\boxed{}", "\\boxed{{}}")
+
 # The paper's evaluation protocol (spec 6.4, P4): the same prompt, the answer phrased "Therefore, the answer is".
 FINAL_TEMPLATE_ANSWER_IS = FINAL_TEMPLATE_BOXED.replace(
     "put the answer in \\boxed{}.",
@@ -67,7 +72,11 @@ FINAL_TEMPLATE_ANSWER_IS = FINAL_TEMPLATE_BOXED.replace(
 
 NO_MEMORY = "No previous memory"
 THINK_END = "</think>"
-FINAL_TEMPLATES = {"boxed": FINAL_TEMPLATE_BOXED, "answer_is": FINAL_TEMPLATE_ANSWER_IS}
+FINAL_TEMPLATES = {
+    "boxed": FINAL_TEMPLATE_BOXED,
+    "boxed_released": FINAL_TEMPLATE_BOXED_RELEASED,
+    "answer_is": FINAL_TEMPLATE_ANSWER_IS,
+}
 _SLOT = re.compile(r"\{([a-zA-Z]+)\}")
 
 
@@ -82,7 +91,9 @@ class MemoryConfig(RConfig):
     max_memorization_length: int = 1024  # max new tokens of a memory update (the memory cap)
     max_chunks: int | None = 8  # contexts are centre-truncated to max_chunks * chunk_size; None: no limit
     max_final_response_length: int = 1024  # max new tokens of the final answer
-    final_prompt: Literal["boxed", "answer_is"] = "boxed"  # boxed: as trained; answer_is: paper's evaluation
+    # boxed: "\boxed{}" (inference); boxed_released: "\boxed{{}}", what the released checkpoints were trained
+    # on (the training default, configs/recurrent_trainer.yaml); answer_is: the paper's evaluation prompt.
+    final_prompt: Literal["boxed", "boxed_released", "answer_is"] = "boxed"
     question_overflow: Literal["error", "truncate"] = "error"  # a question over budget: raise, or keep its head
     strip_context: bool = False  # the paper's evaluation strips the context before tokenizing (spec P19)
     strip_think: bool = False  # the paper's evaluation keeps only the text after "</think>" as memory (P34)

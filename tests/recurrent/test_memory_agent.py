@@ -1,7 +1,10 @@
 """The memory agent's definition: prompts, chunking, truncation, memory overwrite, bad input."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
 from recurrent.impls import memory
@@ -42,6 +45,39 @@ def test_prompts_match_the_spec_byte_for_byte():
     boxed, answer_is = memory.FINAL_TEMPLATE_BOXED.split("\n"), memory.FINAL_TEMPLATE_ANSWER_IS.split("\n")
     assert boxed[1:] == answer_is[1:]
     assert answer_is[0].endswith('format your response as follows "Therefore, the answer is (insert answer here)".')
+
+
+# What the released checkpoints saw as the final instruction (their runs used the fork's sync path, which keeps
+# the source's doubled braces, spec P3): written out by hand, not derived from the boxed prompt.
+RELEASED_FINAL_INSTRUCTION = (
+    "You are presented with a problem and a previous memory. Please answer the problem based on the previous "
+    "memory and put the answer in \\boxed{{}}."
+)
+
+
+def test_training_final_prompt_is_what_the_released_checkpoints_saw(tokenizer):
+    assert memory.FINAL_TEMPLATE_BOXED_RELEASED == "\n".join([RELEASED_FINAL_INSTRUCTION, *SPEC_FINAL_LINES[1:]])
+    workflow = MemoryWorkflow(MemoryConfig(chunk_size=8, final_prompt="boxed_released"), tokenizer)
+    session = workflow.session({"prompt": "Who won?", "context": ""})  # no chunk: the final turn comes first
+    turn = session.next_turn()
+    assert turn.final
+    # The fork's token template: the chat template around the message, cut at the slots; every literal piece
+    # is tokenized on its own and the question and memory ids are put in between.
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "SLOT"}], tokenize=False, add_generation_prompt=True
+    )
+    head, tail = chat.split("SLOT")
+    pieces = [head + RELEASED_FINAL_INSTRUCTION + "\n\n<problem> \n", "\n</problem>\n\n<memory>\n",
+              "\n</memory>\n\nYour answer:\n" + tail]  # fmt: skip
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    expected = encode(pieces[0]) + encode("Who won?") + encode(pieces[1]) + encode("No previous memory")
+    expected += encode(pieces[2])
+    assert list(turn.prompt_ids) == expected
+    assert "\\boxed{{}}" in tokenizer.decode(turn.prompt_ids)
+    # The training run configs use it; inference keeps the formatted prompt.
+    trainer = OmegaConf.load(Path(__file__).resolve().parents[2] / "configs" / "recurrent_trainer.yaml")
+    assert trainer.recurrent.config.final_prompt == "boxed_released"
+    assert MemoryConfig().final_prompt == "boxed"
 
 
 def test_paper_budgets_are_the_defaults():
