@@ -115,3 +115,19 @@ def test_mode_is_read_from_the_config_and_checked():
     assert minibatch_mode(OmegaConf.create({"recurrent": {"minibatch": "rows"}})) == "rows"
     with pytest.raises(ValueError, match="recurrent.minibatch"):
         minibatch_mode(OmegaConf.create({"recurrent": {"minibatch": "prompts"}}))
+
+
+@pytest.mark.parametrize(("name", "prompts", "mini"), [("memagent_7b", 128, 8), ("memagent_14b", 256, 16)])
+def test_plan_of_the_paper_runs(name, prompts, mini):
+    from verl_ext.plan import compose, plan_step
+
+    plan = plan_step(compose(name, []), context_tokens=28_000, gpu_memory_gib=80)
+    # 28K tokens in chunks of 5,000: 6 memory turns + the answer = 7 rows; n = 16 trajectories per prompt.
+    assert (plan.trajectories, plan.rows_per_trajectory, plan.rows) == (prompts * 16, 7, prompts * 16 * 7)
+    assert (plan.minibatch, plan.updates, plan.rows_per_update) == ("trajectory", 16, mini * 16 * 7)
+    assert plan.verl_row_updates == 112  # verl's count: rows / (mini x 16) = 7 x 16
+    # vLLM takes 0.6 x 80 GiB while generating and for the weight sync, nothing while the actor trains.
+    assert plan.rollout_gib_by_phase == {"generation": 48.0, "old_log_prob": 0.0, "ref": 0.0,
+                                         "update_actor": 0.0, "update_weights": 48.0}  # fmt: skip
+    kept = plan_step(compose(name, ["actor_rollout_ref.rollout.free_cache_engine=false"]), 28_000, 80)
+    assert set(kept.rollout_gib_by_phase.values()) == {48.0}

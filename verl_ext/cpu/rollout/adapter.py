@@ -55,11 +55,14 @@ class HFCPUServerAdapter(BaseRollout):
             self._server = ray.get_actor(server_actor_name(self.replica_rank))
         return self._server
 
+    # As vLLM's ServerAdapter (vllm_rollout.py resume/release): only with rollout.free_cache_engine.
     async def resume(self, tags: list[str]) -> None:
-        return None  # nothing was released: the server keeps its weights and has no KV cache to restore
+        if self.config.free_cache_engine and self.is_leader:
+            await self.server().wake_up.remote(tags=tags)
 
     async def release(self) -> None:
-        return None
+        if self.config.free_cache_engine and self.is_leader:
+            await self.server().sleep.remote()
 
     async def update_weights(
         self,

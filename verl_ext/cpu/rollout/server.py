@@ -12,8 +12,15 @@ It answers what verl's rollout servers answer (``workers/rollout/vllm_rollout/vl
   distribution (vLLM's ``processed_logprobs``, what the actor recomputes). ``extra_fields`` carries
   ``global_steps`` (the weight version), which ``LLMServerClient`` and the V1 replay buffer read.
 - ``update_weights(state_dict, global_steps)``: the weights pushed by the trainer-side adapter.
-- lifecycle calls the trainers and ``RolloutReplica`` make (``wake_up``, ``sleep``, kv-cache, abort,
-  profiling): no-ops, since a CPU model has no device memory to free and requests are not preemptible.
+- ``sleep`` / ``wake_up(tags)``: the memory release that ``rollout.free_cache_engine`` controls, with vLLM's
+  contract (``vllm_async_server.py`` ``sleep``: a no-op unless ``free_cache_engine``; otherwise the weights are
+  discarded, vLLM's level-2 sleep, and come back through ``wake_up(["weights"])`` and the next weight sync).
+  verl's sync trainer sleeps the replicas after every rollout and its worker resumes them before the weight
+  sync only when ``free_cache_engine`` is set (``engine_workers.py`` ``update_weights``), so this twin shows on
+  CPU what a vLLM replica holds during the training phases (docs/fidelity.md, "Rollout memory").
+  ``MEMAGENT_ROLLOUT_EVENTS=<dir>`` appends each change of state (``generate``, ``sleep``, ``wake_up:<tags>``,
+  ``update_weights``) with the parameter bytes held to ``<dir>/server_<replica>.jsonl``.
+- other lifecycle calls (kv-cache, abort, profiling): no-ops (no KV cache; requests are not preemptible).
 
 Requests are served one at a time (an asyncio lock; the forward passes run in a thread so the actor's
 event loop stays responsive).
@@ -22,8 +29,11 @@ event loop stays responsive).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -83,6 +93,10 @@ class HFCPUServer:
         self.engine = HFTokenServer(model, self.model_config.tokenizer, device="cpu", max_model_len=self.max_model_len)
         self.weight_updates = 0
         self._lock: asyncio.Lock | None = None  # generation vs weight update; created in the actor's loop
+        self._released: dict[str, tuple[torch.Size, torch.dtype]] | None = None  # parameter shapes while asleep
+        events_dir = os.environ.get("MEMAGENT_ROLLOUT_EVENTS")
+        self._events = Path(events_dir) / f"server_{replica_rank}.jsonl" if events_dir else None
+        self._last_event: str | None = None
 
     def _model_lock(self) -> asyncio.Lock:
         if self._lock is None:
@@ -133,6 +147,9 @@ class HFCPUServer:
         params["max_tokens"] = self.max_tokens_for(len(prompt_ids), sampling_params)
         params.setdefault("repetition_penalty", getattr(self.config, "repetition_penalty", 1.0))
         async with self._model_lock():
+            if self._released is not None:
+                raise RuntimeError("hf_cpu server: generate() while asleep (its weights are released)")
+            self._event("generate")
             return await self.engine.generate(
                 request_id,
                 prompt_ids=prompt_ids,
@@ -145,8 +162,11 @@ class HFCPUServer:
     async def update_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
         """Load the trainer's weights (Hugging Face names) and record their version."""
         async with self._model_lock():
+            if self._released is not None:
+                raise RuntimeError("hf_cpu server: update_weights() while the weights are released (wake_up first)")
             copied = copy_weights(self.engine.model, state_dict.items())
             self.weight_updates += 1
+            self._event("update_weights")
             if global_steps is not None:
                 self.engine.global_steps = int(global_steps)
         logger.info("hf_cpu server %d: %d tensors updated (global_steps=%s)", self.replica_rank, copied, global_steps)
@@ -160,14 +180,43 @@ class HFCPUServer:
 
     async def stats(self) -> dict[str, int]:
         return {"requests": self.engine.requests, "weight_updates": self.weight_updates,
-                "global_steps": self.engine.global_steps}  # fmt: skip
+                "global_steps": self.engine.global_steps,
+                "held_parameter_bytes": self.held_parameter_bytes()}  # fmt: skip
 
-    # Lifecycle calls of RolloutReplica (workers/rollout/replica.py:265-307) and the trainers: nothing to do on CPU.
-    async def wake_up(self, *args: Any, **kwargs: Any) -> None:
-        return None
+    def held_parameter_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.engine.model.parameters())
 
+    def _event(self, name: str) -> None:
+        if self._events is None or name == self._last_event:
+            return
+        self._last_event = name
+        record = {"event": name, "held_parameter_bytes": self.held_parameter_bytes(), "global_steps": self.global_steps}
+        with open(self._events, "a") as file:
+            file.write(json.dumps(record) + "\n")
+
+    # Memory release (rollout.free_cache_engine), as vLLM's server does it.
     async def sleep(self, *args: Any, **kwargs: Any) -> None:
-        return None
+        if not self.config.free_cache_engine:  # vLLM: `if ... not self.config.free_cache_engine: return`
+            self._event("sleep:kept")
+            return
+        async with self._model_lock():
+            if self._released is None:
+                params = dict(self.engine.model.named_parameters())  # tied weights appear once
+                self._released = {name: (p.shape, p.dtype) for name, p in params.items()}
+                for p in params.values():
+                    p.data = torch.empty(0, dtype=p.dtype)  # the storage is freed; buffers (rotary) stay
+            self._event("sleep")
+
+    async def wake_up(self, tags: list[str] | None = None, *args: Any, **kwargs: Any) -> None:
+        tags = list(tags or ["weights", "kv_cache"])
+        async with self._model_lock():
+            if "weights" in tags and self._released is not None:
+                # Storage only: the values arrive with the weight sync that follows (verl resumes, then syncs).
+                for name, p in self.engine.model.named_parameters():
+                    shape, dtype = self._released[name]
+                    p.data = torch.empty(shape, dtype=dtype)
+                self._released = None
+            self._event("wake_up:" + ",".join(sorted(tags)))
 
     async def clear_kv_cache(self) -> None:
         return None

@@ -1,0 +1,89 @@
+"""What a run config means per training step, before any GPU is touched.
+
+    python -m verl_ext.plan --config-name memagent_7b [--context-tokens 28000] [--gpu-memory-gib 80] [overrides]
+
+Prints, from the composed config: trajectories and rows per step for a typical context, optimizer updates per
+step under ``recurrent.minibatch`` (and what verl's own row counting would give), rows per update, and what the
+rollout engine holds in GPU memory in each phase of a step (``rollout.free_cache_engine``; docs/fidelity.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from verl_ext.minibatch import minibatch_mode, updates_per_step
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+PHASES = ("generation", "old_log_prob", "ref", "update_actor", "update_weights")
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    trajectories: int  # train_batch_size x n
+    rows_per_trajectory: int  # memory turns + the final answer, for the given context length
+    rows: int
+    minibatch: str
+    updates: int  # optimizer updates per step under recurrent.minibatch
+    rows_per_update: int
+    verl_row_updates: int  # what recurrent.minibatch=rows would make
+    rollout_gib_by_phase: dict[str, float]  # GPU memory the rollout engine holds, per GPU
+
+
+def plan_step(config: DictConfig, context_tokens: int, gpu_memory_gib: float) -> StepPlan:
+    memory = config.recurrent.config
+    kept = context_tokens if memory.max_chunks is None else min(context_tokens, memory.max_chunks * memory.chunk_size)
+    rows_per_trajectory = math.ceil(kept / memory.chunk_size) + 1
+    actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
+    trajectories = int(config.data.train_batch_size) * int(rollout.n)
+    rows = trajectories * rows_per_trajectory
+    mode = minibatch_mode(config)
+    verl_rows_per_update = int(actor.ppo_mini_batch_size) * int(rollout.n)
+    verl_row_updates = math.ceil(rows / verl_rows_per_update)
+    if mode == "rows":
+        updates, rows_per_update = verl_row_updates, verl_rows_per_update
+    else:
+        updates = updates_per_step(int(config.data.train_batch_size), int(actor.ppo_mini_batch_size))
+        rows_per_update = rows // updates
+    # vLLM takes gpu_memory_utilization of the GPU (weights + KV cache). With free_cache_engine it sleeps at
+    # level 2 after the rollout (weights and KV cache discarded) and is woken for the weight sync; without it
+    # the sleep is a no-op and it keeps its share through every phase.
+    share = float(rollout.gpu_memory_utilization) * gpu_memory_gib
+    released = bool(rollout.free_cache_engine)
+    held = {phase: share for phase in PHASES}
+    if released:
+        held.update(old_log_prob=0.0, ref=0.0, update_actor=0.0)
+    return StepPlan(trajectories, rows_per_trajectory, rows, mode, updates, rows_per_update, verl_row_updates, held)
+
+
+def compose(config_name: str, overrides: list[str]) -> DictConfig:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        config = hydra_compose(config_name=config_name, overrides=overrides)
+    OmegaConf.resolve(config)
+    return config
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config-name", default="memagent_7b", help="a config of configs/ (default memagent_7b)")
+    parser.add_argument("--context-tokens", type=int, default=28_000, help="a typical training context (28K)")
+    parser.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory of one GPU (default 80)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. recurrent.minibatch=rows")
+    args = parser.parse_args(argv)
+    plan = plan_step(compose(args.config_name, args.overrides), args.context_tokens, args.gpu_memory_gib)
+    for name, value in asdict(plan).items():
+        if name != "rollout_gib_by_phase":
+            print(f"{name:>20}: {value}")
+    print(f"{'rollout GiB / GPU':>20}: " + ", ".join(f"{k} {v:.1f}" for k, v in plan.rollout_gib_by_phase.items()))
+
+
+if __name__ == "__main__":
+    main()
