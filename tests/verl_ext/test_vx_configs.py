@@ -30,7 +30,7 @@ PAPER = [
     ("recurrent.config.max_final_response_length", 1024, 1024, "4.1"),
     ("recurrent.config.context_key", "context", "context", "4.2 +data.context_key"),
     ("recurrent.config.final_prompt", "boxed_released", "boxed_released", "2.4.3, P3: \\boxed{{}} on the sync path"),
-    ("recurrent.minibatch", "trajectory", "trajectory", "3.2 dp_actor: train_batch_size // ppo_mini_batch_size updates"),
+    ("recurrent.minibatch", "trajectory", "trajectory", "3.2: train_batch_size // ppo_mini_batch_size updates"),
     ("data.train_batch_size", 128, 256, "4.2 prompts per step"),
     (f"{AR}.rollout.n", 16, 16, "4.2 group size"),
     (f"{AR}.actor.ppo_mini_batch_size", 8, 16, "4.2 prompts; verl counts n x this ROWS (R5, config note)"),
