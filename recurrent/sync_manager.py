@@ -106,6 +106,13 @@ class SessionBatchAgent(RAgent):
             self._pending[i] = self._next(i)
         self._active = []
 
+    def drop(self, i: int) -> None:
+        """Take sample ``i`` out of the lockstep (its model call failed): it gets no further turns, and the
+        other samples' rounds go on without it."""
+        self._pending[i] = None
+        if i in self._active:
+            self._active.remove(i)
+
     def done(self) -> bool:
         return all(t is None for t in self._pending)
 

@@ -101,26 +101,26 @@ class MemoryAgentLoopWorkerImpl(AgentLoopWorkerTQ.__ray_actor_class__):
             prompt.pop("agent_name", None)
             trajectories += [Trajectory({**prompt, "session_id": i}, i, params) for i in range(n)]
 
-        results: list[list[AgentLoopOutput]] | None = None
+        # As verl's async worker (AgentLoopWorkerTQ._run_prompt): a failed trajectory is logged and stores no
+        # rows, its finished siblings are stored, and its prompt's status is "failure" (the replay buffer then
+        # trains on what the group has); other prompts are not affected.
         try:
             rollout = MemoryRollout.get(self.config, self.tokenizer)
             results = await run_lockstep(rollout, self.llm_client, trajectories)
-        except Exception:  # the batch's groups are marked failed; verl's replay buffer decides what follows
-            logger.exception("lockstep rollout of %d trajectories failed", len(trajectories))
-        failed = set(uids)
-        if results is not None:
-            stored = await asyncio.gather(
-                *(
-                    self._agent_loop_postprocess(outs, validate, **t.sample)
-                    for t, outs in zip(trajectories, results, strict=True)
-                ),
-                return_exceptions=True,
-            )
-            failed = set()
-            for trajectory, result in zip(trajectories, stored, strict=True):
-                if isinstance(result, BaseException):
-                    logger.error("storing trajectory %s failed", trajectory.sample["uid"], exc_info=result)
-                    failed.add(trajectory.sample["uid"])
+        except Exception as err:  # the whole batch (e.g. the workflow cannot be built)
+            results = [err] * len(trajectories)
+        finished = [(t, r) for t, r in zip(trajectories, results, strict=True) if not isinstance(r, Exception)]
+        stored = await asyncio.gather(
+            *(self._agent_loop_postprocess(result, validate, **t.sample) for t, result in finished),
+            return_exceptions=True,
+        )
+        errors = [(t, r) for t, r in zip(trajectories, results, strict=True) if isinstance(r, Exception)]
+        errors += [(t, r) for (t, _), r in zip(finished, stored, strict=True) if isinstance(r, BaseException)]
+        failed: set[str] = set()
+        for trajectory, error in errors:
+            uid, session = trajectory.sample["uid"], trajectory.session_id
+            logger.error("memory agent trajectory %s_%s failed: %s", uid, session, error, exc_info=error)
+            failed.add(uid)
         for uid in uids:
             status = "failure" if uid in failed else "finished"
             await tq.async_kv_put(key=uid, partition_id=partition_id, tag={"status": status})

@@ -7,6 +7,9 @@ starts only when every request of this one has returned (a barrier per round). v
 request per sequence, so ``recurrent``'s ``SyncGenerationManager`` (which pads a round into one
 ``generate_sequences`` batch for SPMD rollouts) is not needed here: the batching happens inside the server.
 
+A failed trajectory leaves the lockstep and the rest go on (:func:`run_lockstep`); its prompt group is then
+handled as in async mode.
+
 Trade-off against async mode: the same sessions, prompts and rows (the rollout distribution is identical);
 async keeps the servers busy while long documents are still being read, lockstep idles them at every
 barrier, so it is slower and only worth it for a faithful replay of the released training schedule.
@@ -37,39 +40,52 @@ class Trajectory:
 
 async def run_lockstep(
     rollout: MemoryRollout, server: Any, trajectories: list[Trajectory]
-) -> list[list[AgentLoopOutput]]:
-    """Run every trajectory to its end in lockstep rounds; returns each trajectory's rows (session order).
+) -> list[list[AgentLoopOutput] | Exception]:
+    """Run every trajectory to its end in lockstep rounds; returns each trajectory's rows (session order), or
+    the exception that ended it.
 
-    A failed request fails the whole batch (after the round settles): sessions cannot skip a round.
+    A trajectory that fails (its session cannot be built, e.g. a question over budget, or one of its requests
+    fails) leaves the lockstep; the others go on. What happens to its prompt group is decided by the caller,
+    as for async mode (verl_ext/agent_loop_manager.py).
     """
-    sessions = [await rollout.session(t.sample) for t in trajectories]  # contexts tokenized once per uid
+    results: list[list[AgentLoopOutput] | Exception | None] = [None] * len(trajectories)
+    sessions = []
+    for i, trajectory in enumerate(trajectories):  # contexts tokenized once per uid
+        try:
+            sessions.append(await rollout.session(trajectory.sample))
+        except Exception as err:
+            results[i] = err
+    running = [i for i, result in enumerate(results) if result is None]  # lockstep index -> trajectory index
     agent = SessionBatchAgent(lambda session: session)
     agent.start(sessions)
     token_outputs: list[list[TokenOutput]] = [[] for _ in trajectories]
     while not agent.done():
         prompts, meta = agent.action()
-        rows = meta["sample_index"].tolist()
+        active = meta["sample_index"].tolist()
         max_tokens = int(meta["max_tokens"])
-        calls = [
-            rollout.call(
-                server,
-                request_id_for(trajectories[i].sample),
-                prompt.tolist(),
-                max_tokens,
-                trajectories[i].sampling_params,
-            )
-            for i, prompt in zip(rows, prompts, strict=True)
-        ]
-        results = await asyncio.gather(*calls, return_exceptions=True)  # the round's barrier
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            agent.end()
-            raise errors[0]
-        for i, (output, _) in zip(rows, results, strict=True):
-            token_outputs[i].append(output)
-        agent.update([reply for _, reply in results])
+        calls = []
+        for j, prompt in zip(active, prompts, strict=True):
+            trajectory = trajectories[running[j]]
+            params = trajectory.sampling_params
+            calls.append(rollout.call(server, request_id_for(trajectory.sample), prompt.tolist(), max_tokens, params))
+        replies = await asyncio.gather(*calls, return_exceptions=True)  # the round's barrier
+        for j, reply in zip(active, replies, strict=True):
+            if isinstance(reply, Exception):
+                results[running[j]] = reply
+                agent.drop(j)
+            elif isinstance(reply, BaseException):  # cancellation and the like stop the whole batch
+                agent.end()
+                raise reply
+            else:
+                token_outputs[running[j]].append(reply[0])
+        agent.update([reply[1] for reply in replies if not isinstance(reply, BaseException)])
     agent.end()
-    return [
-        rollout.outputs(session, outs, want_logprobs=bool(t.sampling_params.get("logprobs")))
-        for session, outs, t in zip(sessions, token_outputs, trajectories, strict=True)
-    ]
+    for j, session in enumerate(sessions):
+        i = running[j]
+        if results[i] is None:
+            want_logprobs = bool(trajectories[i].sampling_params.get("logprobs"))
+            try:
+                results[i] = rollout.outputs(session, token_outputs[i], want_logprobs=want_logprobs)
+            except Exception as err:
+                results[i] = err
+    return results  # type: ignore[return-value]

@@ -30,6 +30,7 @@ from verl.utils.seqlen_balancing import log_seqlen_unbalance
 
 from verl_ext.metrics import FIELDS, memagent_metrics_from_rows, split_key
 from verl_ext.minibatch import MiniBatchPlan, Row, minibatch_mode, plan_minibatches, updates_per_step
+from verl_ext.rollout import recurrent_section
 
 DEFAULT_MANAGER = "verl_ext.agent_loop_manager.MemoryAgentLoopManager"
 
@@ -91,6 +92,18 @@ class RecurrentPPOTrainer(PPOTrainerSync):
         self.minibatch_mode = minibatch_mode(self.config)
         if self.minibatch_mode != "rows":
             check_minibatch_contract()
+        # verl's replay buffer checks for finished rollouts every poll_interval seconds (2.0, a constructor
+        # argument it does not read from the config); a CPU step lasts a few seconds, so the CPU runs poll faster.
+        poll = recurrent_section(self.config).get("replay_poll_interval_s")
+        if poll is not None:
+            self.replay_buffer.poll_interval = float(poll)
+        self._failed_groups: set[str] = set()
+
+    def on_sample_end(self):
+        # The prompt groups of this step whose rollout failed somewhere (verl 0.9.1's replay buffer keeps the set
+        # of the last poll; the failed trajectories stored no rows, verl_ext/agent_loop_manager.py).
+        self._failed_groups = set(getattr(self.replay_buffer, "failure_keys", {}).get("train", ()))
+        super().on_sample_end()
 
     # ---- the paper's updates per step (verl_ext/minibatch.py, docs/fidelity.md "Mini-batches") ----
 
@@ -170,6 +183,7 @@ class RecurrentPPOTrainer(PPOTrainerSync):
         keys = [batch.keys[i] for i in real]
         rows = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=FIELDS)
         metrics.update(memagent_metrics_from_rows(keys, rows))
+        metrics.update(failure_metrics(keys, self._failed_groups, int(self.config.actor_rollout_ref.rollout.n)))
         print(step_summary(global_steps, metrics), flush=True)
 
     def _log_rollout_data(self, batch, timing_raw, rollout_data_dir):
@@ -190,6 +204,20 @@ class RecurrentPPOTrainer(PPOTrainerSync):
                 **{name: [values[key] for key in keys] for name, values in self._dump_extra.items()},
             }
         super()._dump_generations(inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path)
+
+
+def failure_metrics(keys: list[str], failed_groups: set[str], n: int) -> dict[str, int]:
+    """Prompt groups of the step with a failed rollout, and the trajectories they lost (``n`` minus those that
+    stored rows)."""
+    present: dict[str, set[str]] = {uid: set() for uid in failed_groups}
+    for key in keys:
+        uid, session, _ = key.rsplit("_", 2)
+        if uid in present:
+            present[uid].add(session)
+    return {
+        "memagent/rollout/failed_groups": len(failed_groups),
+        "memagent/rollout/failed_trajectories": sum(n - len(sessions) for sessions in present.values()),
+    }
 
 
 def check_minibatch_contract() -> None:
