@@ -59,7 +59,9 @@ async def run_lockstep(
     agent = SessionBatchAgent(lambda session: session)
     agent.start(sessions)
     token_outputs: list[list[TokenOutput]] = [[] for _ in trajectories]
+    rounds = 0
     while not agent.done():
+        rounds += 1
         prompts, meta = agent.action()
         active = meta["sample_index"].tolist()
         max_tokens = int(meta["max_tokens"])
@@ -88,4 +90,6 @@ async def run_lockstep(
                 results[i] = rollout.outputs(session, token_outputs[i], want_logprobs=want_logprobs)
             except Exception as err:
                 results[i] = err
+    failed = sum(isinstance(result, Exception) for result in results)
+    print(f"[memagent] lockstep: {len(trajectories)} trajectories in {rounds} rounds, {failed} failed", flush=True)
     return results  # type: ignore[return-value]

@@ -30,16 +30,23 @@ def session_members(sid: int) -> list[int]:
     return members
 
 
-def run_script(out_dir: Path, steps: int, task: str, timeout_s: float) -> tuple[int, str, float]:
+def run_script(
+    out_dir: Path,
+    steps: int,
+    task: str,
+    timeout_s: float,
+    overrides: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
+) -> tuple[int, str, float]:
     """Run the launcher in its own session; on timeout, stop it (its trap ends the trainer's session).
     Returns (exit code, the launcher's output, seconds). Nothing of the run may outlive it."""
-    env = {**os.environ, "STEPS": str(steps), "OUT_DIR": str(out_dir), "TASK": task}
+    env = {**os.environ, **(extra_env or {}), "STEPS": str(steps), "OUT_DIR": str(out_dir), "TASK": task}
     env.pop("VERL_PLATFORM", None)  # the script sets what it needs
     log_path = out_dir / f"script_steps{steps}.log"
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(["bash", str(SCRIPT)], env=env, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(["bash", str(SCRIPT), *overrides], env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # fmt: skip
         try:
             rc = proc.wait(timeout=timeout_s)
@@ -73,6 +80,18 @@ def read_metrics(path: Path) -> dict[int, dict]:
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def adam_steps(checkpoint: Path) -> set[int]:
+    """The optimizer updates made so far, as the optimizer counts them: AdamW's ``step`` of every parameter in
+    every rank's optimizer state of a checkpoint (``global_step_N/actor``)."""
+    import torch
+
+    steps = set()
+    for path in sorted(checkpoint.glob("optim_world_size_*_rank_*.pt")):
+        state = torch.load(path, map_location="cpu", weights_only=False)["state"]
+        steps |= {int(param_state["step"]) for param_state in state.values()}
+    return steps
 
 
 def load_safetensors(path: Path) -> dict:

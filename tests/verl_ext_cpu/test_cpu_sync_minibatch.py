@@ -1,0 +1,142 @@
+"""Our trainer end to end on CPU in sync (lockstep) mode, with the paper's optimizer updates per step (issue 10).
+
+Run 1: ``recurrent.mode=sync``, 4 prompts per step, ``rollout.n=2``, ``ppo_mini_batch_size=2`` (so the paper's
+count is 4 / 2 = 2 updates per step), documents of 2-4 chunks (trajectories of 3-5 rows), validation before
+training and after every step, a checkpoint every step; then resumed to step 3. Run 2: the same for one step
+with verl's row counting (``recurrent.minibatch=rows``) and ``free_cache_engine=false``.
+
+Updates are counted by the optimizer itself: AdamW's ``step`` in the checkpointed optimizer state. The
+rollout server (``hf_cpu``, the CPU twin of vLLM's) logs its memory states, showing what verl's sleep/wake
+path does with ``free_cache_engine`` on and off.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from trainer_run import adam_steps, read_jsonl, read_metrics, run_script, tail
+
+RUN_TIMEOUT_S = 480
+SIZES = ("actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2")
+PROMPTS, N, UPDATES = 4, 2, 2
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sync_minibatch")
+    env = {"MEMAGENT_ROLLOUT_EVENTS": str(out / "events")}
+    (out / "events").mkdir()
+    overrides = ("recurrent.mode=sync", *SIZES)
+    first = run_script(out, steps=2, task="memory", timeout_s=RUN_TIMEOUT_S, overrides=overrides, extra_env=env)
+    assert first[0] == 0, tail(first[1])
+    metrics_first = read_metrics(out / "metrics.jsonl")
+    events_first = {p.name: read_jsonl(p) for p in sorted((out / "events").glob("*.jsonl"))}
+    second = run_script(out, steps=3, task="memory", timeout_s=RUN_TIMEOUT_S, overrides=overrides, extra_env=env)
+    assert second[0] == 0, tail(second[1])
+
+    rows_out = tmp_path_factory.mktemp("rows_minibatch")
+    (rows_out / "events").mkdir()
+    rows_overrides = ("recurrent.minibatch=rows", "actor_rollout_ref.rollout.free_cache_engine=false",
+                      "trainer.val_before_train=false", "trainer.test_freq=-1", *SIZES)  # fmt: skip
+    rows_run = run_script(rows_out, steps=1, task="memory", timeout_s=RUN_TIMEOUT_S, overrides=rows_overrides,
+                          extra_env={"MEMAGENT_ROLLOUT_EVENTS": str(rows_out / "events")})  # fmt: skip
+    assert rows_run[0] == 0, tail(rows_run[1])
+    return {"out": out, "first": first, "second": second, "metrics_first": metrics_first,
+            "events_first": events_first, "rows_out": rows_out, "rows_run": rows_run}  # fmt: skip
+
+
+def by_trajectory(rows: list[dict]) -> dict[str, list[dict]]:
+    grouped: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        if not row["is_padding"]:
+            grouped[row["trajectory"]].append(row)
+    return {key: sorted(value, key=lambda r: r["turn_index"]) for key, value in grouped.items()}
+
+
+def test_sync_mode_trains_validates_and_checkpoints(runs):
+    output, metrics = runs["first"][1], runs["metrics_first"]
+    # lockstep rollouts: the whole batch (4 prompts x 2) per training step, 2 x 2 per validation
+    assert re.search(r"\[memagent\] lockstep: 8 trajectories in [45] rounds, 0 failed", output), tail(output)
+    assert re.search(r"\[memagent\] step 1: reward=", output) and re.search(r"\[memagent\] step 2: reward=", output)
+    assert sorted(metrics) == [0, 1, 2]  # validation before training, then steps 1 and 2 (each validated)
+    for step in (0, 1, 2):
+        assert 0.0 <= metrics[step]["val-core/toy_memory/acc/mean@2"] <= 1.0
+    for step in (1, 2):
+        assert metrics[step]["memagent/num_trajectories"] == PROMPTS * N
+        assert metrics[step]["memagent/rollout/failed_groups"] == 0
+        assert metrics[step]["actor/grad_norm"] > 0
+
+
+def test_the_papers_update_count_counted_by_the_optimizer(runs):
+    out, metrics = runs["out"], runs["metrics_first"]
+    ckpt = out / "checkpoints"
+    # AdamW's own step counter: 2 updates per training step (4 prompts / 2 per mini-batch), whatever the rows.
+    assert adam_steps(ckpt / "global_step_1" / "actor") == {2}
+    assert adam_steps(ckpt / "global_step_2" / "actor") == {4}
+    assert adam_steps(ckpt / "global_step_3" / "actor") == {6}  # the resumed step 3 adds two more
+    for step in (1, 2):
+        assert metrics[step]["memagent/minibatch/updates"] == UPDATES
+        assert metrics[step]["memagent/minibatch/updates_made"] == UPDATES  # the actor's report agrees
+        rows = read_jsonl(out / "rollout" / f"{step}.jsonl")
+        trajectories = by_trajectory(rows)
+        assert len(trajectories) == PROMPTS * N
+        assert all(3 <= len(turns) <= 5 for turns in trajectories.values())  # 2-4 memory turns + the answer
+        update_of = {}
+        for name, turns in trajectories.items():
+            assert len({row["minibatch"] for row in turns}) == 1, name  # all rows of a trajectory: one update
+            update_of[name] = turns[0]["minibatch"]
+        assert sorted(set(update_of.values())) == [0, 1]
+        for update in (0, 1):  # each update: two whole prompts with both their trajectories (ppo_mini_batch x n)
+            members = [name for name, g in update_of.items() if g == update]
+            assert len(members) == 2 * N and len({name.rsplit("_", 1)[0] for name in members}) == 2
+        # rows per update (padding included) is what the worker was told, and the dump has every row
+        assert len(rows) == UPDATES * metrics[step]["memagent/minibatch/rows"]
+
+
+def test_sync_run_resumes_at_step_3(runs):
+    output = runs["second"][1]
+    assert "global_step_2" in output
+    assert [int(s) for s in re.findall(r"\[memagent\] step (\d+):", output)] == [3]
+    assert (runs["out"] / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
+
+
+def test_verls_row_counting_is_a_switch(runs):
+    out = runs["rows_out"]
+    rows = read_jsonl(out / "rollout" / "1.jsonl")  # padding rows included: verl pads to whole mini-batches
+    per_update = 2 * N  # ppo_mini_batch_size x n rows
+    assert len(rows) % per_update == 0
+    updates = len(rows) // per_update
+    assert updates > UPDATES  # 3-5 rows per trajectory: verl makes several times the paper's count
+    assert adam_steps(out / "checkpoints" / "global_step_1" / "actor") == {updates}
+    assert all(row["minibatch"] is None for row in rows)
+
+
+def server_events(folder: Path) -> list[list[dict]]:
+    return [[json.loads(line) for line in p.read_text().splitlines()] for p in sorted(folder.glob("*.jsonl"))]
+
+
+def test_rollout_memory_is_released_while_the_actor_trains(runs):
+    # free_cache_engine=true (the default): after every rollout verl sleeps the replicas and the server holds no
+    # weights until verl's worker resumes it for the weight sync; then generation starts again.
+    for events in runs["events_first"].values():
+        names = [e["event"] for e in events]
+        assert names.count("sleep") >= 3  # at start-up and after each of the two steps' rollouts
+        for i, name in enumerate(names):
+            if name == "sleep":
+                assert events[i]["held_parameter_bytes"] == 0
+                assert names[i + 1 : i + 4] == ["wake_up:weights", "update_weights", "wake_up:kv_cache"]
+            if name == "generate":
+                assert events[i]["held_parameter_bytes"] > 0
+                if i + 1 < len(names):
+                    assert names[i + 1] == "sleep"  # nothing else happens to the server before it sleeps
+    # free_cache_engine=false: verl's sleep is a no-op and its worker never resumes: the weights stay throughout.
+    for events in server_events(runs["rows_out"] / "events"):
+        names = {e["event"] for e in events}
+        assert "sleep:kept" in names and not any(name.startswith("wake_up") for name in names)
+        assert "sleep" not in names and all(e["held_parameter_bytes"] > 0 for e in events)
