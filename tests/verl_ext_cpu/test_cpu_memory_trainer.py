@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
-from trainer_run import REPO, read_jsonl, read_metrics, run_script, tail
+from trainer_run import REPO, adam_steps, read_jsonl, read_metrics, run_script, tail
 
 RUN_TIMEOUT_S = 400  # each of the two runs; ~90 s and ~80 s on 2 idle cores
 # The run's sizes, as configs/tiny_cpu.yaml sets them (prompts per step, trajectories per prompt, in validation).
@@ -101,6 +101,8 @@ def test_two_steps_with_validation_log_finite_metrics(runs):
         assert data["actor/kl_loss"] >= 0.0  # low_var_kl is non-negative
         assert data["actor/grad_norm"] > 0
         assert data["memagent/num_trajectories"] == BATCH * N
+        # ppo_mini_batch_size = train_batch_size: one update per step, on every row (the paper's count)
+        assert data["memagent/minibatch/updates_made"] == 1
         for stage in STAGES:
             assert math.isfinite(data[f"timing_s/{stage}"]), stage
         # the HF server's log-probs agree with the FSDP actor's recompute: the weight sync works
@@ -170,6 +172,7 @@ def test_weights_changed_and_the_checkpoint_loads_as_a_hugging_face_model(runs, 
             assert (actor / f"model_world_size_2_rank_{rank}.pt").is_file()
             assert (actor / f"optim_world_size_2_rank_{rank}.pt").is_file()
         assert (ckpt / f"global_step_{step}" / "data.pt").is_file()  # dataloader state, for resume
+        assert adam_steps(actor) == {step}  # AdamW's own count: one update per training step
 
     def weights(folder: Path) -> dict:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
