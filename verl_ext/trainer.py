@@ -1,12 +1,16 @@
 """The recurrent trainer: verl's V1 synchronous PPO trainer plus final-answer metrics, and its task runner.
 
-``RecurrentPPOTrainer`` is ``PPOTrainerSync`` (verl 0.9.1, ``trainer_sync.py``) with two additions:
+``RecurrentPPOTrainer`` is ``PPOTrainerSync`` (verl 0.9.1, ``trainer_sync.py``) with these additions:
 
-- ``_compute_metrics`` adds the per-trajectory metrics of :mod:`verl_ext.metrics` (and prints a one-line
-  summary of the step: final-answer reward and verdict, KL loss, advantages, seconds);
+- ``_balance_batch`` / ``_update_actor`` make the paper's ``train_batch_size / ppo_mini_batch_size`` optimizer
+  updates per step, each on whole trajectories (:mod:`verl_ext.minibatch`; ``recurrent.minibatch=rows`` keeps
+  verl's row counting);
+- ``_compute_metrics`` adds the per-trajectory metrics of :mod:`verl_ext.metrics` and the failed rollouts of the
+  step (and prints a one-line summary of the step: final-answer reward and verdict, KL loss, advantages, seconds);
 - the rollout dump (``trainer.rollout_data_dir``: verl's ``{step}.jsonl``, one line per row with ``input``,
   ``output``, ``gts``, ``score``, ``step`` and the row key as ``uid``) gains the columns of
-  :data:`DUMP_COLUMNS` per row, so that a dump shows what every memory turn was trained with.
+  :data:`DUMP_COLUMNS` per row, so that a dump shows what every memory turn was trained with, and in which update;
+- the replay buffer's poll interval comes from ``recurrent.replay_poll_interval_s``.
 
 Everything else (GRPO over the final rows of each ``{uid}_{session}`` broadcast to every turn, token-mean
 loss, KL loss, DAPO group filtering in the replay buffer, checkpoints, dumps) is verl's.

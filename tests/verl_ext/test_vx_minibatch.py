@@ -131,3 +131,21 @@ def test_plan_of_the_paper_runs(name, prompts, mini):
                                          "update_actor": 0.0, "update_weights": 48.0}  # fmt: skip
     kept = plan_step(compose(name, ["actor_rollout_ref.rollout.free_cache_engine=false"]), 28_000, 80)
     assert set(kept.rollout_gib_by_phase.values()) == {48.0}
+
+
+def test_failure_metrics_count_lost_trajectories_by_hand():
+    from verl_ext.trainer import failure_metrics
+
+    # Prompt x lost session 1 (sessions 0 and 2 stored rows), prompt y lost everything, z is fine; n = 3.
+    keys = ["x_0_0", "x_0_1", "x_2_0", "x_2_1", "z_0_0", "z_1_0", "z_2_0"]
+    assert failure_metrics(keys, {"x", "y"}, n=3) == {
+        "memagent/rollout/failed_groups": 2,
+        "memagent/rollout/failed_trajectories": 1 + 3,
+    }
+
+
+def test_optimizer_updates_read_from_the_actor_report():
+    from verl_ext.trainer import optimizer_updates
+
+    assert optimizer_updates({"grad_norm": [0.5, 0.25], "pg_loss": [0.1, 0.2, 0.3, 0.4]}) == 2
+    assert optimizer_updates({"pg_loss": 0.1}) is None
