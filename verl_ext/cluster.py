@@ -1,0 +1,119 @@
+"""Checks that need the running Ray cluster: what Ray can schedule, and what the task runner's node can read.
+
+:mod:`verl_ext.preflight` runs on the launching node before Ray starts. Two things can only be checked once
+Ray is up, from inside the task runner (which Ray may place on any node of a cluster):
+
+- **resources**: verl asks Ray for ``trainer.nnodes x trainer.n_gpus_per_node`` GPUs, and TransferQueue
+  starts a controller and ``num_data_storage_units`` storage actors of 1 Ray CPU each. Ray queues an actor
+  it cannot place and waits, without a message, for a node that may never come: a run on a machine without
+  GPUs (or with too few CPUs for the storage actors) hangs in TransferQueue's start-up. We refuse instead,
+  saying what Ray sees and what the run needs (docs/cluster.md).
+- **paths**: the data files and the model folder were checked and resolved on the launching node; on a
+  cluster they must be readable on this node too (shared storage), and the checkpoint folder writable.
+
+:func:`check_task_runner_node` runs both before anything is started; it raises
+:class:`~verl_ext.preflight.PreflightError` naming the node, which ``python -m verl_ext.main`` prints
+(exit status 2).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from verl_ext.preflight import PreflightError, _files
+
+CPU_RUN = "scripts/train_tiny_cpu.sh"
+
+
+def accelerator_resource(device: str) -> str:
+    """The Ray resource verl places its workers on: ``NPU`` on Ascend, ``GPU`` otherwise (the CPU platform
+    of verl_ext/cpu also asks for ``GPU``: the fake GPUs of ``ray_kwargs.ray_init.num_gpus``)."""
+    return "NPU" if device == "npu" else "GPU"
+
+
+def resource_problems(resources: Mapping[str, float], config: DictConfig) -> list[str]:
+    """What the run needs from Ray that ``resources`` (``ray.cluster_resources()``) does not have."""
+    trainer = config.trainer
+    nnodes, per_node = int(trainer.nnodes), int(trainer.n_gpus_per_node)
+    name = accelerator_resource(str(trainer.device))
+    have, need = int(resources.get(name, 0)), nnodes * per_node
+    problems = []
+    if have < need:
+        problems.append(
+            f"Ray sees {have} {name}(s), the run needs trainer.nnodes x trainer.n_gpus_per_node = {nnodes} x "
+            f"{per_node} = {need}; Ray would wait for them forever. On a cluster, start Ray on every node and "
+            f"launch with RAY_ADDRESS=auto NNODES=<nodes> NGPUS_PER_NODE=<GPUs per node>; on a machine without "
+            f"GPUs, train at tiny scale on CPU instead: bash {CPU_RUN}"
+        )
+    backend = config.get("transfer_queue", {}).get("backend", {})
+    if backend.get("storage_backend", "SimpleStorage") == "SimpleStorage":
+        units = int(backend.SimpleStorage.num_data_storage_units)
+        cpus, need_cpus = int(resources.get("CPU", 0)), units + 2
+        if cpus < need_cpus:
+            problems.append(
+                f"Ray sees {cpus} CPU(s), TransferQueue needs {need_cpus}: "
+                f"transfer_queue.backend.SimpleStorage.num_data_storage_units={units} storage actors, its controller "
+                f"and this task runner (1 Ray CPU each); lower num_data_storage_units or give Ray more CPUs "
+                f"(ray_kwargs.ray_init.num_cpus)"
+            )
+    return problems
+
+
+def _writable_folder(path: Path) -> bool:
+    """``path`` is a writable folder, or could be created: its nearest existing ancestor is writable."""
+    for folder in (path, *path.parents):
+        if folder.exists():
+            return folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)
+    return False
+
+
+def path_problems(config: DictConfig) -> list[str]:
+    """The data files, the model folder and the checkpoint folder, as this node sees them."""
+    problems = []
+    for key in ("train_files", "val_files"):
+        for path in _files(config.data.get(key)):
+            if "://" in path:  # remote storage: verl copies it at run time
+                continue
+            if not os.access(Path(path).expanduser(), os.R_OK) or not Path(path).expanduser().is_file():
+                problems.append(f"data.{key}: {path} is not a readable file here")
+    model = Path(str(config.actor_rollout_ref.model.path)).expanduser()
+    if not (model / "config.json").is_file():
+        problems.append(
+            f"actor_rollout_ref.model.path: {model} is not a model folder here (no config.json); the launching "
+            "node resolved it, so it must be on storage every node reads at the same path"
+        )
+    checkpoints = config.trainer.get("default_local_dir")
+    if checkpoints and "://" not in str(checkpoints) and not _writable_folder(Path(str(checkpoints)).expanduser()):
+        problems.append(f"trainer.default_local_dir: {checkpoints} cannot be written here")
+    return problems
+
+
+def node_label() -> str:
+    """This process's host name, and its Ray node id when Ray is running."""
+    label = socket.gethostname()
+    try:
+        import ray
+
+        if ray.is_initialized():
+            label += f" (Ray node {ray.get_runtime_context().get_node_id()})"
+    except Exception:  # the label is for a message; never fail because of it
+        pass
+    return label
+
+
+def check_task_runner_node(config: DictConfig, resources: Mapping[str, Any] | None = None) -> None:
+    """Raise :class:`PreflightError` naming this node if Ray lacks what the run needs or a path is unusable
+    here. ``resources`` defaults to ``ray.cluster_resources()``."""
+    if resources is None:
+        import ray
+
+        resources = ray.cluster_resources()
+    problems = resource_problems(resources, config) + path_problems(config)
+    if problems:
+        raise PreflightError(f"the run cannot start on node {node_label()}:\n  - " + "\n  - ".join(problems))
