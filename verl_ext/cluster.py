@@ -10,6 +10,8 @@ Ray is up, from inside the task runner (which Ray may place on any node of a clu
   saying what Ray sees and what the run needs (docs/cluster.md).
 - **paths**: the data files and the model folder were checked and resolved on the launching node; on a
   cluster they must be readable on this node too (shared storage), and the checkpoint folder writable.
+- **secrets**: wandb runs in the task runner; on a cluster its key comes from this node's environment
+  (docs/cluster.md: the launcher forwards no secret through the config).
 
 :func:`check_task_runner_node` runs both before anything is started; it raises
 :class:`~verl_ext.preflight.PreflightError` naming the node, which ``python -m verl_ext.main`` prints
@@ -94,6 +96,24 @@ def path_problems(config: DictConfig) -> list[str]:
     return problems
 
 
+def secret_problems(config: DictConfig, environ: Mapping[str, str], home: Path) -> list[str]:
+    """wandb among the loggers, online, and no key on this node (``WANDB_API_KEY`` or ``wandb login``'s netrc)."""
+    loggers = config.trainer.get("logger") or []
+    loggers = [loggers] if isinstance(loggers, str) else list(loggers)
+    if "wandb" not in loggers or environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"):
+        return []
+    if environ.get("WANDB_API_KEY"):
+        return []
+    netrc = home / ".netrc"
+    host = environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0].split(":")[0]
+    if netrc.is_file() and host in netrc.read_text(errors="ignore"):
+        return []
+    return [
+        "trainer.logger has wandb but this node has no wandb key (WANDB_API_KEY, or `wandb login`); on a cluster, "
+        "export WANDB_API_KEY before `ray start` on every node, or launch with WANDB_OFFLINE=1 or LOGGER=console"
+    ]
+
+
 def node_label() -> str:
     """This process's host name, and its Ray node id when Ray is running."""
     label = socket.gethostname()
@@ -115,5 +135,6 @@ def check_task_runner_node(config: DictConfig, resources: Mapping[str, Any] | No
 
         resources = ray.cluster_resources()
     problems = resource_problems(resources, config) + path_problems(config)
+    problems += secret_problems(config, os.environ, Path.home())
     if problems:
         raise PreflightError(f"the run cannot start on node {node_label()}:\n  - " + "\n  - ".join(problems))

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from vx_helpers import compose_config
 
-from verl_ext.cluster import check_task_runner_node, path_problems, resource_problems
+from verl_ext.cluster import check_task_runner_node, path_problems, resource_problems, secret_problems
 from verl_ext.preflight import PreflightError
 
 # ray.cluster_resources() of one node with 8 GPUs and 96 CPUs (Ray also lists memory and node:<ip> keys).
@@ -104,3 +104,38 @@ def test_the_error_names_the_node_and_lists_everything(tmp_path):
     assert message.startswith(f"the run cannot start on node {socket.gethostname()}:\n  - Ray sees 0 GPU(s)")
     assert message.count("\n  - ") == 3  # GPUs, CPUs, the model folder
     assert "missing-model is not a model folder here" in message
+
+
+@pytest.mark.parametrize(
+    ("logger", "environ", "netrc", "refused"),
+    [
+        ("[console,wandb]", {}, None, True),
+        ("[console,wandb]", {"WANDB_API_KEY": "k"}, None, False),
+        ("[console,wandb]", {"WANDB_MODE": "offline"}, None, False),
+        ("[console,wandb]", {}, "machine api.wandb.ai\n  login user\n  password k\n", False),  # `wandb login`
+        ("[console,wandb]", {"WANDB_BASE_URL": "https://wandb.example.org"}, "machine api.wandb.ai\n", True),
+        ("[console,file]", {}, None, False),
+    ],
+)
+def test_wandb_needs_a_key_on_this_node(tmp_path, logger, environ, netrc, refused):
+    if netrc is not None:
+        (tmp_path / ".netrc").write_text(netrc)
+    problems = secret_problems(paper_7b(f"trainer.logger={logger}"), environ, tmp_path)
+    assert bool(problems) == refused
+    if refused:
+        assert "export WANDB_API_KEY before `ray start` on every node" in problems[0]
+
+
+@pytest.mark.parametrize("name", ["memagent_7b", "memagent_14b", "tiny_cpu"])
+def test_every_run_gives_its_ray_processes_tq_num_threads_1(name):
+    """TQ_NUM_THREADS=1 on GPU runs as on CPU (docs/cluster.md), as the string Ray's runtime_env wants, and still
+    there after verl merges its own runtime env under ours (what run_ppo passes to ray.init)."""
+    from omegaconf import OmegaConf
+    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+
+    config = compose_config(name, ["+ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE=offline"])  # the launcher's
+    merged = OmegaConf.merge(get_ppo_ray_runtime_env(config), config.ray_kwargs.ray_init.runtime_env)
+    env_vars = OmegaConf.to_container(merged)["env_vars"]
+    assert env_vars["TQ_NUM_THREADS"] == "1"
+    assert env_vars["WANDB_MODE"] == "offline"
+    assert env_vars["VERL_FULL_DETERMINISM"] == "0"  # verl's own entries are kept

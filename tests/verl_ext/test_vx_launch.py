@@ -50,6 +50,7 @@ def test_dry_run_prints_command_and_config(tmp_path, script, size, batch, tp):
         "mode: sync",
         "total_epochs: 1",
         "kl_loss_coef: 0.001",
+        "TQ_NUM_THREADS: '1'",
     ):
         assert line in out, line
     assert not (tmp_path / "runs").exists()  # nothing ran
