@@ -3,8 +3,8 @@
 :mod:`verl_ext.preflight` runs on the launching node before Ray starts. Two things can only be checked once
 Ray is up, from inside the task runner (which Ray may place on any node of a cluster):
 
-- **resources**: verl asks Ray for ``trainer.nnodes x trainer.n_gpus_per_node`` GPUs, and TransferQueue
-  starts a controller and ``num_data_storage_units`` storage actors of 1 Ray CPU each. Ray queues an actor
+- **resources**: verl asks Ray for ``trainer.nnodes x trainer.n_gpus_per_node`` GPUs (with 3 CPUs each), and
+  TransferQueue starts a controller and ``num_data_storage_units`` storage actors of 1 Ray CPU each. Ray queues an actor
   it cannot place and waits, without a message, for a node that may never come: a run on a machine without
   GPUs (or with too few CPUs for the storage actors) hangs in TransferQueue's start-up. We refuse instead,
   saying what Ray sees and what the run needs (docs/cluster.md).
@@ -31,6 +31,7 @@ from omegaconf import DictConfig
 from verl_ext.preflight import PreflightError, _files
 
 CPU_RUN = "scripts/train_tiny_cpu.sh"
+WORKER_CPUS_PER_GPU = 3
 
 
 def accelerator_resource(device: str) -> str:
@@ -53,17 +54,21 @@ def resource_problems(resources: Mapping[str, float], config: DictConfig) -> lis
             f"launch with RAY_ADDRESS=auto NNODES=<nodes> NGPUS_PER_NODE=<GPUs per node>; on a machine without "
             f"GPUs, train at tiny scale on CPU instead: bash {CPU_RUN}"
         )
+    # CPUs: verl's resource pools ask for 3 per GPU bundle (single_controller/ray/base.py, ResourcePoolManager
+    # max_colocate_count=3); TransferQueue's SimpleStorage for 1 per storage actor and 1 for its controller; this
+    # task runner holds 1.
     backend = config.get("transfer_queue", {}).get("backend", {})
+    units = 0
     if backend.get("storage_backend", "SimpleStorage") == "SimpleStorage":
         units = int(backend.SimpleStorage.num_data_storage_units)
-        cpus, need_cpus = int(resources.get("CPU", 0)), units + 2
-        if cpus < need_cpus:
-            problems.append(
-                f"Ray sees {cpus} CPU(s), TransferQueue needs {need_cpus}: "
-                f"transfer_queue.backend.SimpleStorage.num_data_storage_units={units} storage actors, its controller "
-                f"and this task runner (1 Ray CPU each); lower num_data_storage_units or give Ray more CPUs "
-                f"(ray_kwargs.ray_init.num_cpus)"
-            )
+    cpus, need_cpus = int(resources.get("CPU", 0)), WORKER_CPUS_PER_GPU * need + units + 2
+    if cpus < need_cpus:
+        problems.append(
+            f"Ray sees {cpus} CPU(s), the run needs {need_cpus}: {WORKER_CPUS_PER_GPU} per {name} for verl's worker "
+            f"bundles ({WORKER_CPUS_PER_GPU * need}), {units} TransferQueue storage actors "
+            f"(transfer_queue.backend.SimpleStorage.num_data_storage_units), its controller and this task runner "
+            f"(1 each); give Ray more CPUs (ray_kwargs.ray_init.num_cpus) or lower num_data_storage_units"
+        )
     return problems
 
 
@@ -85,7 +90,7 @@ def path_problems(config: DictConfig) -> list[str]:
             if not os.access(Path(path).expanduser(), os.R_OK) or not Path(path).expanduser().is_file():
                 problems.append(f"data.{key}: {path} is not a readable file here")
     model = Path(str(config.actor_rollout_ref.model.path)).expanduser()
-    if not (model / "config.json").is_file():
+    if "://" not in str(model) and not (model / "config.json").is_file():
         problems.append(
             f"actor_rollout_ref.model.path: {model} is not a model folder here (no config.json); the launching "
             "node resolved it, so it must be on storage every node reads at the same path"

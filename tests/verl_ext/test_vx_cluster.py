@@ -28,20 +28,22 @@ def test_a_machine_without_gpus_is_refused_with_the_counts_and_the_cpu_run():
     needs = "the run needs trainer.nnodes x trainer.n_gpus_per_node = 4 x 8 = 32"
     assert problems[0].startswith(f"Ray sees 0 GPU(s), {needs}")
     assert "bash scripts/train_tiny_cpu.sh" in problems[0]
-    # verl's 8 storage actors + TransferQueue's controller + the task runner = 10 CPUs; 2 would hang tq.init.
-    assert problems[1].startswith("Ray sees 2 CPU(s), TransferQueue needs 10")
+    # 3 per GPU (96) + 8 storage actors + TransferQueue's controller + the task runner = 106; 2 would hang tq.init.
+    assert problems[1].startswith("Ray sees 2 CPU(s), the run needs 106: 3 per GPU for verl's worker bundles (96), 8 ")
 
 
 def test_one_node_of_the_four_the_config_asks_for():
     problems = resource_problems(EIGHT_GPU_NODE, paper_7b())
-    assert problems == [problems[0]] and "Ray sees 8 GPU(s)" in problems[0] and "= 32;" in problems[0]
+    assert len(problems) == 2
+    assert problems[0].startswith("Ray sees 8 GPU(s), the run needs trainer.nnodes x trainer.n_gpus_per_node = 4 x 8")
+    assert problems[1].startswith("Ray sees 96 CPU(s), the run needs 106")
 
 
 @pytest.mark.parametrize(
     ("resources", "overrides"),
     [
         (EIGHT_GPU_NODE, ["trainer.nnodes=1"]),  # 1 x 8 = 8
-        ({"CPU": 384.0, "GPU": 32.0}, []),  # 4 nodes' worth: 32
+        ({"CPU": 384.0, "GPU": 32.0}, []),  # 4 nodes' worth: 32 GPUs, 106 CPUs
         ({"CPU": 384.0, "GPU": 40.0}, []),  # more than needed is fine
     ],
 )
@@ -53,10 +55,11 @@ def test_the_cpu_run_with_fake_ray_gpus_passes():
     # tiny_cpu: trainer.device=cpu, 1 x 2 fake GPUs (ray_init.num_gpus=2), 16 logical CPUs, 2 storage units.
     config = compose_config("tiny_cpu")
     assert resource_problems({"CPU": 16.0, "GPU": 2.0}, config) == []
-    assert resource_problems({"CPU": 3.0, "GPU": 2.0}, config) == [
-        "Ray sees 3 CPU(s), TransferQueue needs 4: transfer_queue.backend.SimpleStorage.num_data_storage_units=2 "
-        "storage actors, its controller and this task runner (1 Ray CPU each); lower num_data_storage_units or "
-        "give Ray more CPUs (ray_kwargs.ray_init.num_cpus)"
+    # 3 x 2 + 2 + 1 + 1 = 10
+    assert resource_problems({"CPU": 9.0, "GPU": 2.0}, config) == [
+        "Ray sees 9 CPU(s), the run needs 10: 3 per GPU for verl's worker bundles (6), 2 TransferQueue storage "
+        "actors (transfer_queue.backend.SimpleStorage.num_data_storage_units), its controller and this task runner "
+        "(1 each); give Ray more CPUs (ray_kwargs.ray_init.num_cpus) or lower num_data_storage_units"
     ]
 
 
