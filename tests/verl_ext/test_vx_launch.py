@@ -56,6 +56,21 @@ def test_dry_run_prints_command_and_config(tmp_path, script, size, batch, tp):
     assert not (tmp_path / "runs").exists()  # nothing ran
 
 
+@pytest.mark.parametrize("proj_root", [None, "shared"])
+def test_on_a_cluster_an_unset_proj_root_is_pointed_out(tmp_path, proj_root):
+    """With RAY_ADDRESS, checkpoints under the repository mean the repository must be on shared storage: said."""
+    env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "RAY_ADDRESS": "auto",
+           "DATASET_ROOT": str(tmp_path / "data")}  # fmt: skip
+    env.pop("PROJ_ROOT", None)
+    if proj_root:
+        env["PROJ_ROOT"] = str(tmp_path / proj_root)
+    result = subprocess.run(["bash", str(REPO / "run_memory_7B.sh")], capture_output=True, text=True, env=env,
+                            cwd=tmp_path, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    note = f"[memagent] note: PROJ_ROOT is not set; checkpoints go under the repository ({REPO}/checkpoints/"
+    assert (note in result.stdout) == (proj_root is None)
+
+
 @pytest.mark.slow
 def test_a_real_launch_without_gpus_stops_with_what_is_missing(tmp_path, tiny_model_dir):
     """`bash run_memory_7B.sh` on this GPU-less machine: real data files, a local model folder, a real local Ray.
