@@ -1,21 +1,21 @@
-"""Checks that need the running Ray cluster: what Ray can schedule, and what the task runner's node can read.
+"""Checks that need the running Ray cluster: what Ray can schedule, and what the nodes can read.
 
-:mod:`verl_ext.preflight` runs on the launching node before Ray starts. Two things can only be checked once
+:mod:`verl_ext.preflight` runs on the launching node before Ray starts. Some things can only be checked once
 Ray is up, from inside the task runner (which Ray may place on any node of a cluster):
 
 - **resources**: verl asks Ray for ``trainer.nnodes x trainer.n_gpus_per_node`` GPUs (with 3 CPUs each), and
-  TransferQueue starts a controller and ``num_data_storage_units`` storage actors of 1 Ray CPU each. Ray queues an actor
-  it cannot place and waits, without a message, for a node that may never come: a run on a machine without
-  GPUs (or with too few CPUs for the storage actors) hangs in TransferQueue's start-up. We refuse instead,
-  saying what Ray sees and what the run needs (docs/cluster.md).
+  TransferQueue starts a controller and ``num_data_storage_units`` storage actors of 1 Ray CPU each. Ray
+  queues an actor it cannot place and waits, without a message, for a node that may never come: a run on a
+  machine without GPUs (or with too few CPUs) hangs in TransferQueue's start-up. We refuse instead, saying
+  what Ray sees and what the run needs (docs/cluster.md).
 - **paths**: the data files and the model folder were checked and resolved on the launching node; on a
-  cluster they must be readable on this node too (shared storage), and the checkpoint folder writable.
+  cluster they must be readable on every node too (shared storage), and the checkpoint folder writable.
 - **secrets**: wandb runs in the task runner; on a cluster its key comes from this node's environment
   (docs/cluster.md: the launcher forwards no secret through the config).
 
-:func:`check_task_runner_node` runs both before anything is started; it raises
-:class:`~verl_ext.preflight.PreflightError` naming the node, which ``python -m verl_ext.main`` prints
-(exit status 2).
+:func:`check_task_runner_node` runs them before anything is started (the paths also on the cluster's other
+nodes, by a 0-CPU task on each); it raises :class:`~verl_ext.preflight.PreflightError` naming the node, which
+``python -m verl_ext.main`` prints (exit status 2).
 """
 
 from __future__ import annotations
@@ -132,9 +132,39 @@ def node_label() -> str:
     return label
 
 
+def _node_report(config: DictConfig) -> tuple[str, list[str]]:
+    return node_label(), path_problems(config)
+
+
+def other_nodes_problems(config: DictConfig, node_ids: list[str] | None = None, timeout_s: float = 120) -> list[str]:
+    """:func:`path_problems` on other nodes of the Ray cluster (``node_ids``; default: every other alive node),
+    by a 0-CPU task pinned to each, so that a model folder missing on a GPU node is found before workers start
+    loading it. Each problem names its node."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if node_ids is None:
+        here = ray.get_runtime_context().get_node_id()
+        node_ids = [node["NodeID"] for node in ray.nodes() if node.get("Alive") and node["NodeID"] != here]
+    if not node_ids:
+        return []
+    report = ray.remote(num_cpus=0)(_node_report)
+    refs = [
+        report.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False)).remote(config)
+        for node in node_ids
+    ]
+    try:
+        reports = ray.get(refs, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        return [f"the path check on nodes {', '.join(node_ids)} did not answer within {timeout_s:.0f} s"]
+    return [f"on node {label}: {problem}" for label, problems in reports for problem in problems]
+
+
 def check_task_runner_node(config: DictConfig, resources: Mapping[str, Any] | None = None) -> None:
     """Raise :class:`PreflightError` naming this node if Ray lacks what the run needs or a path is unusable
-    here. ``resources`` defaults to ``ray.cluster_resources()``."""
+    here (then the same paths on the cluster's other nodes). ``resources`` defaults to
+    ``ray.cluster_resources()``; when given, the other nodes are not asked (no Ray needed)."""
+    ask_others = resources is None
     if resources is None:
         import ray
 
@@ -143,3 +173,6 @@ def check_task_runner_node(config: DictConfig, resources: Mapping[str, Any] | No
     problems += secret_problems(config, os.environ, Path.home())
     if problems:
         raise PreflightError(f"the run cannot start on node {node_label()}:\n  - " + "\n  - ".join(problems))
+    elsewhere = other_nodes_problems(config) if ask_others else []
+    if elsewhere:
+        raise PreflightError("the run cannot start:\n  - " + "\n  - ".join(elsewhere))

@@ -10,7 +10,13 @@ import pandas as pd
 import pytest
 from vx_helpers import compose_config
 
-from verl_ext.cluster import check_task_runner_node, path_problems, resource_problems, secret_problems
+from verl_ext.cluster import (
+    check_task_runner_node,
+    other_nodes_problems,
+    path_problems,
+    resource_problems,
+    secret_problems,
+)
 from verl_ext.preflight import PreflightError
 
 # ray.cluster_resources() of one node with 8 GPUs and 96 CPUs (Ray also lists memory and node:<ip> keys).
@@ -142,3 +148,30 @@ def test_every_run_gives_its_ray_processes_tq_num_threads_1(name):
     assert env_vars["TQ_NUM_THREADS"] == "1"
     assert env_vars["WANDB_MODE"] == "offline"
     assert env_vars["VERL_FULL_DETERMINISM"] == "0"  # verl's own entries are kept
+
+
+def test_the_other_nodes_are_asked_by_a_task_pinned_to_each(tmp_path):
+    """A real local Ray (one node): the node check runs as a 0-CPU task pinned to the given node, and its problems
+    come back with that node's name; with no other node, nothing is asked."""
+    import shutil
+    import tempfile
+
+    import ray
+
+    data, _ = make_run_files(tmp_path)
+    config = paper_7b(f"data.train_files={data}", f"data.val_files={data}",
+                      f"actor_rollout_ref.model.path={tmp_path / 'on-the-head-node-only'}",
+                      f"trainer.default_local_dir={tmp_path}/runs")  # fmt: skip
+    ray_tmp = tempfile.mkdtemp(prefix="rc")  # Ray's Unix sockets need a short path
+    ray.init(num_cpus=1, include_dashboard=False, _temp_dir=ray_tmp, log_to_driver=False)
+    try:
+        node = ray.get_runtime_context().get_node_id()
+        assert other_nodes_problems(config) == []  # this is the only node
+        assert other_nodes_problems(config, node_ids=[node]) == [
+            f"on node {socket.gethostname()} (Ray node {node}): actor_rollout_ref.model.path: "
+            f"{tmp_path / 'on-the-head-node-only'} is not a model folder here (no config.json); the launching node "
+            "resolved it, so it must be on storage every node reads at the same path"
+        ]
+    finally:
+        ray.shutdown()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
