@@ -28,8 +28,9 @@
 #   (head)   ray start --head --port=6379        (others) ray start --address=<head-ip>:6379
 # then run the script on the head node with RAY_ADDRESS=auto NNODES=<n>. The data, the model folder and PROJ_ROOT
 # must be on storage every node reads at the same path, and secrets (WANDB_API_KEY) exported before `ray start` on
-# every node: none is forwarded through the config, which verl prints (docs/cluster.md). The task runner re-checks
-# GPUs, CPUs, paths and the wandb key on its own node before anything starts, and names the node if one is missing.
+# every node: none is forwarded through the config, which verl prints (docs/cluster.md). Before anything starts, the
+# task runner checks GPUs, CPUs, the wandb key and the paths on its node, then the paths on every other node; a
+# problem stops the run with a message naming the node (exit status 2).
 #
 # Export a trained checkpoint as a Hugging Face folder (for `vllm serve` and the evaluation harness):
 #   python -m verl.model_merger merge --backend fsdp \
@@ -39,7 +40,7 @@
 set -euo pipefail
 
 if [ $# -lt 3 ]; then
-  sed -n '2,36p' "$0"; exit 2
+  sed -n '2,37p' "$0"; exit 2
 fi
 CONFIG=$1; DEFAULT_MODEL=$2; DEFAULT_NNODES=$3; shift 3
 
