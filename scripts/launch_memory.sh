@@ -40,7 +40,7 @@
 set -euo pipefail
 
 if [ $# -lt 3 ]; then
-  sed -n '2,37p' "$0"; exit 2
+  sed -n '2,39p' "$0"; exit 2
 fi
 CONFIG=$1; DEFAULT_MODEL=$2; DEFAULT_NNODES=$3; shift 3
 
