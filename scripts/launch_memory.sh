@@ -26,7 +26,11 @@
 #
 # Several nodes: start Ray yourself with the same environment and code on every node
 #   (head)   ray start --head --port=6379        (others) ray start --address=<head-ip>:6379
-# then run the script on the head node with RAY_ADDRESS=auto NNODES=<n>.
+# then run the script on the head node with RAY_ADDRESS=auto NNODES=<n>. The data, the model folder and PROJ_ROOT
+# must be on storage every node reads at the same path, and secrets (WANDB_API_KEY) exported before `ray start` on
+# every node: none is forwarded through the config, which verl prints (docs/cluster.md). Before anything starts, the
+# task runner checks GPUs, CPUs, the wandb key and the paths on its node, then the paths on every other node; a
+# problem stops the run with a message naming the node (exit status 2).
 #
 # Export a trained checkpoint as a Hugging Face folder (for `vllm serve` and the evaluation harness):
 #   python -m verl.model_merger merge --backend fsdp \
@@ -36,11 +40,12 @@
 set -euo pipefail
 
 if [ $# -lt 3 ]; then
-  sed -n '2,33p' "$0"; exit 2
+  sed -n '2,39p' "$0"; exit 2
 fi
 CONFIG=$1; DEFAULT_MODEL=$2; DEFAULT_NNODES=$3; shift 3
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
+PROJ_ROOT_SET=${PROJ_ROOT:-}
 PROJ_ROOT=${PROJ_ROOT:-$REPO/checkpoints}
 DATASET_ROOT=${DATASET_ROOT:-$REPO/data}
 MODEL_PATH=${MODEL_PATH:-$DEFAULT_MODEL}
@@ -82,6 +87,10 @@ fi
 ARGS+=("$@")
 
 echo "[memagent] ${RAY_ADDRESS:+Ray cluster $RAY_ADDRESS, }$NNODES node(s) x $NGPUS_PER_NODE GPU(s), run folder $RUN_DIR"
+if [ -n "${RAY_ADDRESS:-}" ] && [ -z "${PROJ_ROOT_SET:-}" ]; then
+  echo "[memagent] note: PROJ_ROOT is not set; checkpoints go under the repository ($RUN_DIR), which every node" \
+    "must reach at the same path (shared storage; docs/cluster.md)"
+fi
 printf '[memagent] command:'; printf ' %q' "$PYTHON" -m verl_ext.main "${ARGS[@]}"; echo
 if [ "${DRY_RUN:-0}" = 1 ]; then
   echo "[memagent] DRY_RUN=1: composed config follows; not starting"

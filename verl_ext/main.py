@@ -49,7 +49,9 @@ def main(config: DictConfig) -> None:
     try:
         run(config)
     except PreflightError as err:  # a configuration problem, not a crash: the message says what to fix
-        print(f"[memagent] {err}", file=sys.stderr)
+        # Raised in the task runner (verl_ext.cluster), it arrives wrapped in Ray's RayTaskError, which is also a
+        # PreflightError; its `cause` is the original, without the remote traceback.
+        print(f"[memagent] {getattr(err, 'cause', None) or err}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -290,6 +290,11 @@ class RecurrentTaskRunner:
         from verl.utils.import_utils import load_class_from_fqn
         from verl.utils.logging_utils import configure_verl_logging
 
+        from verl_ext.cluster import check_task_runner_node
+
+        # Before anything can wait on Ray for resources it lacks (tq.init would hang): GPUs, CPUs, and the paths
+        # resolved on the launching node, as this node sees them.
+        check_task_runner_node(config)
         configure_verl_logging()
         check_registrations()
         config.transfer_queue.enable = True

@@ -1,14 +1,19 @@
 """The launch scripts: DRY_RUN prints the full command and the composed (resolved) config and exits 0 on a CPU
-machine, without starting Ray."""
+machine, without starting Ray; a real launch on a machine without GPUs stops with what is missing."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
+from vx_helpers import session_members
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,6 +50,61 @@ def test_dry_run_prints_command_and_config(tmp_path, script, size, batch, tp):
         "mode: sync",
         "total_epochs: 1",
         "kl_loss_coef: 0.001",
+        "TQ_NUM_THREADS: '1'",
     ):
         assert line in out, line
     assert not (tmp_path / "runs").exists()  # nothing ran
+
+
+@pytest.mark.parametrize("proj_root", [None, "shared"])
+def test_on_a_cluster_an_unset_proj_root_is_pointed_out(tmp_path, proj_root):
+    """With RAY_ADDRESS, checkpoints under the repository mean the repository must be on shared storage: said."""
+    env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "RAY_ADDRESS": "auto",
+           "DATASET_ROOT": str(tmp_path / "data")}  # fmt: skip
+    env.pop("PROJ_ROOT", None)
+    if proj_root:
+        env["PROJ_ROOT"] = str(tmp_path / proj_root)
+    result = subprocess.run(["bash", str(REPO / "run_memory_7B.sh")], capture_output=True, text=True, env=env,
+                            cwd=tmp_path, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    note = f"[memagent] note: PROJ_ROOT is not set; checkpoints go under the repository ({REPO}/checkpoints/"
+    assert (note in result.stdout) == (proj_root is None)
+
+
+@pytest.mark.slow
+def test_a_real_launch_without_gpus_stops_with_what_is_missing(tmp_path, tiny_model_dir):
+    """`bash run_memory_7B.sh` on this GPU-less machine: real data files, a local model folder, a real local Ray.
+    The task runner finds 0 GPUs for 4 x 8 and refuses before TransferQueue starts (which would wait forever)."""
+    from verl_ext.cpu.toy_data import write
+
+    data = tmp_path / "data" / "hotpotqa"
+    data.mkdir(parents=True)
+    files = write(tmp_path / "generated", train=4, val=2, task="memory")
+    shutil.copy(files["train"], data / "hotpotqa_train_32k.parquet")
+    shutil.copy(files["dev"], data / "hotpotqa_dev.parquet")
+    ray_tmp = tempfile.mkdtemp(prefix="rc")  # Ray's Unix sockets need a short path
+    env = {**os.environ, "PYTHON": sys.executable, "PROJ_ROOT": str(tmp_path / "runs"),
+           "DATASET_ROOT": str(tmp_path / "data"), "MODEL_PATH": tiny_model_dir, "LOGGER": "console"}  # fmt: skip
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen(
+        ["bash", str(REPO / "run_memory_7B.sh"), f"++ray_kwargs.ray_init._temp_dir={ray_tmp}"],
+        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        output, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail("the launcher did not stop within 120 s:\n" + output[-3000:])
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert proc.returncode == 2, output[-3000:]
+    assert "[memagent] the run cannot start on node " in output
+    assert "Ray sees 0 GPU(s), the run needs trainer.nnodes x trainer.n_gpus_per_node = 4 x 8 = 32" in output
+    assert "bash scripts/train_tiny_cpu.sh" in output
+    assert "Traceback" not in output  # a message to read, not a crash
+    deadline = time.monotonic() + 15  # Ray's daemons stop with the driver; give them a moment to exit
+    while session_members(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not session_members(proc.pid), "processes of the run were left behind"

@@ -10,9 +10,12 @@ and the advantages are non-zero. Columns, as verl's ``RLHFDataset`` expects (``u
 ``memory`` (the ``memory_agent`` loop): a needle in a haystack. A question "What is the <key>?" about a
 generated document (``context`` column: 8-24 filler sentences, about 80-250 tokens of the tiny tokenizer, i.e.
 2-4 chunks of 64 tokens, with the fact "The <key> is <number>." at a random place), the number as the answer;
-scored by :func:`verl_ext.cpu.toy_reward.compute_memory_score`.
+scored by :func:`verl_ext.cpu.toy_reward.compute_memory_score`. ``--sentences MIN MAX`` sets the document
+length: ``--sentences 2900 3200`` makes paper-size documents of about 28K tokens (about 9 tokens per sentence,
+measured with SmolLM2's tokenizer), 6 chunks of 5000 tokens (scripts/smoke_gpu.sh).
 
     python -m verl_ext.cpu.toy_data --out DIR [--task copy|memory] [--train 32] [--val 8] [--seed 0]
+                                    [--sentences MIN MAX]
 
 writes ``DIR/train.parquet`` and ``DIR/val.parquet`` (and ``DIR/dev.parquet``, the same rows, the name the
 memory configs use).
@@ -79,16 +82,28 @@ def make_memory_rows(count: int, split: str, seed: int, sentences: tuple[int, in
 TASKS = {"copy": make_rows, "memory": make_memory_rows}
 
 
-def write(out: str | Path, train: int = 32, val: int = 8, seed: int = 0, task: str = "copy") -> dict[str, Path]:
-    """Write ``train.parquet`` and ``val.parquet`` (+ ``dev.parquet``, a copy) under ``out``; returns the paths."""
+def write(
+    out: str | Path,
+    train: int = 32,
+    val: int = 8,
+    seed: int = 0,
+    task: str = "copy",
+    sentences: tuple[int, int] | None = None,
+) -> dict[str, Path]:
+    """Write ``train.parquet`` and ``val.parquet`` (+ ``dev.parquet``, a copy) under ``out``; returns the paths.
+    ``sentences`` (memory task only): the (min, max) filler sentences of a document."""
     import pandas as pd
+
+    if sentences is not None and task != "memory":
+        raise ValueError("sentences sets the document length of the memory task only")
+    kwargs = {} if sentences is None else {"sentences": sentences}
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
     for split, count in (("train", train), ("val", val)):
         path = out / f"{split}.parquet"
-        pd.DataFrame(TASKS[task](count, split, seed)).to_parquet(path)
+        pd.DataFrame(TASKS[task](count, split, seed, **kwargs)).to_parquet(path)
         paths[split] = path
     paths["dev"] = out / "dev.parquet"
     paths["dev"].write_bytes(paths["val"].read_bytes())
@@ -102,8 +117,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train", type=int, default=32)
     parser.add_argument("--val", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sentences", type=int, nargs=2, metavar=("MIN", "MAX"), help="memory: document length")
     args = parser.parse_args(argv)
-    for split, path in write(args.out, args.train, args.val, args.seed, args.task).items():
+    sentences = tuple(args.sentences) if args.sentences else None
+    for split, path in write(args.out, args.train, args.val, args.seed, args.task, sentences).items():
         print(f"{split}: {path}")
 
 

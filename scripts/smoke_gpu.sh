@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# One-node smoke check of a GPU machine, to run before a multi-day MemAgent job (docs/cluster.md).
+#
+#   bash scripts/smoke_gpu.sh [hydra overrides]          DRY_RUN=1 bash scripts/smoke_gpu.sh   (print, do not run)
+#
+# The trainer of the paper runs (python -m verl_ext.main, configs/smoke_gpu.yaml on recurrent_trainer.yaml), on this
+# node only (its own local Ray), with the paper's token budgets (chunk 5000, memory 1024, up to 8 chunks, vLLM
+# context 9216) on a small instruct model: 16 generated questions about ~28K-token documents (6 chunks; written
+# once under OUT_DIR/data), rollout.n=4, validation before training and after the last step, 2 training steps,
+# a checkpoint at step 2, console + JSONL metrics, verl's memory logging (VERL_LOGGING_LEVEL=DEBUG).
+# At the end: seconds per phase and step, and peak GPU memory per phase (scripts/smoke_report.py). The exit status
+# is non-zero on any failure: the trainer's, or a step, a validation or the checkpoint missing.
+#
+# Environment:
+#   MODEL_PATH   a local model folder, or a hub id already in the local Hugging Face cache
+#                (default Qwen/Qwen2.5-0.5B-Instruct; download it beforehand: huggingface-cli download <id>)
+#   NGPUS        GPUs of this node to train on (default: those nvidia-smi lists)
+#   OUT_DIR      everything the check writes: data/, checkpoints/, metrics.jsonl, train.log, hydra/
+#                (default <repository>/checkpoints/smoke_gpu)
+#   DRY_RUN      1: print the command and the composed config (resolved), then exit (no Ray, no GPU, no files)
+#   PYTHON       the interpreter (default: the repository's .venv, else python3)
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x "$REPO/.venv/bin/python" ]; then PYTHON=$REPO/.venv/bin/python; else PYTHON=python3; fi
+fi
+MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-0.5B-Instruct}
+OUT_DIR=${OUT_DIR:-$REPO/checkpoints/smoke_gpu}
+if [ -z "${NGPUS:-}" ]; then
+  NGPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  if [ "${NGPUS:-0}" -lt 1 ]; then NGPUS=1; fi  # no GPU seen: the task runner's check says so (and exits 2)
+fi
+STEPS=2
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1  # nothing is downloaded at run time
+
+# The model, resolved here as the run's pre-flight would: a clear message and exit 2 if it is not on this machine.
+resolve='import sys
+from recurrent.models import ModelNotAvailableError, resolve_model_path
+try:
+    print(resolve_model_path(sys.argv[1]))
+except ModelNotAvailableError as err:
+    sys.exit(f"[smoke] {err}")'
+MODEL_DIR=$(cd "$REPO" && "$PYTHON" -c "$resolve" "$MODEL_PATH") || exit 2
+
+DATA=$OUT_DIR/data
+ARGS=(
+  --config-name smoke_gpu
+  "actor_rollout_ref.model.path=$MODEL_DIR"
+  "data.train_files=$DATA/train.parquet"
+  "data.val_files=$DATA/dev.parquet"
+  "trainer.n_gpus_per_node=$NGPUS"
+  "trainer.total_training_steps=$STEPS"
+  "trainer.default_local_dir=$OUT_DIR/checkpoints"
+  "hydra.run.dir=$OUT_DIR/hydra/\${now:%Y-%m-%d_%H-%M-%S}"
+  # One node: a Ray of its own, even where `ray start` already runs a cluster on this machine.
+  "++ray_kwargs.ray_init.address=local"
+  "++ray_kwargs.ray_init.runtime_env.env_vars.VERL_LOGGING_LEVEL='${VERL_LOGGING_LEVEL:-DEBUG}'"
+)
+ARGS+=("$@")
+
+echo "[smoke] this node, $NGPUS GPU(s), model $MODEL_DIR, out $OUT_DIR"
+printf '[smoke] command:'; printf ' %q' "$PYTHON" -m verl_ext.main "${ARGS[@]}"; echo
+if [ "${DRY_RUN:-0}" = 1 ]; then
+  echo "[smoke] DRY_RUN=1: composed config follows; not starting"
+  cd "$REPO"
+  exec "$PYTHON" -m verl_ext.main "${ARGS[@]}" --cfg job --resolve
+fi
+
+mkdir -p "$OUT_DIR"
+# 16 questions (2 steps of 8) and 4 to validate, each about a document of 2900-3200 filler sentences: ~28K tokens.
+if [[ ! -f "$DATA/train.parquet" || ! -f "$DATA/dev.parquet" ]]; then
+  (cd "$REPO" && "$PYTHON" -m verl_ext.cpu.toy_data --task memory --train 16 --val 4 --sentences 2900 3200 \
+    --out "$DATA" >/dev/null)
+fi
+export VERL_LOGGING_LEVEL=${VERL_LOGGING_LEVEL:-DEBUG} PYTHONUNBUFFERED=1
+export VERL_FILE_LOGGER_PATH=$OUT_DIR/metrics.jsonl  # verl's file logger; truncated by each run
+LOG=$OUT_DIR/train.log
+unset RAY_ADDRESS
+
+session_pids() {
+  # Pids of the live processes in session $1 (read from /proc/<pid>/stat: "... ) state ppid pgrp session ...").
+  local sid="$1" f stat fields
+  for f in /proc/[0-9]*/stat; do
+    stat="$(cat "$f" 2>/dev/null)" || continue
+    read -r -a fields <<< "${stat##*) }"
+    if [[ "${fields[3]}" == "$sid" && "${fields[0]}" != "Z" ]]; then f="${f#/proc/}"; echo "${f%/stat}"; fi
+  done
+}
+cleanup() {
+  # The trainer runs in its own session (setsid below), and so do Ray's daemons, workers and vLLM servers: end
+  # whatever of it is still alive (a crash, Ctrl-C), by pid.
+  local pids
+  if [[ -n "${TRAINER_PID:-}" ]]; then
+    pids="$(session_pids "$TRAINER_PID")"
+    if [[ -n "$pids" ]]; then
+      kill -TERM $pids 2>/dev/null || true
+      sleep 5
+      pids="$(session_pids "$TRAINER_PID")"
+      [[ -z "$pids" ]] || kill -KILL $pids 2>/dev/null || true
+    fi
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+cd "$REPO"
+start=$(date +%s)
+set +e
+setsid "$PYTHON" -m verl_ext.main "${ARGS[@]}" > >(tee "$LOG") 2>&1 &
+TRAINER_PID=$!
+wait "$TRAINER_PID"
+rc=$?
+set -e
+wall=$(( $(date +%s) - start ))
+echo
+echo "[smoke] trainer rc=$rc, ${wall}s; log $LOG, metrics $VERL_FILE_LOGGER_PATH"
+report_rc=0
+"$PYTHON" "$REPO/scripts/smoke_report.py" --metrics "$VERL_FILE_LOGGER_PATH" --log "$LOG" \
+  --checkpoints "$OUT_DIR/checkpoints" --steps "$STEPS" || report_rc=$?
+if [ "$rc" -ne 0 ]; then echo "[smoke] FAILED: the trainer exited with $rc"; exit "$rc"; fi
+if [ "$report_rc" -ne 0 ]; then exit "$report_rc"; fi
+echo "[smoke] OK: validation, $STEPS steps and a checkpoint on this node"

@@ -1,0 +1,177 @@
+"""Checks of the running cluster (verl_ext.cluster): what Ray can schedule for the run, and the paths as the task
+runner's node sees them. Inputs are real: cluster-resource dicts as ``ray.cluster_resources()`` returns them, and
+real files and folders under tmp_path."""
+
+from __future__ import annotations
+
+import socket
+
+import pandas as pd
+import pytest
+from vx_helpers import compose_config
+
+from verl_ext.cluster import (
+    check_task_runner_node,
+    other_nodes_problems,
+    path_problems,
+    resource_problems,
+    secret_problems,
+)
+from verl_ext.preflight import PreflightError
+
+# ray.cluster_resources() of one node with 8 GPUs and 96 CPUs (Ray also lists memory and node:<ip> keys).
+EIGHT_GPU_NODE = {"CPU": 96.0, "GPU": 8.0, "memory": 1.2e12, "object_store_memory": 2e11, "node:10.0.0.1": 1.0}
+
+
+def paper_7b(*overrides: str):
+    return compose_config("memagent_7b", list(overrides))
+
+
+def test_a_machine_without_gpus_is_refused_with_the_counts_and_the_cpu_run():
+    problems = resource_problems({"CPU": 2.0, "memory": 8e9}, paper_7b())
+    assert len(problems) == 2
+    # 4 nodes x 8 GPUs = 32 (memagent_7b's defaults), Ray sees none.
+    needs = "the run needs trainer.nnodes x trainer.n_gpus_per_node = 4 x 8 = 32"
+    assert problems[0].startswith(f"Ray sees 0 GPU(s), {needs}")
+    assert "bash scripts/train_tiny_cpu.sh" in problems[0]
+    # 3 per GPU (96) + 8 storage actors + TransferQueue's controller + the task runner = 106; 2 would hang tq.init.
+    assert problems[1].startswith("Ray sees 2 CPU(s), the run needs 106: 3 per GPU for verl's worker bundles (96), 8 ")
+
+
+def test_one_node_of_the_four_the_config_asks_for():
+    problems = resource_problems(EIGHT_GPU_NODE, paper_7b())
+    assert len(problems) == 2
+    assert problems[0].startswith("Ray sees 8 GPU(s), the run needs trainer.nnodes x trainer.n_gpus_per_node = 4 x 8")
+    assert problems[1].startswith("Ray sees 96 CPU(s), the run needs 106")
+
+
+@pytest.mark.parametrize(
+    ("resources", "overrides"),
+    [
+        (EIGHT_GPU_NODE, ["trainer.nnodes=1"]),  # 1 x 8 = 8
+        ({"CPU": 384.0, "GPU": 32.0}, []),  # 4 nodes' worth: 32 GPUs, 106 CPUs
+        ({"CPU": 384.0, "GPU": 40.0}, []),  # more than needed is fine
+    ],
+)
+def test_enough_gpus_and_cpus_pass(resources, overrides):
+    assert resource_problems(resources, paper_7b(*overrides)) == []
+
+
+def test_the_cpu_run_with_fake_ray_gpus_passes():
+    # tiny_cpu: trainer.device=cpu, 1 x 2 fake GPUs (ray_init.num_gpus=2), 16 logical CPUs, 2 storage units.
+    config = compose_config("tiny_cpu")
+    assert resource_problems({"CPU": 16.0, "GPU": 2.0}, config) == []
+    # 3 x 2 + 2 + 1 + 1 = 10
+    assert resource_problems({"CPU": 9.0, "GPU": 2.0}, config) == [
+        "Ray sees 9 CPU(s), the run needs 10: 3 per GPU for verl's worker bundles (6), 2 TransferQueue storage "
+        "actors (transfer_queue.backend.SimpleStorage.num_data_storage_units), its controller and this task runner "
+        "(1 each); give Ray more CPUs (ray_kwargs.ray_init.num_cpus) or lower num_data_storage_units"
+    ]
+
+
+def test_ascend_counts_npus():
+    config = paper_7b("trainer.nnodes=1", "trainer.device=npu")
+    assert resource_problems(EIGHT_GPU_NODE, config)[0].startswith("Ray sees 0 NPU(s)")
+    assert resource_problems({"CPU": 96.0, "NPU": 8.0}, config) == []
+
+
+def make_run_files(tmp_path):
+    data = tmp_path / "train.parquet"
+    pd.DataFrame([{"prompt": "q", "context": "c"}]).to_parquet(data)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    return data, model
+
+
+def test_paths_seen_from_this_node(tmp_path):
+    data, model = make_run_files(tmp_path)
+    config = paper_7b(f"data.train_files={data}", f"data.val_files={data}", f"actor_rollout_ref.model.path={model}",
+                      f"trainer.default_local_dir={tmp_path}/runs/7B")  # fmt: skip
+    assert path_problems(config) == []  # runs/7B does not exist yet, but tmp_path is writable
+
+    missing = tmp_path / "elsewhere" / "dev.parquet"
+    config = paper_7b(f"data.train_files={data}", f"data.val_files=[{missing},hdfs://cluster/dev.parquet]",
+                      f"actor_rollout_ref.model.path={tmp_path / 'not-here'}",
+                      f"trainer.default_local_dir={data}/checkpoints")  # fmt: skip
+    assert path_problems(config) == [
+        f"data.val_files: {missing} is not a readable file here",
+        f"actor_rollout_ref.model.path: {tmp_path / 'not-here'} is not a model folder here (no config.json); the "
+        "launching node resolved it, so it must be on storage every node reads at the same path",
+        f"trainer.default_local_dir: {data}/checkpoints cannot be written here",  # under a file
+    ]
+
+
+def test_the_error_names_the_node_and_lists_everything(tmp_path):
+    data, _ = make_run_files(tmp_path)
+    config = paper_7b(f"data.train_files={data}", f"data.val_files={data}",
+                      f"actor_rollout_ref.model.path={tmp_path / 'missing-model'}",
+                      f"trainer.default_local_dir={tmp_path}/runs")  # fmt: skip
+    with pytest.raises(PreflightError) as err:
+        check_task_runner_node(config, resources={"CPU": 2.0})
+    message = str(err.value)
+    assert message.startswith(f"the run cannot start on node {socket.gethostname()}:\n  - Ray sees 0 GPU(s)")
+    assert message.count("\n  - ") == 3  # GPUs, CPUs, the model folder
+    assert "missing-model is not a model folder here" in message
+
+
+@pytest.mark.parametrize(
+    ("logger", "environ", "netrc", "refused"),
+    [
+        ("[console,wandb]", {}, None, True),
+        ("[console,wandb]", {"WANDB_API_KEY": "k"}, None, False),
+        ("[console,wandb]", {"WANDB_MODE": "offline"}, None, False),
+        ("[console,wandb]", {}, "machine api.wandb.ai\n  login user\n  password k\n", False),  # `wandb login`
+        ("[console,wandb]", {"WANDB_BASE_URL": "https://wandb.example.org"}, "machine api.wandb.ai\n", True),
+        ("[console,file]", {}, None, False),
+    ],
+)
+def test_wandb_needs_a_key_on_this_node(tmp_path, logger, environ, netrc, refused):
+    if netrc is not None:
+        (tmp_path / ".netrc").write_text(netrc)
+    problems = secret_problems(paper_7b(f"trainer.logger={logger}"), environ, tmp_path)
+    assert bool(problems) == refused
+    if refused:
+        assert "export WANDB_API_KEY before `ray start` on every node" in problems[0]
+
+
+@pytest.mark.parametrize("name", ["memagent_7b", "memagent_14b", "tiny_cpu"])
+def test_every_run_gives_its_ray_processes_tq_num_threads_1(name):
+    """TQ_NUM_THREADS=1 on GPU runs as on CPU (docs/cluster.md), as the string Ray's runtime_env wants, and still
+    there after verl merges its own runtime env under ours (what run_ppo passes to ray.init)."""
+    from omegaconf import OmegaConf
+    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+
+    config = compose_config(name, ["+ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE=offline"])  # the launcher's
+    merged = OmegaConf.merge(get_ppo_ray_runtime_env(config), config.ray_kwargs.ray_init.runtime_env)
+    env_vars = OmegaConf.to_container(merged)["env_vars"]
+    assert env_vars["TQ_NUM_THREADS"] == "1"
+    assert env_vars["WANDB_MODE"] == "offline"
+    assert env_vars["VERL_FULL_DETERMINISM"] == "0"  # verl's own entries are kept
+
+
+def test_the_other_nodes_are_asked_by_a_task_pinned_to_each(tmp_path):
+    """A real local Ray (one node): the node check runs as a 0-CPU task pinned to the given node, and its problems
+    come back with that node's name; with no other node, nothing is asked."""
+    import shutil
+    import tempfile
+
+    import ray
+
+    data, _ = make_run_files(tmp_path)
+    config = paper_7b(f"data.train_files={data}", f"data.val_files={data}",
+                      f"actor_rollout_ref.model.path={tmp_path / 'on-the-head-node-only'}",
+                      f"trainer.default_local_dir={tmp_path}/runs")  # fmt: skip
+    ray_tmp = tempfile.mkdtemp(prefix="rc")  # Ray's Unix sockets need a short path
+    ray.init(num_cpus=1, include_dashboard=False, _temp_dir=ray_tmp, log_to_driver=False)
+    try:
+        node = ray.get_runtime_context().get_node_id()
+        assert other_nodes_problems(config) == []  # this is the only node
+        assert other_nodes_problems(config, node_ids=[node]) == [
+            f"on node {socket.gethostname()} (Ray node {node}): actor_rollout_ref.model.path: "
+            f"{tmp_path / 'on-the-head-node-only'} is not a model folder here (no config.json); the launching node "
+            "resolved it, so it must be on storage every node reads at the same path"
+        ]
+    finally:
+        ray.shutdown()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
