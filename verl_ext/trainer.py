@@ -90,6 +90,7 @@ class RecurrentPPOTrainer(PPOTrainerSync):
     _dump_extra: dict[str, dict[str, Any]] | None = None
     _plan: MiniBatchPlan | None = None  # this step's mini-batches (None: verl's row counting)
     _minibatch_of: dict[str, int] | None = None  # row key -> update index, for the rollout dump
+    _failed_groups: frozenset[str] = frozenset()  # prompt groups of this step whose rollout failed
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -101,12 +102,11 @@ class RecurrentPPOTrainer(PPOTrainerSync):
         poll = recurrent_section(self.config).get("replay_poll_interval_s")
         if poll is not None:
             self.replay_buffer.poll_interval = float(poll)
-        self._failed_groups: set[str] = set()
 
     def on_sample_end(self):
         # The prompt groups of this step whose rollout failed somewhere (verl 0.9.1's replay buffer keeps the set
         # of the last poll; the failed trajectories stored no rows, verl_ext/agent_loop_manager.py).
-        self._failed_groups = set(getattr(self.replay_buffer, "failure_keys", {}).get("train", ()))
+        self._failed_groups = frozenset(getattr(self.replay_buffer, "failure_keys", {}).get("train", ()))
         super().on_sample_end()
 
     # ---- the paper's updates per step (verl_ext/minibatch.py, docs/fidelity.md "Mini-batches") ----
@@ -210,7 +210,7 @@ class RecurrentPPOTrainer(PPOTrainerSync):
         super()._dump_generations(inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path)
 
 
-def failure_metrics(keys: list[str], failed_groups: set[str], n: int) -> dict[str, int]:
+def failure_metrics(keys: list[str], failed_groups: frozenset[str] | set[str], n: int) -> dict[str, int]:
     """Prompt groups of the step with a failed rollout, and the trajectories they lost (``n`` minus those that
     stored rows)."""
     present: dict[str, set[str]] = {uid: set() for uid in failed_groups}

@@ -4,6 +4,7 @@ stores them; and DAPO group filtering in verl's replay buffer on such rows (whol
 from __future__ import annotations
 
 import pytest
+from omegaconf import OmegaConf
 import torch
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1 import replay_buffer as rb_module
@@ -81,9 +82,12 @@ def test_trainer_adds_them_without_the_padding_rows(monkeypatch):
     monkeypatch.setattr(trainer_module.tq, "kv_batch_get", kv_batch_get)
     batch = KVBatchMeta(keys=[*keys, pad_key], tags=[{} for _ in keys] + [{"is_padding": True}], partition_id="train")
     metrics: dict = {}
-    trainer_module.RecurrentPPOTrainer._compute_metrics(object.__new__(trainer_module.RecurrentPPOTrainer),
-                                                        batch, metrics, {}, 1, 0)  # fmt: skip
-    assert metrics == pytest.approx(memagent_metrics_from_rows(keys, list_of_dict_to_tensordict(rows)))
+    trainer = object.__new__(trainer_module.RecurrentPPOTrainer)
+    trainer.config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"n": 2}}})
+    trainer_module.RecurrentPPOTrainer._compute_metrics(trainer, batch, metrics, {}, 1, 0)
+    expected = memagent_metrics_from_rows(keys, list_of_dict_to_tensordict(rows))
+    expected.update({"memagent/rollout/failed_groups": 0, "memagent/rollout/failed_trajectories": 0})
+    assert metrics == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("metric", ["acc", "reward"])
