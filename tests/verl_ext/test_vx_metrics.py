@@ -4,8 +4,8 @@ stores them; and DAPO group filtering in verl's replay buffer on such rows (whol
 from __future__ import annotations
 
 import pytest
-from omegaconf import OmegaConf
 import torch
+from omegaconf import OmegaConf
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1 import replay_buffer as rb_module
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer
