@@ -26,8 +26,10 @@ from pprint import pprint
 from typing import Any
 
 import ray
+import torch
 import transfer_queue as tq
 from omegaconf import DictConfig, OmegaConf
+from tensordict import TensorDict
 from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.seqlen_balancing import log_seqlen_unbalance
@@ -95,6 +97,7 @@ class RecurrentPPOTrainer(PPOTrainerSync):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.minibatch_mode = minibatch_mode(self.config)
+        credit_mode(self.config)  # a typo fails here, not after the first rollout
         if self.minibatch_mode != "rows":
             check_minibatch_contract()
         # verl's replay buffer checks for finished rollouts every poll_interval seconds (2.0, a constructor
@@ -177,6 +180,23 @@ class RecurrentPPOTrainer(PPOTrainerSync):
         finally:
             worker_group.update_actor = send
 
+    # ---- credit assignment (recurrent.credit; docs/fidelity.md "Credit on every turn") ----
+
+    def _compute_advantage(self, batch, metrics):
+        batch = super()._compute_advantage(batch, metrics)
+        if credit_mode(self.config) == "final":
+            memory = memory_row_keys(batch.keys, batch.tags)
+            if memory:  # no loss on memory turns: zero mask (no policy-gradient, KL or token count) and advantage
+                rows = tq.kv_batch_get(keys=memory, partition_id=batch.partition_id, select_fields=["response_mask"])
+                zeros = [torch.zeros_like(mask) for mask in rows["response_mask"].unbind(0)]
+                fields = {
+                    "response_mask": torch.nested.as_nested_tensor(zeros, layout=torch.jagged),
+                    "advantages": torch.nested.as_nested_tensor([z.float() for z in zeros], layout=torch.jagged),
+                }
+                tq.kv_batch_put(keys=memory, partition_id=batch.partition_id, fields=TensorDict(fields, len(memory)))
+            metrics["memagent/credit/memory_rows_masked"] = len(memory)
+        return batch
+
     # ---- metrics and dumps ----
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
@@ -208,6 +228,28 @@ class RecurrentPPOTrainer(PPOTrainerSync):
                 **{name: [values[key] for key in keys] for name, values in self._dump_extra.items()},
             }
         super()._dump_generations(inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path)
+
+
+CREDIT_MODES = ("all", "final")
+
+
+def credit_mode(config: Any) -> str:
+    """``recurrent.credit``: ``all`` (the paper: the final answer's advantage on every turn of the trajectory) or
+    ``final`` (the ablation: only the answer turn is trained; memory turns carry no advantage and no loss)."""
+    mode = str(config.recurrent.get("credit", "all"))
+    if mode not in CREDIT_MODES:
+        raise ValueError(f"recurrent.credit must be one of {CREDIT_MODES}, got {mode!r}")
+    return mode
+
+
+def memory_row_keys(keys: list[str], tags: list[dict]) -> list[str]:
+    """The rows of a step that are not the last row of their trajectory (memory turns); padding rows excluded."""
+    last: dict[str, int] = {}
+    real = [key for key, tag in zip(keys, tags, strict=True) if not tag.get("is_padding", False)]
+    for key in real:
+        trajectory, index = split_key(key)
+        last[trajectory] = max(index, last.get(trajectory, index))
+    return [key for key in real if split_key(key)[1] < last[split_key(key)[0]]]
 
 
 def failure_metrics(keys: list[str], failed_groups: frozenset[str] | set[str], n: int) -> dict[str, int]:

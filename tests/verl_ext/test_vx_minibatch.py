@@ -149,3 +149,14 @@ def test_optimizer_updates_read_from_the_actor_report():
 
     assert optimizer_updates({"grad_norm": [0.5, 0.25], "pg_loss": [0.1, 0.2, 0.3, 0.4]}) == 2
     assert optimizer_updates({"pg_loss": 0.1}) is None
+
+
+def test_memory_rows_are_all_but_each_trajectorys_last():
+    from verl_ext.trainer import credit_mode, memory_row_keys
+
+    keys = ["u_0_0", "u_0_1", "u_0_2", "u_1_0", "v_0_1", "v_0_0", "pad9_0_0"]
+    tags = [{}] * 6 + [{"is_padding": True}]
+    assert memory_row_keys(keys, tags) == ["u_0_0", "u_0_1", "v_0_0"]
+    assert credit_mode(OmegaConf.create({"recurrent": {}})) == "all"
+    with pytest.raises(ValueError, match="recurrent.credit"):
+        credit_mode(OmegaConf.create({"recurrent": {"credit": "memory"}}))

@@ -3,7 +3,8 @@
 Run 1: ``recurrent.mode=sync``, 4 prompts per step, ``rollout.n=2``, ``ppo_mini_batch_size=2`` (so the paper's
 count is 4 / 2 = 2 updates per step), documents of 2-4 chunks (trajectories of 3-5 rows), validation before
 training and after every step, a checkpoint every step; then resumed to step 3. Run 2: the same for one step
-with verl's row counting (``recurrent.minibatch=rows``) and ``free_cache_engine=false``.
+with verl's row counting (``recurrent.minibatch=rows``), ``free_cache_engine=false`` and the credit ablation
+(``recurrent.credit=final``: only the answer turns are trained).
 
 Updates are counted by the optimizer itself: AdamW's ``step`` in the checkpointed optimizer state. The
 rollout server (``hf_cpu``, the CPU twin of vLLM's) logs its memory states, showing what verl's sleep/wake
@@ -43,7 +44,8 @@ def runs(tmp_path_factory):
     rows_out = tmp_path_factory.mktemp("rows_minibatch")
     (rows_out / "events").mkdir()
     rows_overrides = ("recurrent.minibatch=rows", "actor_rollout_ref.rollout.free_cache_engine=false",
-                      "trainer.val_before_train=false", "trainer.test_freq=-1", *SIZES)  # fmt: skip
+                      "recurrent.credit=final", "trainer.val_before_train=false", "trainer.test_freq=-1",
+                      *SIZES)  # fmt: skip
     rows_run = run_script(rows_out, steps=1, task="memory", timeout_s=RUN_TIMEOUT_S, overrides=rows_overrides,
                           extra_env={"MEMAGENT_ROLLOUT_EVENTS": str(rows_out / "events")})  # fmt: skip
     assert rows_run[0] == 0, tail(rows_run[1])
@@ -140,3 +142,23 @@ def test_rollout_memory_is_released_while_the_actor_trains(runs):
         names = {e["event"] for e in events}
         assert "sleep:kept" in names and not any(name.startswith("wake_up") for name in names)
         assert "sleep" not in names and all(e["held_parameter_bytes"] > 0 for e in events)
+
+
+def test_final_answer_credit_trains_only_the_answers(runs):
+    out = runs["rows_out"]
+    rows = read_jsonl(out / "rollout" / "1.jsonl")
+    trajectories = by_trajectory(rows)
+    groups: dict[str, list[float]] = defaultdict(list)
+    for name, turns in trajectories.items():
+        groups[name.rsplit("_", 1)[0]].append(turns[-1]["score"])
+    memory_rows = 0
+    for name, turns in trajectories.items():
+        *memory, final = turns
+        memory_rows += len(memory)
+        # memory turns: no tokens trained on, no advantage; the answer: GRPO by hand (score - its group's mean)
+        assert all(row["response_length"] == 0 and row["advantage"] == 0.0 for row in memory), name
+        scores = groups[name.rsplit("_", 1)[0]]
+        assert final["response_length"] > 0
+        assert final["advantage"] == pytest.approx(final["score"] - sum(scores) / len(scores), abs=1e-6)
+    metrics = read_metrics(out / "metrics.jsonl")
+    assert metrics[1]["memagent/credit/memory_rows_masked"] == memory_rows > 0
