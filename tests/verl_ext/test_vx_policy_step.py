@@ -14,33 +14,17 @@ from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 from verl.utils import tensordict_utils as tu
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.losses import ppo_loss
+from vx_helpers import load_example
 
 from verl_ext.lockstep import Trajectory, run_lockstep
 from verl_ext.rollout import MemoryRollout
 
+# The log-probability helpers of the walkthrough (one definition).
+_example = load_example("one_step")
+token_log_probs, response_log_probs, nested = _example.token_log_probs, _example.response_log_probs, _example.nested
+
 CONTEXT = "The river city was born in the year of the film. " * 3 + "The magic number is 42."
 REWARDS = {0: 1.0, 1: 0.0}  # session 0 answered right, session 1 wrong: advantages +0.5 / -0.5 (no std)
-
-
-def token_log_probs(model, rows) -> list[torch.Tensor]:
-    """Per sequence, log p(token t+1 | tokens <= t) at every position t (the last one 0): verl's unpadded layout."""
-    out = []
-    for prompt, response in rows:
-        ids = torch.tensor([prompt + response])
-        logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), dim=-1)
-        picked = logp.gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1)
-        out.append(torch.cat([picked, picked.new_zeros(1)]))
-    return out
-
-
-def response_log_probs(model, rows) -> list[torch.Tensor]:
-    with torch.no_grad():
-        full = token_log_probs(model, rows)
-    return [seq[len(p) - 1 : len(p) - 1 + len(r)] for seq, (p, r) in zip(full, rows, strict=True)]
-
-
-def nested(tensors: list[torch.Tensor]) -> torch.Tensor:
-    return torch.nested.as_nested_tensor(tensors, layout=torch.jagged)
 
 
 @pytest.fixture(scope="module")

@@ -79,3 +79,14 @@ def session_members(sid: int) -> list[int]:
         if int(fields[3]) == sid and fields[0] != "Z":  # fields: state ppid pgrp session ...
             members.append(int(entry))
     return members
+
+
+def load_example(name: str):
+    """A script of ``examples/`` as a module (the walkthroughs are scripts, not a package)."""
+    import importlib.util
+
+    path = CONFIG_DIR.parent / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"examples_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
