@@ -78,28 +78,12 @@ export VERL_FILE_LOGGER_PATH=$OUT_DIR/metrics.jsonl  # verl's file logger; trunc
 LOG=$OUT_DIR/train.log
 unset RAY_ADDRESS
 
-session_pids() {
-  # Pids of the live processes in session $1 (read from /proc/<pid>/stat: "... ) state ppid pgrp session ...").
-  local sid="$1" f stat fields
-  for f in /proc/[0-9]*/stat; do
-    stat="$(cat "$f" 2>/dev/null)" || continue
-    read -r -a fields <<< "${stat##*) }"
-    if [[ "${fields[3]}" == "$sid" && "${fields[0]}" != "Z" ]]; then f="${f#/proc/}"; echo "${f%/stat}"; fi
-  done
-}
+source "$(dirname "${BASH_SOURCE[0]}")/lib/session.sh"  # session_pids, end_session
+
 cleanup() {
   # The trainer runs in its own session (setsid below), and so do Ray's daemons, workers and vLLM servers: end
   # whatever of it is still alive (a crash, Ctrl-C), by pid.
-  local pids
-  if [[ -n "${TRAINER_PID:-}" ]]; then
-    pids="$(session_pids "$TRAINER_PID")"
-    if [[ -n "$pids" ]]; then
-      kill -TERM $pids 2>/dev/null || true
-      sleep 5
-      pids="$(session_pids "$TRAINER_PID")"
-      [[ -z "$pids" ]] || kill -KILL $pids 2>/dev/null || true
-    fi
-  fi
+  end_session "${TRAINER_PID:-}" 5
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM

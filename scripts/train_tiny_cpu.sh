@@ -167,30 +167,13 @@ else
   )
 fi
 
-session_pids() {
-  # Pids of the live processes in session $1 (read from /proc/<pid>/stat: "... ) state ppid pgrp session ...").
-  local sid="$1" f stat fields
-  for f in /proc/[0-9]*/stat; do
-    stat="$(cat "$f" 2>/dev/null)" || continue
-    read -r -a fields <<< "${stat##*) }"
-    if [[ "${fields[3]}" == "$sid" && "${fields[0]}" != "Z" ]]; then f="${f#/proc/}"; echo "${f%/stat}"; fi
-  done
-}
+source "$(dirname "${BASH_SOURCE[0]}")/lib/session.sh"  # session_pids, end_session
 
 cleanup() {
   # The trainer runs in its own session (setsid below); Ray's daemons and workers inherit it (each worker in
   # its own process group). End whatever of that session is still alive (a crash, Ctrl-C, a timeout) by pid:
   # only processes this script started.
-  local pids
-  if [[ -n "${TRAINER_PID:-}" ]]; then
-    pids="$(session_pids "$TRAINER_PID")"
-    if [[ -n "$pids" ]]; then
-      kill -TERM $pids 2>/dev/null || true
-      sleep 2
-      pids="$(session_pids "$TRAINER_PID")"
-      [[ -z "$pids" ]] || kill -KILL $pids 2>/dev/null || true
-    fi
-  fi
+  end_session "${TRAINER_PID:-}" 2
   rm -rf "$RAY_TMP"
 }
 trap cleanup EXIT

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from vx_helpers import session_members
+from process_helpers import session_members
 
 REPO = Path(__file__).resolve().parents[2]
 

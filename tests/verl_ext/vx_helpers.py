@@ -63,24 +63,6 @@ def capture_transfer_queue(monkeypatch) -> dict[str, list]:
     return log
 
 
-def session_members(sid: int) -> list[int]:
-    """Pids of live processes whose session id is ``sid`` (as tests/verl_ext_cpu/trainer_run.py checks a run)."""
-    import os
-
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[3]) == sid and fields[0] != "Z":  # fields: state ppid pgrp session ...
-            members.append(int(entry))
-    return members
-
-
 def load_example(name: str):
     """A script of ``examples/`` as a module (the walkthroughs are scripts, not a package)."""
     import importlib.util

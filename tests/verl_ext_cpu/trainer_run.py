@@ -10,24 +10,10 @@ import subprocess
 import time
 from pathlib import Path
 
+from process_helpers import session_members
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "train_tiny_cpu.sh"
-
-
-def session_members(sid: int) -> list[int]:
-    """Pids of live processes whose session id is ``sid``."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[3]) == sid and fields[0] != "Z":  # fields: state ppid pgrp session ...
-            members.append(int(entry))
-    return members
 
 
 def run_script(
