@@ -345,29 +345,61 @@ async def test_update_weights_changes_outputs_and_the_weight_version(server):
 
 
 async def test_server_lifecycle_calls_are_no_ops(server):
-    for call in (server.wake_up, server.sleep, server.clear_kv_cache, server.release_kv_cache,
-                 server.resume_kv_cache, server.resume_generation, server.wait_for_requests_to_drain,
-                 server.stop_profile):  # fmt: skip
+    for call in (server.clear_kv_cache, server.release_kv_cache, server.resume_kv_cache, server.resume_generation,
+                 server.wait_for_requests_to_drain, server.stop_profile):  # fmt: skip
         assert await call() is None
     assert (await server.abort_all_requests())["aborted_count"] == 0
+
+
+async def test_server_sleeps_as_vllm_does_with_free_cache_engine(rollout_config, model_config):
+    import dataclasses
+
+    from verl_ext.cpu.rollout.server import HFCPUServer
+
+    server = HFCPUServer(rollout_config, model_config, replica_rank=0)  # free_cache_engine: verl's default, true
+    assert rollout_config.free_cache_engine
+    prompt, greedy = prompt_ids(server.engine.tokenizer), {"temperature": 0.0, "max_tokens": 6}
+    before = await server.generate("u1", prompt_ids=prompt, sampling_params=greedy)
+    weights = {name: p.detach().clone() for name, p in server.model.named_parameters()}
+    held = (await server.stats())["held_parameter_bytes"]
+    assert held == sum(t.numel() * t.element_size() for t in weights.values()) > 0
+    await server.sleep()  # level-2 sleep: the weights are discarded
+    assert (await server.stats())["held_parameter_bytes"] == 0
+    with pytest.raises(RuntimeError, match="asleep"):
+        await server.generate("u2", prompt_ids=prompt, sampling_params=greedy)
+    with pytest.raises(RuntimeError, match="released"):
+        await server.update_weights(weights)
+    await server.wake_up(tags=["weights"])  # storage back; the values come with the weight sync, as in verl
+    assert (await server.stats())["held_parameter_bytes"] == held
+    await server.update_weights(weights)
+    await server.wake_up(tags=["kv_cache"])
+    after = await server.generate("u3", prompt_ids=prompt, sampling_params=greedy)
+    assert after.token_ids == before.token_ids
+
+    kept = HFCPUServer(dataclasses.replace(rollout_config, free_cache_engine=False), model_config, replica_rank=0)
+    await kept.sleep()  # vLLM: a no-op without free_cache_engine
+    assert (await kept.stats())["held_parameter_bytes"] == held
+    assert (await kept.generate("u4", prompt_ids=prompt, sampling_params=greedy)).token_ids == before.token_ids
 
 
 class _FakeRemote:
     def __init__(self):
         self.calls = []
 
-    def remote(self, *args):
-        self.calls.append(args)
+    def remote(self, *args, **kwargs):
+        self.calls.append(args or kwargs)  # positional arguments, else the keyword ones
 
         async def done():
-            return len(args[0])
+            return len(args[0]) if args else None
 
         return done()
 
 
 class _FakeServer:
+    """Records what the adapter sends to its server actor (``.remote`` calls)."""
+
     def __init__(self):
-        self.update_weights = _FakeRemote()
+        self.update_weights, self.wake_up, self.sleep = _FakeRemote(), _FakeRemote(), _FakeRemote()
 
 
 @pytest.mark.parametrize(("rank", "tp", "replica", "leader"), [(1, 1, 1, True), (1, 2, 0, False), (2, 2, 1, True)])
@@ -400,7 +432,15 @@ async def test_adapter_drains_weights_on_every_rank_and_sends_from_the_replica_l
         assert calls == []
     with pytest.raises(NotImplementedError):
         await adapter.update_weights(iter(()), wire_format="delta_flush")
-    assert await adapter.resume(["weights"]) is None and await adapter.release() is None
+    # free_cache_engine (true here, verl's default): the leader wakes and sleeps its server, as vLLM's adapter does
+    await adapter.resume(["weights"])
+    await adapter.release()
+    assert adapter._server.wake_up.calls == ([{"tags": ["weights"]}] if leader else [])
+    assert adapter._server.sleep.calls == ([{}] if leader else [])
+    adapter.config = dataclasses.replace(config, free_cache_engine=False)  # nothing to release or resume
+    await adapter.resume(["weights"])
+    await adapter.release()
+    assert len(adapter._server.wake_up.calls) == len(adapter._server.sleep.calls) == int(leader)
 
 
 def test_server_actor_names_match_between_replica_and_adapter():
