@@ -30,11 +30,22 @@ from recurrent.trace import TraceWriter
 log = logging.getLogger(__name__)
 
 
+def _stop_requested() -> bool:
+    """Whether the current task has been asked to stop (a cancellation may be pending, not yet delivered: a
+    client call that returned without awaiting again never raised it)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+    return bool(cancelling and cancelling())
+
+
 async def run_session(session: Session, client: ChatClient, sampling: dict[str, Any] | None = None) -> Session:
-    """Drive one session to its end: ask for the next turn, call the model, hand the reply back."""
+    """Drive one session to its end: ask for the next turn, call the model, hand the reply back. A session whose
+    task was cancelled stops between turns, even if the cancellation arrived together with a reply."""
     sampling = sampling or {}
     while (turn := session.next_turn()) is not None:
         reply = await client.chat(turn.messages, turn.max_tokens, **sampling)
+        if _stop_requested():
+            raise asyncio.CancelledError("cancelled between turns")
         session.record(reply)
     return session
 

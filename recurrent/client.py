@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -28,6 +29,31 @@ DEFAULT_URL = "http://localhost:8000/v1"
 DEFAULT_API_KEY = "123-abc"  # the original quickstart's placeholder; local servers ignore it
 MAX_BACKOFF = 60.0  # cap on one backoff sleep, in seconds
 
+
+if sys.version_info >= (3, 11):
+    _deadline = asyncio.timeout
+else:  # pragma: no cover - Python 3.10 has no asyncio.timeout
+
+    class _deadline:  # noqa: N801 - stands in for asyncio.timeout
+        """``asyncio.timeout`` for Python 3.10, by cancelling the current task when the deadline passes."""
+
+        def __init__(self, seconds: float) -> None:
+            self.seconds, self.expired = seconds, False
+
+        async def __aenter__(self) -> None:
+            task = asyncio.current_task()
+
+            def expire() -> None:
+                self.expired = True
+                task.cancel()
+
+            self.handle = asyncio.get_running_loop().call_later(self.seconds, expire)
+
+        async def __aexit__(self, kind, error, tb) -> bool:
+            self.handle.cancel()
+            if self.expired and kind is asyncio.CancelledError:
+                raise asyncio.TimeoutError from error
+            return False
 
 
 class ChatRequestError(RuntimeError):
@@ -211,11 +237,13 @@ class OpenAIChatClient:
                 self.stats.requests += 1
                 start = time.perf_counter()
                 try:
-                    # wait_for bounds the whole attempt; httpx's timeout alone bounds each read, not the total
+                    # The deadline bounds the whole attempt (httpx's timeout alone bounds each read). It runs
+                    # the request in this task: asyncio.wait_for on Python 3.11 runs it in another task and
+                    # can drop a cancellation that arrives just as the reply does, so a stopped run reads on.
                     # A raw POST parsed as plain JSON: the SDK's request transforms and response models cost
                     # ~0.5 ms a call; its transport, errors and headers are the same.
-                    post = client.post("/chat/completions", body=request, cast_to=object)
-                    response = await asyncio.wait_for(post, self.timeout)
+                    async with _deadline(self.timeout):
+                        response = await client.post("/chat/completions", body=request, cast_to=object)
                     error = None
                 except (openai.APIError, asyncio.TimeoutError) as err:
                     error = err

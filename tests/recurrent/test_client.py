@@ -13,7 +13,9 @@ import openai
 import pytest
 from aiohttp import web
 
+from recurrent.async_manager import run_session
 from recurrent.client import ChatRequestError, OpenAIChatClient
+from recurrent.interface import Turn
 from recurrent.serving import free_port, transformers_serve
 
 SECRET = "sk-test-SECRET-7f3a9c"
@@ -284,3 +286,38 @@ def test_client_survives_successive_event_loops(fake):
         gc.collect()
     assert first.text == second.text == "fake reply"
     assert client.stats.requests == 2
+
+
+class TwoTurns:
+    """A minimal session: two non-final turns then a final one."""
+
+    def __init__(self) -> None:
+        self.history: list = []
+
+    def next_turn(self):
+        if len(self.history) == 3:
+            return None
+        return Turn([{"role": "user", "content": f"turn {len(self.history)}"}], 4, final=len(self.history) == 2)
+
+    def record(self, reply) -> None:
+        self.history.append(reply)
+
+
+async def test_a_stop_that_arrives_with_the_reply_is_not_swallowed(fake, make_client):
+    # The reply is read, then the caller is cancelled before control returns to it. asyncio.wait_for on
+    # Python 3.11 returned the reply and dropped the cancellation; the session must stop instead of reading on.
+    client = make_client(fake.url)
+    http, _ = client._bind()
+    real_post = http.post
+
+    async def post_then_stop(*args, **kwargs):
+        response = await real_post(*args, **kwargs)
+        caller.cancel()
+        return response
+
+    http.post = post_then_stop
+    session = TwoTurns()
+    caller = asyncio.create_task(run_session(session, client))
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert len(fake.requests) == 1 and session.history == []
