@@ -28,7 +28,7 @@ from typing import Any
 from recurrent.trace import read_trace
 
 from . import config as cfg
-from . import results
+from . import evalsets, results
 
 # Paper's token labels for the RULER-HotpotQA document counts (spec 5.4); other counts use ~140 tokens a document.
 HOTPOTQA_TOKENS = {
@@ -105,9 +105,9 @@ def _expected(path: Path, meta: dict[str, Any], data_dir: Path | None, task: str
     if "expected" in meta:
         return int(meta["expected"])
     if data_dir is not None:
-        data = cfg.data_file(data_dir, task, length)
+        data = evalsets.data_file(data_dir, task, length)
         if data is not None:
-            return len(cfg.item_ids(data))
+            return evalsets.item_count(data)
     return None
 
 

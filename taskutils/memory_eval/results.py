@@ -91,6 +91,14 @@ def prepare(
     return {r["id"] for r in keep}
 
 
+def unfinished(path: Path, ids: list[Any]) -> tuple[int, int, str | None]:
+    """Of the selected ``ids``: how many have a failed result, how many none, and the first error."""
+    records = {r["id"]: r for r in read_trace(path)} if path.exists() else {}
+    errors = [records[i]["error"] for i in ids if i in records and records[i].get("error")]
+    not_run = sum(i not in records for i in ids)
+    return len(errors), not_run, errors[0] if errors else None
+
+
 def item_record(
     *,
     item: dict[str, Any],

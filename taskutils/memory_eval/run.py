@@ -40,7 +40,7 @@ from recurrent.models import ModelNotAvailableError, resolve_model_path
 from recurrent.trace import TraceWriter
 
 from . import config as cfg
-from . import results, scoring
+from . import evalsets, results, scoring
 from .direct import DirectWorkflow
 from .runner import FileOutcome, run_items
 from .serve import ServerError, endpoint
@@ -59,8 +59,12 @@ class Job:
     method: str
     data: Path
     out: Path
+    ids: list[Any]  # the selected items
     pending: list[Any]  # ids still to run
-    expected: int
+
+    @property
+    def expected(self) -> int:
+        return len(self.ids)
 
 
 def parse_list(text: str) -> list[str]:
@@ -102,8 +106,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--data-dir",
         type=Path,
         default=Path(os.environ.get("MEMAGENT_DATA_DIR", "data")),
-        help="eval sets: eval_{N}.jsonl, eval_{task}_{L}.jsonl (default: $MEMAGENT_DATA_DIR or ./data, where "
-        "python -m taskutils.memory_data writes them)",
+        help="eval sets: eval_{N}.jsonl, eval_{task}_{L}.jsonl, or the released .json arrays (default: "
+        "$MEMAGENT_DATA_DIR or ./data, where python -m taskutils.memory_data writes them)",
+    )
+    io.add_argument(
+        "--hotpotqa-dev",
+        type=Path,
+        help=f"the document pool of released sets whose contexts are document indices (default: "
+        f"<data-dir>/{evalsets.POOL_FILE} or <data-dir>/sources/{evalsets.POOL_FILE})",
     )
     io.add_argument("--results-dir", type=Path, default=Path("results"), help="output folder (default: results)")
     io.add_argument("--trace", action="store_true", help="store every item's memory after each chunk and its turns")
@@ -211,25 +221,29 @@ def settings_of(entry: cfg.ModelEntry, method: str, sampling: dict[str, Any]) ->
     }
 
 
-def plan_jobs(entry: cfg.ModelEntry, args: argparse.Namespace, sampling: dict[str, Any]) -> tuple[list[Job], list[str]]:
-    """The files of one model that still have items to run, and the (task, length) sets with no data."""
-    jobs, missing = [], []
+def plan_jobs(
+    entry: cfg.ModelEntry,
+    args: argparse.Namespace,
+    sampling: dict[str, Any],
+    scanned: dict[Path, list[Any]],
+) -> list[Job]:
+    """Every results file of one model, with the items still to run. Eval sets are checked once per file
+    (``scanned`` caches their ids); a (task, length) without data is left out (see :func:`check_data`)."""
+    jobs = []
+    pool = evalsets.pool_file(args.data_dir, args.hotpotqa_dev)
     for method in args.method or [entry.method]:
         for task, length in cfg.plan(entry, cfg.expand_tasks(args.tasks), args.lengths):
-            data = cfg.data_file(args.data_dir, task, length)
+            data = evalsets.data_file(args.data_dir, task, length)
             if data is None:
-                missing.append(f"{task}_{length}")
                 continue
-            ids = cfg.item_ids(data, args.limit)
-            if len(set(ids)) != len(ids):
-                raise ValueError(f"{data}: duplicate item indices")
+            if data not in scanned:
+                scanned[data] = evalsets.scan(data, args.limit, pool)
+            ids = scanned[data]
             out = results.results_path(args.results_dir, task, length, entry.name, method)
             info = {"expected": len(ids), "data_file": str(data), "model": entry.name, "task": task, "length": length}
             done = results.prepare(out, settings_of(entry, method, sampling), info, args.retry_failed, args.overwrite)
-            pending = [i for i in ids if i not in done]
-            if pending:
-                jobs.append(Job(task, length, method, data, out, pending, len(ids)))
-    return jobs, sorted(set(missing))
+            jobs.append(Job(task, length, method, data, out, ids, [i for i in ids if i not in done]))
+    return jobs
 
 
 async def run_model(
@@ -241,6 +255,7 @@ async def run_model(
     sampling: dict[str, Any],
 ) -> list[tuple[Job, FileOutcome]]:
     workflows = {method: make_workflow(entry, method, tokenizer) for method in {job.method for job in jobs}}
+    pool = evalsets.pool_file(args.data_dir, args.hotpotqa_dev)
     outcomes = []
     try:
         for job in jobs:
@@ -271,7 +286,7 @@ async def run_model(
             with TraceWriter(job.out) as writer:
                 try:
                     outcome = await run_items(
-                        cfg.iter_items(job.data, args.limit, only=set(job.pending)),
+                        evalsets.iter_items(job.data, args.limit, set(job.pending), pool),
                         workflows[job.method],
                         make_record,
                         client,
@@ -337,7 +352,39 @@ def print_totals(rows: list[tuple[str, Job, FileOutcome]]) -> None:
     print(f"{'total':75} {done:6d} {failed:6d} {prompt:12,d} {completion:11,d}", file=sys.stderr)
 
 
+def check_data(entries: list[cfg.ModelEntry], args: argparse.Namespace) -> list[str]:
+    """Raise :class:`evalsets.EvalDataError` when a selected task, or a selected length, has no eval set at all;
+    return the (task, length) pairs that are absent while their task and length exist elsewhere (``--lengths``
+    applies to every task, so HotpotQA document counts and RULER token counts meet in one list)."""
+    pairs = {pair for entry in entries for pair in cfg.plan(entry, cfg.expand_tasks(args.tasks), args.lengths)}
+    absent = {pair for pair in pairs if evalsets.data_file(args.data_dir, *pair) is None}
+    tasks = sorted({t for t, _ in pairs if all((t, n) in absent for t2, n in pairs if t2 == t)})
+    lengths = sorted({n for _, n in pairs if all((t, n) in absent for t, n2 in pairs if n2 == n)})
+    if tasks or (args.lengths and lengths):
+        names = [f"{args.data_dir}/{evalsets.expected_names(t, n)}" for t, n in sorted(absent)]
+        what = f"task(s) {', '.join(tasks)}" if tasks else f"length(s) {', '.join(map(str, lengths))}"
+        raise evalsets.EvalDataError(
+            f"no eval set for the selected {what}: looked for {', '.join(names)}; generate them "
+            "(python -m taskutils.memory_data) or select what exists with --tasks / --lengths"
+        )
+    return [f"{t}_{n}" for t, n in sorted(absent)]
+
+
+def unfinished(plans: list[tuple[cfg.ModelEntry, list[Job]]]) -> list[str]:
+    """One line per results file where a selected item has no result or only a failed one."""
+    lines = []
+    for entry, jobs in plans:
+        for job in jobs:
+            failed, not_run, first = results.unfinished(job.out, job.ids)
+            if failed or not_run:
+                line = f"{entry.name} {job.method} {job.task}_{job.length}: {failed} failed, {not_run} not run"
+                lines.append(line + (f" (first error: {first})" if first else ""))
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Exit status: 0 when every selected item has a result; 1 when an item failed or did not run; 2 on bad input
+    (nothing is sent to a model then); 130 when interrupted."""
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     for noisy in ("httpx", "httpx2", "openai", "matplotlib"):
@@ -345,21 +392,28 @@ def main(argv: list[str] | None = None) -> int:
     sampling = {"temperature": args.temperature, "top_p": args.top_p}
     if args.seed is not None:
         sampling["seed"] = args.seed
-    table = cfg.load_table(args.table)
-    entries = [
-        cfg.with_overrides(e, concurrency=args.concurrency, served_name=args.served_model, tokenizer=args.tokenizer)
-        for e in cfg.select_models(table, args.models)
-    ]
+    try:
+        table = cfg.load_table(args.table)
+        entries = [
+            cfg.with_overrides(e, concurrency=args.concurrency, served_name=args.served_model, tokenizer=args.tokenizer)
+            for e in cfg.select_models(table, args.models)
+        ]
+        absent = check_data(entries, args)
+        if absent:
+            log.warning("no eval set for %d (task, length) pair(s), not run: %s", len(absent), ", ".join(absent))
+        scanned: dict[Path, list[Any]] = {}
+        plans = [(entry, plan_jobs(entry, args, sampling, scanned)) for entry in entries]
+    except (evalsets.EvalDataError, results.SettingsMismatchError, FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     previous = signal.signal(signal.SIGTERM, _interrupt)
     rows: list[tuple[str, Job, FileOutcome]] = []
-    missing_all: set[str] = set()
     skipped_models: list[str] = []
     try:
-        for entry in entries:
-            jobs, missing = plan_jobs(entry, args, sampling)
-            missing_all.update(missing)
+        for entry, jobs in plans:
+            jobs = [job for job in jobs if job.pending]
             if not jobs:
-                log.info("%s: nothing to run (%s)", entry.name, "no data" if missing else "all items done")
+                log.info("%s: nothing to run (all items done)", entry.name)
                 continue
             log.info("%s: %d file(s), %d item(s) to run", entry.name, len(jobs), sum(len(j.pending) for j in jobs))
             try:
@@ -372,23 +426,26 @@ def main(argv: list[str] | None = None) -> int:
         print("\ninterrupted: finished items are saved; run the same command again to resume", file=sys.stderr)
         print_totals(rows)
         return 130
-    except (results.SettingsMismatchError, FileNotFoundError, ValueError) as err:
+    except (evalsets.EvalDataError, results.SettingsMismatchError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     finally:
         signal.signal(signal.SIGTERM, previous)
-    if missing_all:
-        log.warning("no data for %d set(s), skipped: %s", len(missing_all), ", ".join(sorted(missing_all)))
     print_totals(rows)
     if not args.no_report and args.results_dir.is_dir():
         from .report import write_report
 
         written = write_report(args.results_dir, data_dir=args.data_dir)
         print(f"summary: {', '.join(str(p) for p in written)}", file=sys.stderr)
+    problems = unfinished(plans)
     if skipped_models:
         print(f"error: model(s) not evaluated: {', '.join(skipped_models)} (see the log above)", file=sys.stderr)
-        return 1
-    return 0
+    if problems:
+        print(f"error: {len(problems)} results file(s) incomplete:", file=sys.stderr)
+        for line in problems:
+            print(f"  {line}", file=sys.stderr)
+        print("failed items count as 0 in the summary; --retry-failed redoes them", file=sys.stderr)
+    return 1 if problems or skipped_models else 0
 
 
 if __name__ == "__main__":

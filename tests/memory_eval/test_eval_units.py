@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 
 from recurrent.interface import Reply
 from taskutils.memory_eval import config as cfg
-from taskutils.memory_eval import results, scoring
+from taskutils.memory_eval import evalsets, results, scoring
 from taskutils.memory_eval.direct import TEMPLATE_0SHOT, DirectWorkflow
 from taskutils.memory_eval.report import collect, markdown, write_report
 
@@ -122,12 +122,14 @@ def test_task_plans_are_fresh_and_follow_the_paper():
 
 def test_items_stream_with_limit_and_ids(tmp_path):
     path = hotpotqa_set(tmp_path, 2, items=5)
-    assert cfg.item_ids(path) == [10, 11, 12, 13, 14] and cfg.item_ids(path, limit=2) == [10, 11]
-    assert [i["index"] for i in cfg.iter_items(path, limit=4, only={11, 13, 14})] == [11, 13]
+    assert evalsets.scan(path) == [10, 11, 12, 13, 14] and evalsets.scan(path, limit=2) == [10, 11]
+    assert [i["index"] for i in evalsets.iter_items(path, limit=4, only={11, 13, 14})] == [11, 13]
     plain = tmp_path / "eval_vt_8.jsonl"
-    plain.write_text('{"input": "q", "context": "c", "outputs": ["a"]}\n\n{"context": "d", "outputs": ["b"]}\n')
-    assert cfg.item_ids(plain) == [0, 1] and [i["index"] for i in cfg.iter_items(plain)] == [0, 1]
-    assert cfg.data_file(tmp_path, "vt", 8) == plain and cfg.data_file(tmp_path, "vt", 9) is None
+    plain.write_text(
+        '{"input": "q", "context": "c", "outputs": ["a"]}\n\n{"input": "r", "context": "d", "outputs": "b"}\n'
+    )
+    assert evalsets.scan(plain) == [0, 1] and [i["index"] for i in evalsets.iter_items(plain)] == [0, 1]
+    assert evalsets.data_file(tmp_path, "vt", 8) == plain and evalsets.data_file(tmp_path, "vt", 9) is None
 
 
 # ---- results files: resume, failures, settings ----
@@ -200,13 +202,15 @@ def test_run_options_from_a_config_file_and_flags(tmp_path):
         parse_args(["--method", "recurrent"])
 
 
-def test_a_model_that_cannot_be_served_is_skipped_and_reported(tmp_path, caplog):
+def test_a_model_that_cannot_be_served_is_skipped_and_reported(tmp_path, caplog, capsys):
     from taskutils.memory_eval.run import main as run_main
 
     hotpotqa_set(tmp_path, 2, items=1)
     table = tmp_path / "table.yaml"
     table.write_text("models:\n  - {name: missing, checkpoint: no-such-org/no-such-model}\n")
-    argv = ["--table", str(table), "--models", "missing", "--tasks", "hotpotqa", "--lengths", "2,3",
+    argv = ["--table", str(table), "--models", "missing", "--tasks", "hotpotqa", "--lengths", "2",
             "--data-dir", str(tmp_path), "--results-dir", str(tmp_path / "out"), "--quiet"]  # fmt: skip
     assert run_main(argv) == 1
-    assert "missing: skipped" in caplog.text and "no data for 1 set(s), skipped: hotpotqa_3" in caplog.text
+    assert "missing: skipped" in caplog.text
+    err = capsys.readouterr().err
+    assert "error: model(s) not evaluated: missing" in err and "missing memory hotpotqa_2: 0 failed, 1 not run" in err
