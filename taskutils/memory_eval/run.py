@@ -4,7 +4,7 @@ For every selected model: start its server (``vllm serve`` on GPU machines, ``tr
 use the given URL, run every (task, length) eval file with its method(s), write one JSON line per item as it
 finishes, stop the server. A killed run resumes where it stopped. Failed requests are retried with backoff;
 an item that still fails is recorded with its error and counts as wrong (never dropped, P7). At the end the
-token totals are printed and the summary (``summary.md``, ``summary.csv``, ``accuracy_vs_length.png``) is
+token totals are printed and the summary (``summary.md``, ``summary.csv``, one plot per metric) is
 written into the results folder (``python -m taskutils.memory_eval.report RESULTS_DIR`` redoes it).
 
 Examples:

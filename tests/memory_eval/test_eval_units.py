@@ -14,7 +14,7 @@ from recurrent.interface import Reply
 from taskutils.memory_eval import config as cfg
 from taskutils.memory_eval import evalsets, results, scoring
 from taskutils.memory_eval.direct import TEMPLATE_0SHOT, DirectWorkflow
-from taskutils.memory_eval.report import collect, markdown, write_report
+from taskutils.memory_eval.report import collect, markdown, plot, write_report
 
 
 @pytest.fixture(scope="module")
@@ -135,9 +135,10 @@ def test_items_stream_with_limit_and_ids(tmp_path):
 # ---- results files: resume, failures, settings ----
 
 
-def _line(i, error=None, sub_em=1):
+def _line(i, error=None, sub_em=1, pred="a"):
     return {"id": i, "model": "m", "method": "memory", "sub_em": sub_em, "strict": 0.0, "em": sub_em, "f1": sub_em,
-            "error": error, "prompt_tokens": 10, "completion_tokens": 2, "seconds": 1.0}  # fmt: skip
+            "error": error, "prompt_tokens": 10, "completion_tokens": 2, "seconds": 1.0,
+            "pred": None if error else pred}  # fmt: skip
 
 
 def test_resume_cuts_a_half_written_line_and_skips_finished_ids(tmp_path):
@@ -166,7 +167,8 @@ def test_resume_cuts_a_half_written_line_and_skips_finished_ids(tmp_path):
 def test_report_counts_failures_in_the_denominator(tmp_path):
     folder = tmp_path / "hotpotqa_50"
     folder.mkdir()
-    lines = [_line(0), _line(1, sub_em=0), _line(2, error="ChatRequestError: x", sub_em=0), _line(3)]
+    # item 1 answered in the wrong format: nothing extracted (pred None), 0 for its format
+    lines = [_line(0), _line(1, sub_em=0, pred=None), _line(2, error="ChatRequestError: x", sub_em=0), _line(3)]
     (folder / "m__memory.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     results.meta_path(folder / "m__memory.jsonl").write_text(json.dumps({"settings": {}, "expected": 5}))
     ruler = tmp_path / "vt_8192"
@@ -175,16 +177,29 @@ def test_report_counts_failures_in_the_denominator(tmp_path):
     rows = collect(tmp_path)
     hqa = next(r for r in rows if r.task == "hotpotqa")
     assert (hqa.n, hqa.expected, hqa.failed, hqa.sub_em, hqa.strict) == (4, 5, 1, 50.0, 0.0)  # 2 of 4, failed = 0
-    assert hqa.incomplete and hqa.prompt_tokens == 40
+    assert hqa.incomplete and hqa.prompt_tokens == 40 and hqa.no_answer == 1  # the failed item is not counted here
     vt = next(r for r in rows if r.task == "vt")
     assert vt.em is None and vt.sub_em == 100.0 and vt.expected is None
     text = markdown(rows)
     assert "4 lines, eval set has 5" in text and "1 of 4 items failed" in text and "| m | memory | 50.00* |" in text
-    md, csv_path, png = write_report(tmp_path)
+    assert "hotpotqa_50/m__memory: 1 of 4 answers had no extractable answer (counted as 0)" in text
+    assert "| m | memory | hotpotqa | 50 | 4 | 5 | 1 | 1 | 0.00 | 50.00 |" in text  # failed, then no answer
+    md, csv_path, png, strict_png = write_report(tmp_path)
     with csv_path.open() as f:
         table = list(csv.DictReader(f))
     assert len(table) == 2 and table[0]["sub_em"] == "50.0" and table[1]["em"] == ""
+    assert table[0]["no_answer"] == "1" and table[1]["no_answer"] == "0"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and md.read_text().startswith("# Evaluation summary")
+    assert strict_png.name == "strict_vs_length.png" and strict_png.read_bytes()[:4] == b"\x89PNG"
+    # each metric's plot carries its own name
+    assert plot(rows, tmp_path / "s.png", "strict") == [
+        ("RULER-HotpotQA: strict", "strict (%)"),
+        ("RULER vt: strict", "strict (%)"),
+    ]
+    assert plot(rows, tmp_path / "a.png") == [
+        ("RULER-HotpotQA: sub_em", "sub_em (%)"),
+        ("RULER vt: sub_em", "sub_em (%)"),
+    ]
 
 
 def test_run_options_from_a_config_file_and_flags(tmp_path):
