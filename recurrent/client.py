@@ -9,6 +9,7 @@ backoff and, once retries are exhausted, a :class:`ChatRequestError` is raised w
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import sys
@@ -111,11 +112,32 @@ def _retry_after(err: BaseException) -> float | None:
         return None
 
 
+MAX_ERROR_CHARS = 1000  # of a server's error body quoted in a message
+
+
+def _server_says(err: openai.APIStatusError) -> str:
+    """What the server said, from the error body in any common shape: OpenAI's ``{"error": {"message"}}`` (the
+    SDK's message has it already), FastAPI's ``{"detail": ...}`` (``transformers serve``), other JSON, or text.
+    The SDK keeps only OpenAI's shape in its message, which leaves "Error code: 400" for the others."""
+    body = err.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        said = inner.get("message") if isinstance(inner, dict) else inner
+        if not said:
+            said = body.get("detail") or body.get("message") or body
+    else:
+        said = body
+    text = said if isinstance(said, str) else json.dumps(said, ensure_ascii=False, default=str) if said else ""
+    return text[:MAX_ERROR_CHARS]
+
+
 def _describe(err: BaseException) -> str:
     if isinstance(err, asyncio.TimeoutError):
         return "TimeoutError: no complete response in time"
     if isinstance(err, openai.APIStatusError):
-        return f"{type(err).__name__} (HTTP {err.status_code}): {err.message}"
+        said = _server_says(err)
+        message = err.message if not said or said in err.message else f"{err.message} - {said}"
+        return f"{type(err).__name__} (HTTP {err.status_code}): {message}"
     return f"{type(err).__name__}: {err}"
 
 

@@ -34,6 +34,7 @@ class FakeOpenAI:
         self.delay = 0.0
         self.choice_extra: dict = {}
         self.content = "fake reply"
+        self.error_body: dict | str | None = None  # instead of OpenAI's {"error": {"message": ...}}
         self.requests: list[dict] = []
         self.in_flight = 0
         self.max_in_flight = 0
@@ -53,7 +54,10 @@ class FakeOpenAI:
             if len(self.requests) <= self.fail_first:
                 headers = {"Retry-After": self.retry_after} if self.retry_after else None
                 message = f"injected failure for key {request.headers.get('api-key')}"  # a server echoing the key
-                return web.json_response({"error": {"message": message}}, status=self.status, headers=headers)
+                if isinstance(self.error_body, str):
+                    return web.Response(text=self.error_body, status=self.status, headers=headers)
+                body = self.error_body or {"error": {"message": message}}
+                return web.json_response(body, status=self.status, headers=headers)
             choice = {
                 "index": 0,
                 "message": {"role": "assistant", "content": self.content},
@@ -321,3 +325,29 @@ async def test_a_stop_that_arrives_with_the_reply_is_not_swallowed(fake, make_cl
     with pytest.raises(asyncio.CancelledError):
         await caller
     assert len(fake.requests) == 1 and session.history == []
+
+
+@pytest.mark.parametrize(
+    "body, shown",
+    [
+        ({"detail": "Server is pinned to '/m'; requested 'tiny'."}, "Server is pinned to '/m'; requested 'tiny'."),
+        ({"error": "model not found"}, "model not found"),
+        ({"code": 7}, '{"code": 7}'),
+        ("plain text from a proxy", "plain text from a proxy"),
+    ],
+)
+async def test_what_the_server_said_is_in_the_error(fake, make_client, body, shown):
+    fake.fail_first, fake.status, fake.error_body = 1, 400, body
+    with pytest.raises(ChatRequestError) as info:
+        await make_client(fake.url).chat(HELLO, 8)
+    assert f"BadRequestError (HTTP 400): Error code: 400 - {shown}" in str(info.value)
+
+
+async def test_a_pinned_transformers_server_says_why_it_refused(tiny_server):
+    client = OpenAIChatClient(tiny_server.base_url, "tiny")  # the server is pinned to its model folder
+    with pytest.raises(ChatRequestError) as info:
+        await client.chat(HELLO, 4)
+    await client.aclose()
+    assert f"(HTTP 400): Error code: 400 - Server is pinned to '{tiny_server.model}'; requested 'tiny'." in str(
+        info.value
+    )
