@@ -6,7 +6,9 @@ Used by the quickstart, the evaluation harness and the tests on CPU. On GPU mach
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -42,19 +44,43 @@ def _healthy(url: str) -> bool:
         return False
 
 
+def sampling_overlay(model_dir: Path, folder: Path) -> Path:
+    """A view of ``model_dir`` in ``folder`` (symlinks) whose generation config switches sampling on.
+
+    ``transformers serve`` sets ``temperature`` and ``top_p`` from a request but samples only when the model's
+    generation config says ``do_sample``; most checkpoints (and our offline models) do not, so every request
+    would decode greedily whatever it asked for. With ``do_sample`` on, a request at temperature 0 is still
+    greedy (the server switches sampling off for it), as on vLLM."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for entry in model_dir.iterdir():
+        if entry.name != "generation_config.json":
+            (folder / entry.name).symlink_to(entry)
+    config_path = model_dir / "generation_config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    (folder / "generation_config.json").write_text(json.dumps({**config, "do_sample": True}, indent=2))
+    return folder
+
+
 @contextmanager
 def transformers_serve(
     model_dir: str | Path,
     port: int | None = None,
     startup_timeout: float = 180.0,
     log_path: str | Path | None = None,
+    sample: bool = True,
 ) -> Iterator[LocalServer]:
     """Run ``transformers serve`` on 127.0.0.1 with ``model_dir`` preloaded; stop it on exit.
 
     The server runs offline (no hub access). Its log goes to ``log_path`` (a temp file by default) and
-    is quoted in the error if the server dies or does not become ready in time.
+    is quoted in the error if the server dies or does not become ready in time. With ``sample`` (the default)
+    it serves a :func:`sampling_overlay` of the model, so that requests sample at the temperature they ask for;
+    the name requests use is then the overlay's folder (``LocalServer.model``).
     """
     model_dir = str(Path(model_dir).resolve())
+    overlay = None
+    if sample:
+        overlay = Path(tempfile.mkdtemp(prefix="memagent-model-"))
+        model_dir = str(sampling_overlay(Path(model_dir), overlay / Path(model_dir).name))
     port = port or free_port()
     log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="transformers-serve-", suffix=".log")[1])
     hub_cache = Path(tempfile.gettempdir()) / "memagent-hf-hub"
@@ -85,3 +111,5 @@ def transformers_serve(
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
+        if overlay is not None:
+            shutil.rmtree(overlay, ignore_errors=True)

@@ -351,3 +351,17 @@ async def test_a_pinned_transformers_server_says_why_it_refused(tiny_server):
     assert f"(HTTP 400): Error code: 400 - Server is pinned to '{tiny_server.model}'; requested 'tiny'." in str(
         info.value
     )
+
+
+async def test_the_server_samples_at_the_temperature_asked(tiny_server):
+    # transformers serve decodes greedily unless the model's generation config switches sampling on: the
+    # launcher serves a view of the model that does, so the requested temperature is really applied.
+    client = OpenAIChatClient(tiny_server.base_url, tiny_server.model)
+    one = await client.chat(HELLO, 16, temperature=1.0, seed=1)
+    two = await client.chat(HELLO, 16, temperature=1.0, seed=2)
+    again = await client.chat(HELLO, 16, temperature=1.0, seed=1)
+    greedy = [await client.chat(HELLO, 16, temperature=0, seed=s) for s in (1, 2)]
+    await client.aclose()
+    assert one.text != two.text  # two samples of one prompt differ
+    assert one.text == again.text  # and the seed is applied
+    assert greedy[0].text == greedy[1].text  # temperature 0 stays greedy whatever the seed
