@@ -19,13 +19,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from tqdm import tqdm
 
 from recurrent.interface import ChatClient, Session, TurnRecord
 from recurrent.trace import TraceWriter
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +99,8 @@ class AsyncRollout:
 
 
 def _collect(sessions: list[Session], seconds: list[float], errors: list[BaseException | None]) -> AsyncRollout:
+    import torch  # here, not at import: clients that only chat (the eval harness, the quickstart) never load it
+
     records: list[TurnRecord] = []
     sample_index: list[int] = []
     final_mask: list[bool] = []
