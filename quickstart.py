@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -38,6 +39,7 @@ DEFAULT_QUESTION = "What is the magic number?"
 CPU_CHUNK, CPU_MAX_NEW = 500, 64
 PAPER_CHUNK, PAPER_MAX_NEW = 5000, 1024
 MAX_CONTEXT = 120000  # the original quickstart keeps the first and last 60K tokens of longer documents
+DEFAULT_SERVER_LOG = HERE / ".cache" / "logs" / "quickstart-transformers-serve.log"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default 0.7)")
     parser.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling (default 0.95)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    parser.add_argument(
+        "--server-log",
+        type=Path,
+        default=DEFAULT_SERVER_LOG,
+        help=f"without URL: the local server's log (default: {DEFAULT_SERVER_LOG.relative_to(HERE)} in the repository)",
+    )
     return parser
 
 
@@ -167,9 +175,13 @@ def run(args: argparse.Namespace) -> int:
                 return 2
             tokenizer = load_tokenizer(args.tokenizer or model_dir)
             print(f"starting transformers serve for {model} ({model_dir}) ...", flush=True)
-            server = stack.enter_context(transformers_serve(model_dir))
+            server = stack.enter_context(transformers_serve(model_dir, log_path=args.server_log))
             base_url, served = server.base_url, server.model
-            print(f"server ready at {base_url} in {time.perf_counter() - start:.1f} s")
+            print(
+                f"server ready at {base_url} in {time.perf_counter() - start:.1f} s (pid {server.process.pid}, "
+                f"log {args.server_log})",
+                flush=True,
+            )
         config = MemoryConfig(
             context_key="context",
             question_key="input",
@@ -231,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # tokenizer-loading chatter is not what a user came to read
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return run(args)
     except KeyboardInterrupt:
@@ -241,6 +254,13 @@ def main(argv: list[str] | None = None) -> int:
         # that did not start, a missing --context-file.
         print(f"error: {err}", file=sys.stderr)
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    # SIGTERM (a scheduler, `kill`) unwinds like Ctrl-C: the local server is stopped on the way out.
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 if __name__ == "__main__":

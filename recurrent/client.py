@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 DEFAULT_URL = "http://localhost:8000/v1"
 DEFAULT_API_KEY = "123-abc"  # the original quickstart's placeholder; local servers ignore it
 MAX_BACKOFF = 60.0  # cap on one backoff sleep, in seconds
+CONNECT_TIMEOUT = 60.0  # seconds to open a connection (the attempt's deadline bounds the rest)
+CHARS_PER_TOKEN = 4  # to estimate a prompt's tokens without a tokenizer
 
 
 if sys.version_info >= (3, 11):
@@ -160,7 +162,9 @@ class OpenAIChatClient:
     ``base_url`` defaults to env ``URL`` then ``http://localhost:8000/v1``; ``api_key`` to env ``API_KEY`` then
     a placeholder. The key is sent both as a Bearer token and as an ``api-key`` header (Azure), as the original
     quickstart did, and is kept out of reprs, logs and error messages. At most ``max_concurrency`` requests are
-    in flight; each attempt must finish within ``timeout`` seconds; transient failures (connection errors,
+    in flight; each attempt must finish within ``timeout + timeout_per_token * (max_tokens + prompt tokens)``
+    seconds (prompt tokens estimated as characters / 4), so a long prompt or a long answer gets the time it
+    needs and a short one does not wait an hour for a dead server; transient failures (connection errors,
     timeouts, HTTP 429 and 5xx) are retried ``max_retries`` times after ``backoff * 2**attempt`` seconds
     (capped at 60 s, longer if the server sends ``Retry-After``). ``default_sampling`` is merged under each
     call's sampling. ``token_limit_param`` names the field that carries ``max_tokens`` (OpenAI's o-series want
@@ -174,6 +178,7 @@ class OpenAIChatClient:
         api_key: str | None = None,
         max_concurrency: int = 64,
         timeout: float = 600.0,
+        timeout_per_token: float = 0.0,
         max_retries: int = 3,
         backoff: float = 1.0,
         default_sampling: dict[str, Any] | None = None,
@@ -188,6 +193,7 @@ class OpenAIChatClient:
         self.model = model
         self.max_concurrency = max_concurrency
         self.timeout = timeout
+        self.timeout_per_token = timeout_per_token
         self.max_retries = max_retries
         self.backoff = backoff
         self.default_sampling = dict(default_sampling or {})
@@ -211,14 +217,16 @@ class OpenAIChatClient:
         loop = asyncio.get_running_loop()
         if self._openai is None or self._semaphore is None or self._loop is not loop:
             limits = httpx2.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
+            # No read timeout below: a non-streamed reply is one long read; the attempt's deadline bounds it.
+            io_timeout = httpx2.Timeout(None, connect=min(self.timeout, CONNECT_TIMEOUT))
             self._openai = AsyncOpenAI(
                 base_url=self.base_url,
                 api_key=self._api_key,
-                timeout=self.timeout,
+                timeout=io_timeout,
                 max_retries=0,  # retries are ours: counted, logged, and classified the same for every server
                 default_headers=self._headers,
                 default_query=self._query or None,
-                http_client=httpx2.AsyncClient(limits=limits, timeout=self.timeout),
+                http_client=httpx2.AsyncClient(limits=limits, timeout=io_timeout),
             )
             self._semaphore = asyncio.Semaphore(self.max_concurrency)
             self._loop = loop
@@ -244,6 +252,11 @@ class OpenAIChatClient:
         request.update(model=self.model, messages=messages, **{self.token_limit_param: max_tokens})
         return request
 
+    def attempt_timeout(self, messages: list[dict[str, str]], max_tokens: int) -> float:
+        """Seconds one attempt of this request may take."""
+        prompt_tokens = sum(len(str(m.get("content") or "")) for m in messages) // CHARS_PER_TOKEN
+        return self.timeout + self.timeout_per_token * (max_tokens + prompt_tokens)
+
     def _redact(self, text: str) -> str:
         return text.replace(self._api_key, "***") if self._api_key else text
 
@@ -252,6 +265,7 @@ class OpenAIChatClient:
         client, semaphore = self._bind()
         sampling = {**self.default_sampling, **sampling}
         request = self._request(messages, max_tokens, sampling)
+        deadline = self.attempt_timeout(messages, max_tokens)
         self.stats.calls += 1
         attempt = 0
         while True:
@@ -264,7 +278,7 @@ class OpenAIChatClient:
                     # can drop a cancellation that arrives just as the reply does, so a stopped run reads on.
                     # A raw POST parsed as plain JSON: the SDK's request transforms and response models cost
                     # ~0.5 ms a call; its transport, errors and headers are the same.
-                    async with _deadline(self.timeout):
+                    async with _deadline(deadline):
                         response = await client.post("/chat/completions", body=request, cast_to=object)
                     error = None
                 except (openai.APIError, asyncio.TimeoutError) as err:

@@ -30,6 +30,43 @@ class LocalServer:
     log_path: Path
 
 
+PR_SET_PDEATHSIG = 1  # prctl(2) option: the signal a process gets when its parent dies
+
+
+def _die_with_parent():
+    """A ``preexec_fn`` that makes the child get SIGTERM when this process dies, however it dies (SIGKILL
+    included, where no clean-up of ours runs). Linux only; None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork: the child only calls it
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the call above took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+def spawn_server(cmd: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start a server process that cannot outlive us: its own process group (stopped as a whole), stdout and
+    stderr to ``log_path``, no stdin, and SIGTERM when this process dies."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("w") as log:
+        return subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent(),
+        )
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -88,8 +125,7 @@ def transformers_serve(
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_CACHE": str(hub_cache)}
     cli = Path(sys.executable).with_name("transformers")
     cmd = [str(cli), "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", model_dir]
-    with log_path.open("w") as log:
-        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    process = spawn_server(cmd, log_path, env)
     try:
         deadline = time.monotonic() + startup_timeout
         while not _healthy(f"http://127.0.0.1:{port}/health"):

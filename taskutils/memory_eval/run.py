@@ -25,10 +25,10 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from tqdm import tqdm
@@ -43,10 +43,11 @@ from . import config as cfg
 from . import evalsets, results, scoring
 from .direct import DirectWorkflow
 from .runner import FileOutcome, run_items
-from .serve import ServerError, endpoint
+from .serve import Endpoint, ServerError, endpoint
 
 log = logging.getLogger("memory_eval")
 
+T = TypeVar("T")
 QUESTION_BUDGET = 10**9  # the paper's evaluation never caps the question (training's budget is 1024 tokens)
 
 
@@ -135,7 +136,19 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--ready-timeout", type=float, default=1800.0, help="seconds to wait for a server to be ready")
     srv.add_argument("--log-dir", type=Path, help="server logs (default: <results-dir>/logs)")
     srv.add_argument("--concurrency", type=int, help="requests in flight per model (default: the table's)")
-    srv.add_argument("--timeout", type=float, default=3600.0, help="seconds per request attempt")
+    srv.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds per request attempt, plus --timeout-per-token for every prompt and new token (default 300)",
+    )
+    srv.add_argument(
+        "--timeout-per-token",
+        type=float,
+        default=0.1,
+        help="seconds added to an attempt's timeout per token of its prompt (estimated) and of its max_tokens "
+        "(default 0.1: a 5000-token chunk with a 1024-token memory gets ~15 minutes)",
+    )
     srv.add_argument("--max-retries", type=int, default=3, help="retries of a failed request (with backoff)")
     srv.add_argument("--backoff", type=float, default=1.0, help="first backoff in seconds (doubles each retry)")
     srv.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (paper: 0.7)")
@@ -307,6 +320,39 @@ async def run_model(
     return outcomes
 
 
+SERVER_POLL = 0.5  # seconds between checks that a server we started is still alive
+
+
+async def watched(work: Coroutine[Any, Any, T], ep: Endpoint) -> T:
+    """Await ``work``; if the server we started exits meanwhile, stop it and raise :class:`ServerError` at once,
+    instead of letting every remaining item go through its retries against a closed port. Items in flight are
+    cancelled, so they leave no line and a resumed run redoes them."""
+    task = asyncio.ensure_future(work)
+    if ep.process is None:  # an endpoint we did not start: nothing to watch
+        return await task
+    process = ep.process
+
+    async def watch() -> None:
+        while process.poll() is None:
+            await asyncio.sleep(SERVER_POLL)
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pending in (task, watcher):
+            pending.cancel()
+        await asyncio.gather(task, watcher, return_exceptions=True)
+    if not task.cancelled():  # the work ended on its own (even just as the server stopped): its outcome stands
+        return task.result()
+    tail = ep.log_path.read_text(errors="replace")[-2000:] if ep.log_path and ep.log_path.exists() else ""
+    raise ServerError(
+        f"the {ep.kind} server (pid {process.pid}) exited with code {process.returncode} while items were running; "
+        f"the items in flight were not recorded (run the same command again to resume). Its log, {ep.log_path}, "
+        f"ends with:\n{tail}"
+    )
+
+
 def run_entry(
     entry: cfg.ModelEntry, jobs: list[Job], args: argparse.Namespace, sampling: dict[str, Any]
 ) -> list[tuple[Job, FileOutcome]]:
@@ -320,10 +366,11 @@ def run_entry(
             ep.model,
             max_concurrency=entry.concurrency,
             timeout=args.timeout,
+            timeout_per_token=args.timeout_per_token,
             max_retries=args.max_retries,
             backoff=args.backoff,
         )
-        return asyncio.run(run_model(entry, jobs, tokenizer, client, args, sampling))
+        return asyncio.run(watched(run_model(entry, jobs, tokenizer, client, args, sampling), ep))
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -384,8 +431,18 @@ def unfinished(plans: list[tuple[cfg.ModelEntry, list[Job]]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Exit status: 0 when every selected item has a result; 1 when an item failed or did not run; 2 on bad input
-    (nothing is sent to a model then); 130 when interrupted."""
+    (nothing is sent to a model then) or a results folder in use by another run; 130 when interrupted."""
     args = parse_args(argv)
+    try:
+        with results.locked(args.results_dir):
+            return evaluate(args)
+    except results.ResultsBusyError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    """The run of :func:`main`, with the results folder held."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     for noisy in ("httpx", "httpx2", "openai", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

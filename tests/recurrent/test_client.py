@@ -365,3 +365,12 @@ async def test_the_server_samples_at_the_temperature_asked(tiny_server):
     assert one.text != two.text  # two samples of one prompt differ
     assert one.text == again.text  # and the seed is applied
     assert greedy[0].text == greedy[1].text  # temperature 0 stays greedy whatever the seed
+
+
+def test_the_attempt_timeout_scales_with_the_request():
+    client = OpenAIChatClient("http://127.0.0.1:9/v1", "m", timeout=30, timeout_per_token=0.5)
+    messages = [{"role": "system", "content": "x" * 40}, {"role": "user", "content": "y" * 400}]
+    # 440 characters ~ 110 prompt tokens, plus 100 new tokens: 30 + 0.5 * 210
+    assert client.attempt_timeout(messages, 100) == 135.0
+    assert client.attempt_timeout([{"role": "user", "content": ""}], 0) == 30.0
+    assert OpenAIChatClient("http://127.0.0.1:9/v1", "m", timeout=7).attempt_timeout(messages, 1000) == 7.0
