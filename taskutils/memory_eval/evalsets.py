@@ -145,9 +145,12 @@ def check_item(where: str, item: Any, pool_size: int | None) -> None:
 _INDEX = re.compile(rb'^\{\s*"index"\s*:\s*(-?\d+)\s*[,}]')  # a line that starts with its index
 
 
-def scan(path: Path, limit: int | None = None, pool: Path | None = None) -> list[Any]:
+def scan(
+    path: Path, limit: int | None = None, pool: Path | None = None, questions: dict[Any, tuple[str, str]] | None = None
+) -> list[Any]:
     """Check every item of the first ``limit`` and return their ids (``index``, else the position). Every line
-    is parsed: a bad item must stop the run before any model call, not when its turn comes."""
+    is parsed: a bad item must stop the run before any model call, not when its turn comes. ``questions``, if
+    given, receives ``id -> (where, question)`` (for checks that need a tokenizer)."""
     if pool is not None and not pool.is_file():
         raise EvalDataError(f"{pool}: file not found (the document pool of index contexts, {POOL_FILE})")
     pool_size = len(document_pool(pool)) if pool is not None else None
@@ -163,6 +166,8 @@ def scan(path: Path, limit: int | None = None, pool: Path | None = None) -> list
             raise EvalDataError(f"{where}: duplicate item index {index!r} (first at {seen[index]})")
         seen[index] = where
         ids.append(index)
+        if questions is not None:
+            questions[index] = (where, item["input"])
     if not ids:
         raise EvalDataError(f"{path}: no items (the file is empty)")
     return ids

@@ -26,7 +26,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -62,6 +62,7 @@ class Job:
     out: Path
     ids: list[Any]  # the selected items
     pending: list[Any]  # ids still to run
+    questions: dict[Any, tuple[str, str]] = field(default_factory=dict)  # id -> (file:line, question)
 
     @property
     def expected(self) -> int:
@@ -238,7 +239,7 @@ def plan_jobs(
     entry: cfg.ModelEntry,
     args: argparse.Namespace,
     sampling: dict[str, Any],
-    scanned: dict[Path, list[Any]],
+    scanned: dict[Path, tuple[list[Any], dict[Any, tuple[str, str]]]],
 ) -> list[Job]:
     """Every results file of one model, with the items still to run. Eval sets are checked once per file
     (``scanned`` caches their ids); a (task, length) without data is left out (see :func:`check_data`)."""
@@ -250,12 +251,14 @@ def plan_jobs(
             if data is None:
                 continue
             if data not in scanned:
-                scanned[data] = evalsets.scan(data, args.limit, pool)
-            ids = scanned[data]
+                questions: dict[Any, tuple[str, str]] = {}
+                scanned[data] = (evalsets.scan(data, args.limit, pool, questions), questions)
+            ids, questions = scanned[data]
             out = results.results_path(args.results_dir, task, length, entry.name, method)
             info = {"expected": len(ids), "data_file": str(data), "model": entry.name, "task": task, "length": length}
             done = results.prepare(out, settings_of(entry, method, sampling), info, args.retry_failed, args.overwrite)
-            jobs.append(Job(task, length, method, data, out, ids, [i for i in ids if i not in done]))
+            pending = [i for i in ids if i not in done]
+            jobs.append(Job(task, length, method, data, out, ids, pending, {i: questions[i] for i in pending}))
     return jobs
 
 
@@ -320,6 +323,28 @@ async def run_model(
     return outcomes
 
 
+def report_long_questions(entry: cfg.ModelEntry, jobs: list[Job], tokenizer: Any) -> list[str]:
+    """Warn, before any item runs, about questions longer than the question budget the memory agent was trained
+    with: the evaluation keeps a question whole (as the paper's), so every prompt of that item is longer than
+    any prompt seen in training, and may exceed a server's context window."""
+    budget = MemoryConfig.max_prompt_length
+    lines = []
+    for job in jobs:
+        if cfg.METHODS[job.method][0] != "memory":
+            continue
+        for where, question in job.questions.values():
+            tokens = len(tokenizer.encode(question.strip(), add_special_tokens=False))
+            if tokens > budget:
+                lines.append(
+                    f"{where}: the question has {tokens} tokens, over the {budget}-token question budget of "
+                    f"training; it is kept whole, so each of its prompts is {tokens - budget} tokens longer than any "
+                    f"in training ({entry.name})"
+                )
+    for line in lines:
+        log.warning("%s", line)
+    return lines
+
+
 SERVER_POLL = 0.5  # seconds between checks that a server we started is still alive
 
 
@@ -358,6 +383,7 @@ def run_entry(
 ) -> list[tuple[Job, FileOutcome]]:
     """One model: its tokenizer, its endpoint for the duration of its files, then the server is stopped."""
     tokenizer = load_tokenizer(entry.tokenizer or entry.checkpoint)  # before a server starts: fail fast
+    report_long_questions(entry, jobs, tokenizer)
     log_dir = args.log_dir or args.results_dir / "logs"
     with endpoint(entry, args.url, args.serve, args.replicas, log_dir, args.ready_timeout) as ep:
         log.info("%s: endpoint %s (%s), model %r", entry.name, ep.base_url, ep.kind, ep.model)
@@ -458,7 +484,7 @@ def evaluate(args: argparse.Namespace) -> int:
         absent = check_data(entries, args)
         if absent:
             log.warning("no eval set for %d (task, length) pair(s), not run: %s", len(absent), ", ".join(absent))
-        scanned: dict[Path, list[Any]] = {}
+        scanned: dict[Path, tuple[list[Any], dict[Any, tuple[str, str]]]] = {}
         plans = [(entry, plan_jobs(entry, args, sampling, scanned)) for entry in entries]
     except (evalsets.EvalDataError, results.SettingsMismatchError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -194,3 +194,17 @@ def test_a_length_without_data_is_an_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "error: no eval set for the selected length(s) 3: looked for " in err
     assert not list(out.glob("*/*"))
+
+
+def test_an_oversize_question_is_reported_before_its_item_runs(tmp_path, caplog):
+    long_question = "Which of these is the river? " + "river stone garden " * 600
+    text = _lines(GOOD, {**GOOD, "index": 1, "input": long_question})
+    code, path, out = _bad_run(tmp_path, text, extra=["--max-retries", "0"])
+    assert code == 1  # the closed port: both items fail, and the run says so
+    messages = [r.getMessage() for r in caplog.records]
+    warned = next(i for i, m in enumerate(messages) if "over the 1024-token question budget" in m)
+    assert messages[warned].startswith(f"{path}:2: the question has ")  # file and line of the item
+    assert "it is kept whole" in messages[warned]
+    first_failure = next(i for i, m in enumerate(messages) if "failed" in m)
+    assert warned < first_failure  # reported before any item ran
+    assert sum("question budget" in m for m in messages) == 1  # the short question is not reported
