@@ -235,6 +235,14 @@ def settings_of(entry: cfg.ModelEntry, method: str, sampling: dict[str, Any]) ->
     }
 
 
+def sampling_note(entry: cfg.ModelEntry, args: argparse.Namespace) -> str:
+    """Whether the recorded sampling is known to be applied: by a server the harness starts, yes (vLLM applies
+    it; ``transformers serve`` gets a model view with sampling switched on); by an external endpoint, unknown."""
+    if args.url or entry.url:
+        return "not verified: an external endpoint (--url) decides whether it applies temperature and top_p"
+    return "yes: applied by the server the harness starts"
+
+
 def plan_jobs(
     entry: cfg.ModelEntry,
     args: argparse.Namespace,
@@ -255,7 +263,8 @@ def plan_jobs(
                 scanned[data] = (evalsets.scan(data, args.limit, pool, questions), questions)
             ids, questions = scanned[data]
             out = results.results_path(args.results_dir, task, length, entry.name, method)
-            info = {"expected": len(ids), "data_file": str(data), "model": entry.name, "task": task, "length": length}
+            info = {"expected": len(ids), "data_file": str(data), "model": entry.name, "task": task, "length": length,
+                    "sampling_applied": sampling_note(entry, args)}  # fmt: skip
             done = results.prepare(out, settings_of(entry, method, sampling), info, args.retry_failed, args.overwrite)
             pending = [i for i in ids if i not in done]
             jobs.append(Job(task, length, method, data, out, ids, pending, {i: questions[i] for i in pending}))

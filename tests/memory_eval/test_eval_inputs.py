@@ -96,6 +96,9 @@ def test_released_index_set_runs_end_to_end(released, tiny_server, tmp_path):
     lines = [json.loads(x) for x in (out / "hotpotqa_12800" / "tiny__memory.jsonl").read_text().splitlines()]
     assert sorted(r["id"] for r in lines) == [7, 9] and all(r["error"] is None for r in lines)
     assert {r["id"]: r["context_tokens"] > 0 for r in lines} == {7: True, 9: True}
+    meta = json.loads((out / "hotpotqa_12800" / "tiny__memory.meta.json").read_text())
+    assert meta["settings"]["sampling"] == {"temperature": 0.7, "top_p": 0.95}
+    assert meta["sampling_applied"].startswith("not verified: an external endpoint (--url)")
 
 
 # ---- bad input: exit 2 before any model call, the message names the place ----

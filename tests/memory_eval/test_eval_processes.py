@@ -113,6 +113,8 @@ def test_a_server_that_dies_mid_run_stops_the_run(tmp_path):
     done = read_lines(path) if path.exists() else []
     assert all(r["error"] is None for r in done)  # the items in flight were not recorded as failed
     assert (out / "logs" / "transformers-tiny.log").exists()  # the server log is in the run's folder
+    meta = json.loads((out / "hotpotqa_4" / "tiny__memory.meta.json").read_text())
+    assert meta["sampling_applied"] == "yes: applied by the server the harness starts"
 
 
 def test_a_second_run_into_one_results_folder_is_refused(tmp_path, capsys):
