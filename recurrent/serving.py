@@ -114,19 +114,21 @@ def transformers_serve(
     the name requests use is then the overlay's folder (``LocalServer.model``).
     """
     model_dir = str(Path(model_dir).resolve())
-    overlay = None
-    if sample:
-        overlay = Path(tempfile.mkdtemp(prefix="memagent-model-"))
-        model_dir = str(sampling_overlay(Path(model_dir), overlay / Path(model_dir).name))
     port = port or free_port()
     log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="transformers-serve-", suffix=".log")[1])
+    overlay = None
+    if sample:  # next to the log: the run's folder, where a run killed outright leaves it for a look
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        overlay = Path(tempfile.mkdtemp(prefix="model-view-", dir=log_path.parent))
+        model_dir = str(sampling_overlay(Path(model_dir), overlay / Path(model_dir).name))
     hub_cache = Path(tempfile.gettempdir()) / "memagent-hf-hub"
     hub_cache.mkdir(exist_ok=True)  # /v1/models scans the hub cache and fails if the folder is missing
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_CACHE": str(hub_cache)}
     cli = Path(sys.executable).with_name("transformers")
     cmd = [str(cli), "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", model_dir]
-    process = spawn_server(cmd, log_path, env)
+    process = None
     try:
+        process = spawn_server(cmd, log_path, env)
         deadline = time.monotonic() + startup_timeout
         while not _healthy(f"http://127.0.0.1:{port}/health"):
             if process.poll() is not None:
@@ -140,7 +142,7 @@ def transformers_serve(
             time.sleep(0.5)
         yield LocalServer(f"http://127.0.0.1:{port}/v1", model_dir, process, log_path)
     finally:
-        if process.poll() is None:
+        if process is not None and process.poll() is None:
             os.killpg(process.pid, signal.SIGTERM)
             try:
                 process.wait(timeout=20)

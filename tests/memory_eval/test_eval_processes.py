@@ -82,6 +82,8 @@ def test_a_server_dies_with_its_parent_even_on_sigkill(what, tiny_model_dir, tmp
         parent.wait()
     assert wait_exit(child), "the server outlived the process that started it"
     assert (tmp_path / "server.log").exists()
+    if what == "tiny":  # the server's sampling view of the model sits next to its log, not in the temp folder
+        assert len(list(tmp_path.glob("model-view-*"))) == 1
 
 
 def test_a_server_that_dies_mid_run_stops_the_run(tmp_path):
@@ -166,6 +168,7 @@ def test_quickstart_stops_its_server_on_sigterm(tmp_path):
     assert "interrupted" in quickstart.stderr.read()
     assert wait_exit(server), "the quickstart's server outlived it"
     assert log.exists() and log.stat().st_size > 0  # the log went where it was asked to, not to the temp folder
+    assert not list(tmp_path.glob("model-view-*"))  # the sampling view of the model, made next to it, is gone
 
 
 def test_a_refused_run_leaves_the_lock_naming_the_first_run(tmp_path):
