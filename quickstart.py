@@ -24,6 +24,8 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -38,6 +40,8 @@ DEFAULT_QUESTION = "What is the magic number?"
 CPU_CHUNK, CPU_MAX_NEW = 500, 64
 PAPER_CHUNK, PAPER_MAX_NEW = 5000, 1024
 MAX_CONTEXT = 120000  # the original quickstart keeps the first and last 60K tokens of longer documents
+SHOWN_CHARS = 200  # of a reply's first sentence, shown when no answer can be extracted
+DEFAULT_SERVER_LOG = HERE / ".cache" / "logs" / "quickstart-transformers-serve.log"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,7 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
         "is not available offline, the SmolLM2 tokenizer, with a note)",
     )
     parser.add_argument(
-        "--final-prompt", choices=("boxed", "answer_is"), default="boxed", help="answer format (default: boxed)"
+        "--final-prompt",
+        choices=("boxed", "answer_is"),
+        help="answer format: the paper's evaluation prompt ('Therefore, the answer is ...', the default for the "
+        "embedded CPU models, which were never trained to box) or the training prompt's \\boxed{} (the default "
+        "for other models, as in the original quickstart)",
     )
     parser.add_argument(
         "--max-context",
@@ -79,7 +87,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default 0.7)")
     parser.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling (default 0.95)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        help="sampling seed per request (default: 0 for the embedded CPU models, so the demo repeats; none otherwise)",
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    parser.add_argument(
+        "--server-log",
+        type=Path,
+        default=DEFAULT_SERVER_LOG,
+        help=f"without URL: the local server's log (default: {DEFAULT_SERVER_LOG.relative_to(HERE)} in the repository)",
+    )
     return parser
 
 
@@ -131,13 +150,40 @@ async def read_and_answer(session: Any, client: Any, sampling: dict[str, Any]) -
             )
 
 
+def shown_answer(response: str, final_prompt: str) -> tuple[str, str | None]:
+    """The answer to print and, when the scorer's own extraction found none, a note on what was shown instead.
+
+    The scorer's rules (taskutils.verifiers): the last ``\\boxed{}`` for the boxed prompt; for the paper's
+    prompt, the text after the last lower-case "the answer is" (case-sensitive, as the paper's evaluation). A
+    small model that writes "The answer is ..." or just states the answer would show nothing: then the phrase in
+    any case, else the reply's first sentence, is shown, with a note that a scorer would not have read it."""
+    from taskutils.verifiers import extract_answer, final_text, last_boxed_answer
+
+    text = final_text(response)
+    strict = last_boxed_answer(text) if final_prompt == "boxed" else extract_answer(text)
+    if strict:
+        return strict, None
+    found = (extract_answer(_any_case(text)) or "").strip("\"'")
+    if found:
+        return found, "found by 'the answer is' in any case: the paper's scorer reads only the lower-case phrase"
+    expected = "no \\boxed{} and no 'the answer is'" if final_prompt == "boxed" else "no 'the answer is'"
+    first = re.split(r"(?<=[.!?])\s|\n", text.strip(), maxsplit=1)[0][:SHOWN_CHARS]
+    if first:
+        return first, f"the reply's first sentence: it has {expected}, so a scorer would count it wrong"
+    return "(none extracted)", "the reply is empty: a scorer would count it wrong"
+
+
+def _any_case(text: str) -> str:
+    """``text`` with every "the answer is", in any case, written in lower case (the rest untouched)."""
+    return re.sub(r"the answer is", "the answer is", text, flags=re.IGNORECASE)
+
+
 def run(args: argparse.Namespace) -> int:
     from recurrent.client import OpenAIChatClient
     from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
     from recurrent.models import KNOWN_MODELS, ModelNotAvailableError, resolve_model_path
     from recurrent.serving import transformers_serve
     from recurrent.trace import TraceWriter
-    from taskutils.verifiers import extract_answer, final_text, last_boxed_answer
 
     url = os.environ.get("URL")
     if url and not args.model:
@@ -147,6 +193,8 @@ def run(args: argparse.Namespace) -> int:
     embedded = model in KNOWN_MODELS
     chunk = args.chunk or (CPU_CHUNK if embedded else PAPER_CHUNK)
     max_new = args.max_new or (CPU_MAX_NEW if embedded else PAPER_MAX_NEW)
+    final_prompt = args.final_prompt or ("answer_is" if embedded else "boxed")
+    seed = args.seed if args.seed is not None else (0 if embedded else None)
     if chunk <= 0 or max_new <= 0:
         print("error: --chunk and --max-new must be positive", file=sys.stderr)
         return 2
@@ -167,9 +215,13 @@ def run(args: argparse.Namespace) -> int:
                 return 2
             tokenizer = load_tokenizer(args.tokenizer or model_dir)
             print(f"starting transformers serve for {model} ({model_dir}) ...", flush=True)
-            server = stack.enter_context(transformers_serve(model_dir))
+            server = stack.enter_context(transformers_serve(model_dir, log_path=args.server_log))
             base_url, served = server.base_url, server.model
-            print(f"server ready at {base_url} in {time.perf_counter() - start:.1f} s")
+            print(
+                f"server ready at {base_url} in {time.perf_counter() - start:.1f} s (pid {server.process.pid}, "
+                f"log {args.server_log})",
+                flush=True,
+            )
         config = MemoryConfig(
             context_key="context",
             question_key="input",
@@ -178,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
             max_memorization_length=max_new,
             max_final_response_length=max_new,
             max_chunks=max(1, args.max_context // chunk) if args.max_context > 0 else None,
-            final_prompt=args.final_prompt,
+            final_prompt=final_prompt,
             strip_context=True,
             strip_think=True,
         )
@@ -191,6 +243,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"question: {question}")
         client = OpenAIChatClient(base_url, served, max_concurrency=1, timeout=args.timeout, max_retries=2)
         sampling = {"temperature": args.temperature, "top_p": args.top_p}
+        if seed is not None:
+            sampling["seed"] = seed
         began = time.perf_counter()
 
         async def main() -> None:
@@ -200,13 +254,11 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(main())
         agent_seconds = time.perf_counter() - began
 
-    response = session.answer or ""
-    answer = last_boxed_answer(final_text(response)) if args.final_prompt == "boxed" else extract_answer(response)
+    answer, how = shown_answer(session.answer or "", final_prompt)
     stats = client.stats
-    if answer is None:
-        expected = "\\boxed{} answer" if args.final_prompt == "boxed" else "'the answer is ...'"
-        answer = f"(none: the reply above has no {expected})"
     print(f"\nAnswer: {answer}")
+    if how:
+        print(f"        ({how})")
     print(
         f"Time: {agent_seconds:.1f} s for {len(session.history)} model calls ({time.perf_counter() - start:.1f} s "
         f"in all, server start included)"
@@ -231,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # tokenizer-loading chatter is not what a user came to read
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return run(args)
     except KeyboardInterrupt:
@@ -241,6 +294,13 @@ def main(argv: list[str] | None = None) -> int:
         # that did not start, a missing --context-file.
         print(f"error: {err}", file=sys.stderr)
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    # SIGTERM (a scheduler, `kill`) unwinds like Ctrl-C: the local server is stopped on the way out.
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 if __name__ == "__main__":

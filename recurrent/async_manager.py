@@ -19,22 +19,35 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from tqdm import tqdm
 
 from recurrent.interface import ChatClient, Session, TurnRecord
 from recurrent.trace import TraceWriter
 
+if TYPE_CHECKING:
+    import torch
+
 log = logging.getLogger(__name__)
 
 
+def _stop_requested() -> bool:
+    """Whether the current task has been asked to stop (a cancellation may be pending, not yet delivered: a
+    client call that returned without awaiting again never raised it)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+    return bool(cancelling and cancelling())
+
+
 async def run_session(session: Session, client: ChatClient, sampling: dict[str, Any] | None = None) -> Session:
-    """Drive one session to its end: ask for the next turn, call the model, hand the reply back."""
+    """Drive one session to its end: ask for the next turn, call the model, hand the reply back. A session whose
+    task was cancelled stops between turns, even if the cancellation arrived together with a reply."""
     sampling = sampling or {}
     while (turn := session.next_turn()) is not None:
         reply = await client.chat(turn.messages, turn.max_tokens, **sampling)
+        if _stop_requested():
+            raise asyncio.CancelledError("cancelled between turns")
         session.record(reply)
     return session
 
@@ -86,6 +99,8 @@ class AsyncRollout:
 
 
 def _collect(sessions: list[Session], seconds: list[float], errors: list[BaseException | None]) -> AsyncRollout:
+    import torch  # here, not at import: clients that only chat (the eval harness, the quickstart) never load it
+
     records: list[TurnRecord] = []
     sample_index: list[int] = []
     final_mask: list[bool] = []

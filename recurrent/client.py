@@ -9,8 +9,10 @@ backoff and, once retries are exhausted, a :class:`ChatRequestError` is raised w
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -27,7 +29,34 @@ log = logging.getLogger(__name__)
 DEFAULT_URL = "http://localhost:8000/v1"
 DEFAULT_API_KEY = "123-abc"  # the original quickstart's placeholder; local servers ignore it
 MAX_BACKOFF = 60.0  # cap on one backoff sleep, in seconds
+CONNECT_TIMEOUT = 60.0  # seconds to open a connection (the attempt's deadline bounds the rest)
+CHARS_PER_TOKEN = 4  # to estimate a prompt's tokens without a tokenizer
 
+
+if sys.version_info >= (3, 11):
+    _deadline = asyncio.timeout
+else:  # pragma: no cover - Python 3.10 has no asyncio.timeout
+
+    class _deadline:  # noqa: N801 - stands in for asyncio.timeout
+        """``asyncio.timeout`` for Python 3.10, by cancelling the current task when the deadline passes."""
+
+        def __init__(self, seconds: float) -> None:
+            self.seconds, self.expired = seconds, False
+
+        async def __aenter__(self) -> None:
+            task = asyncio.current_task()
+
+            def expire() -> None:
+                self.expired = True
+                task.cancel()
+
+            self.handle = asyncio.get_running_loop().call_later(self.seconds, expire)
+
+        async def __aexit__(self, kind, error, tb) -> bool:
+            self.handle.cancel()
+            if self.expired and kind is asyncio.CancelledError:
+                raise asyncio.TimeoutError from error
+            return False
 
 
 class ChatRequestError(RuntimeError):
@@ -85,11 +114,32 @@ def _retry_after(err: BaseException) -> float | None:
         return None
 
 
+MAX_ERROR_CHARS = 1000  # of a server's error body quoted in a message
+
+
+def _server_says(err: openai.APIStatusError) -> str:
+    """What the server said, from the error body in any common shape: OpenAI's ``{"error": {"message"}}`` (the
+    SDK's message has it already), FastAPI's ``{"detail": ...}`` (``transformers serve``), other JSON, or text.
+    The SDK keeps only OpenAI's shape in its message, which leaves "Error code: 400" for the others."""
+    body = err.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        said = inner.get("message") if isinstance(inner, dict) else inner
+        if not said:
+            said = body.get("detail") or body.get("message") or body
+    else:
+        said = body
+    text = said if isinstance(said, str) else json.dumps(said, ensure_ascii=False, default=str) if said else ""
+    return text[:MAX_ERROR_CHARS]
+
+
 def _describe(err: BaseException) -> str:
     if isinstance(err, asyncio.TimeoutError):
         return "TimeoutError: no complete response in time"
     if isinstance(err, openai.APIStatusError):
-        return f"{type(err).__name__} (HTTP {err.status_code}): {err.message}"
+        said = _server_says(err)
+        message = err.message if not said or said in err.message else f"{err.message} - {said}"
+        return f"{type(err).__name__} (HTTP {err.status_code}): {message}"
     return f"{type(err).__name__}: {err}"
 
 
@@ -112,7 +162,9 @@ class OpenAIChatClient:
     ``base_url`` defaults to env ``URL`` then ``http://localhost:8000/v1``; ``api_key`` to env ``API_KEY`` then
     a placeholder. The key is sent both as a Bearer token and as an ``api-key`` header (Azure), as the original
     quickstart did, and is kept out of reprs, logs and error messages. At most ``max_concurrency`` requests are
-    in flight; each attempt must finish within ``timeout`` seconds; transient failures (connection errors,
+    in flight; each attempt must finish within ``timeout + timeout_per_token * (max_tokens + prompt tokens)``
+    seconds (prompt tokens estimated as characters / 4), so a long prompt or a long answer gets the time it
+    needs and a short one does not wait an hour for a dead server; transient failures (connection errors,
     timeouts, HTTP 429 and 5xx) are retried ``max_retries`` times after ``backoff * 2**attempt`` seconds
     (capped at 60 s, longer if the server sends ``Retry-After``). ``default_sampling`` is merged under each
     call's sampling. ``token_limit_param`` names the field that carries ``max_tokens`` (OpenAI's o-series want
@@ -126,6 +178,7 @@ class OpenAIChatClient:
         api_key: str | None = None,
         max_concurrency: int = 64,
         timeout: float = 600.0,
+        timeout_per_token: float = 0.0,
         max_retries: int = 3,
         backoff: float = 1.0,
         default_sampling: dict[str, Any] | None = None,
@@ -140,6 +193,7 @@ class OpenAIChatClient:
         self.model = model
         self.max_concurrency = max_concurrency
         self.timeout = timeout
+        self.timeout_per_token = timeout_per_token
         self.max_retries = max_retries
         self.backoff = backoff
         self.default_sampling = dict(default_sampling or {})
@@ -163,14 +217,16 @@ class OpenAIChatClient:
         loop = asyncio.get_running_loop()
         if self._openai is None or self._semaphore is None or self._loop is not loop:
             limits = httpx2.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
+            # No read timeout below: a non-streamed reply is one long read; the attempt's deadline bounds it.
+            io_timeout = httpx2.Timeout(None, connect=min(self.timeout, CONNECT_TIMEOUT))
             self._openai = AsyncOpenAI(
                 base_url=self.base_url,
                 api_key=self._api_key,
-                timeout=self.timeout,
+                timeout=io_timeout,
                 max_retries=0,  # retries are ours: counted, logged, and classified the same for every server
                 default_headers=self._headers,
                 default_query=self._query or None,
-                http_client=httpx2.AsyncClient(limits=limits, timeout=self.timeout),
+                http_client=httpx2.AsyncClient(limits=limits, timeout=io_timeout),
             )
             self._semaphore = asyncio.Semaphore(self.max_concurrency)
             self._loop = loop
@@ -196,6 +252,11 @@ class OpenAIChatClient:
         request.update(model=self.model, messages=messages, **{self.token_limit_param: max_tokens})
         return request
 
+    def attempt_timeout(self, messages: list[dict[str, str]], max_tokens: int) -> float:
+        """Seconds one attempt of this request may take."""
+        prompt_tokens = sum(len(str(m.get("content") or "")) for m in messages) // CHARS_PER_TOKEN
+        return self.timeout + self.timeout_per_token * (max_tokens + prompt_tokens)
+
     def _redact(self, text: str) -> str:
         return text.replace(self._api_key, "***") if self._api_key else text
 
@@ -204,6 +265,7 @@ class OpenAIChatClient:
         client, semaphore = self._bind()
         sampling = {**self.default_sampling, **sampling}
         request = self._request(messages, max_tokens, sampling)
+        deadline = self.attempt_timeout(messages, max_tokens)
         self.stats.calls += 1
         attempt = 0
         while True:
@@ -211,11 +273,13 @@ class OpenAIChatClient:
                 self.stats.requests += 1
                 start = time.perf_counter()
                 try:
-                    # wait_for bounds the whole attempt; httpx's timeout alone bounds each read, not the total
+                    # The deadline bounds the whole attempt (httpx's timeout alone bounds each read). It runs
+                    # the request in this task: asyncio.wait_for on Python 3.11 runs it in another task and
+                    # can drop a cancellation that arrives just as the reply does, so a stopped run reads on.
                     # A raw POST parsed as plain JSON: the SDK's request transforms and response models cost
                     # ~0.5 ms a call; its transport, errors and headers are the same.
-                    post = client.post("/chat/completions", body=request, cast_to=object)
-                    response = await asyncio.wait_for(post, self.timeout)
+                    async with _deadline(deadline):
+                        response = await client.post("/chat/completions", body=request, cast_to=object)
                     error = None
                 except (openai.APIError, asyncio.TimeoutError) as err:
                     error = err

@@ -24,9 +24,10 @@ import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-import torch
+if TYPE_CHECKING:  # for an annotation only: importing torch costs seconds and ~300 MB
+    import torch
 
 FinishReason = Literal["stop", "length"]
 

@@ -15,21 +15,31 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch costs seconds to import; the CLIs that chunk text never need it
+    import torch
+
+    TokenIds = Sequence[int] | np.ndarray | torch.Tensor
 
 SLOT = re.compile(r"\{([a-zA-Z]+)\}")
 # No whitespace, braces or markup: chat templates that trim or escape content leave it intact.
 _PLACEHOLDER = "MEMAGENTxMESSAGExPLACEHOLDERx7f3a9c"
 
-TokenIds = Sequence[int] | np.ndarray | torch.Tensor
+
+def _is_tensor(value: Any) -> bool:
+    """A torch tensor, told without importing torch (a tensor exists only if torch was imported)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
 
 
 def _as_id_list(key: str, value: Any) -> list[int]:
     """A slot value as a list of ints (list, tuple, 1-D numpy array or 1-D tensor)."""
-    if isinstance(value, torch.Tensor | np.ndarray):
+    if isinstance(value, np.ndarray) or _is_tensor(value):
         if value.ndim != 1:
             raise ValueError(f"slot {key!r}: expected a 1-D sequence of token ids, got shape {tuple(value.shape)}")
         return [int(v) for v in value.tolist()]

@@ -7,9 +7,6 @@ environment variables (P35).
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -171,64 +168,3 @@ def plan(entry: ModelEntry, tasks: list[str], lengths: list[int] | None) -> list
         else:
             pairs.extend((task, n) for n in RULER_LENGTHS if (task, n) not in PAPER_SKIPS)
     return pairs
-
-
-def data_file(data_dir: str | Path, task: str, length: int) -> Path | None:
-    """The eval set of (task, length): ``eval_{N}.jsonl`` (HotpotQA, N documents) or ``eval_{task}_{L}.jsonl``
-    (RULER), or the released ``.json`` list of the same name. None when neither exists."""
-    stem = f"eval_{length}" if task == HOTPOTQA else f"eval_{task}_{length}"
-    for suffix in (".jsonl", ".json"):
-        path = Path(data_dir) / (stem + suffix)
-        if path.is_file():
-            return path
-    return None
-
-
-def _raw_items(path: Path) -> Iterator[Any]:
-    """Raw JSON lines (bytes) of a ``.jsonl`` set, or the parsed items of a ``.json`` list."""
-    if path.suffix == ".json":
-        yield from json.loads(path.read_text())
-        return
-    with path.open("rb") as f:
-        for line in f:
-            if line.strip():
-                yield line
-
-
-_INDEX = re.compile(rb'^\{\s*"index"\s*:\s*(-?\d+)\s*[,}]')  # a line that starts with its index
-
-
-def iter_items(path: Path, limit: int | None = None, only: set[Any] | None = None) -> Iterator[dict[str, Any]]:
-    """The items of an eval set, streamed one line at a time (a 3.5M-token set is ~2 GB): the first ``limit``,
-    and of those only the ids in ``only`` (others are skipped without parsing their context when the line starts
-    with its index). An item without ``index`` gets its position. Released ``.json`` lists are loaded whole."""
-    for position, raw in enumerate(_raw_items(path)):
-        if limit is not None and position >= limit:
-            return
-        if only is not None and isinstance(raw, bytes):
-            match = _INDEX.match(raw)
-            if match and int(match.group(1)) not in only:
-                continue
-        item = json.loads(raw) if isinstance(raw, bytes) else raw
-        if "context" not in item and "doc_ids" in item:
-            raise ValueError(f"{path}: items hold document indices, not text; regenerate with taskutils.memory_data")
-        item.setdefault("index", position)
-        if only is None or item["index"] in only:
-            yield item
-
-
-def item_ids(path: Path, limit: int | None = None) -> list[Any]:
-    """The ids (``index``) of the first ``limit`` items, read cheaply: the data generators write ``index`` first,
-    so most lines need no JSON parsing of their (multi-megabyte) context."""
-    if path.suffix == ".json":
-        return [item["index"] for item in iter_items(path, limit)]
-    ids: list[Any] = []
-    with path.open("rb") as f:
-        for line in f:
-            if limit is not None and len(ids) >= limit:
-                break
-            if not line.strip():
-                continue
-            match = _INDEX.match(line)
-            ids.append(int(match.group(1)) if match else json.loads(line).get("index", len(ids)))
-    return ids

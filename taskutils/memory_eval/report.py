@@ -1,4 +1,5 @@
-"""Summarize a results folder: ``summary.md``, ``summary.csv`` and ``accuracy_vs_length.png``.
+"""Summarize a results folder: ``summary.md``, ``summary.csv``, ``accuracy_vs_length.png`` (sub_em) and
+``strict_vs_length.png``.
 
     python -m taskutils.memory_eval.report RESULTS_DIR [--data-dir DATA_DIR] [--out DIR]
 
@@ -28,7 +29,7 @@ from typing import Any
 from recurrent.trace import read_trace
 
 from . import config as cfg
-from . import results
+from . import evalsets, results
 
 # Paper's token labels for the RULER-HotpotQA document counts (spec 5.4); other counts use ~140 tokens a document.
 HOTPOTQA_TOKENS = {
@@ -57,6 +58,7 @@ class Row:
     n: int
     expected: int | None
     failed: int
+    no_answer: int  # answered, but nothing could be extracted ("the answer is" or a box): a format failure
     strict: float | None
     sub_em: float | None
     em: float | None
@@ -105,9 +107,9 @@ def _expected(path: Path, meta: dict[str, Any], data_dir: Path | None, task: str
     if "expected" in meta:
         return int(meta["expected"])
     if data_dir is not None:
-        data = cfg.data_file(data_dir, task, length)
+        data = evalsets.data_file(data_dir, task, length)
         if data is not None:
-            return len(cfg.item_ids(data))
+            return evalsets.item_count(data)
     return None
 
 
@@ -139,6 +141,7 @@ def collect(results_dir: str | Path, data_dir: str | Path | None = None) -> list
                 n=len(records),
                 expected=_expected(path, meta, data_dir, task, length),
                 failed=sum(bool(r.get("error")) for r in records),
+                no_answer=sum(not r.get("error") and not r.get("pred") for r in records),
                 strict=_mean_pct(records, "strict"),
                 sub_em=_mean_pct(records, "sub_em"),
                 em=_mean_pct(records, "em"),
@@ -177,7 +180,9 @@ def markdown(rows: list[Row]) -> str:
     lines += [
         "Accuracies in %, over every item of a file (failed items count 0). `sub_em`: lenient, the paper's "
         "headline. `strict`: the training verifier (boxed answer); ~0 for the `memory` and `direct` methods, "
-        "whose 'the answer is' format has no box (P4). `em`/`f1` do not apply to RULER non-QA tasks.",
+        "whose 'the answer is' format has no box (P4). `em`/`f1` do not apply to RULER non-QA tasks. "
+        "`no answer`: items answered without an extractable answer (no 'the answer is', no box): they score 0 "
+        "for their format, not for their content.",
         "",
     ]
     by_task: dict[str, list[Row]] = defaultdict(list)
@@ -208,6 +213,7 @@ def markdown(rows: list[Row]) -> str:
         "n",
         "expected",
         "failed",
+        "no answer",
         *METRIC_COLUMNS,
         "prompt tokens",
         "completion tokens",
@@ -223,6 +229,7 @@ def markdown(rows: list[Row]) -> str:
             r.n,
             r.expected,
             r.failed,
+            r.no_answer,
             r.strict,
             r.sub_em,
             r.em,
@@ -249,11 +256,17 @@ def warn_lines(rows: list[Row]) -> list[str]:
             out.append(f"{where}: {r.n} lines, eval set has {r.expected} (incomplete run or --limit)")
         if r.failed:
             out.append(f"{where}: {r.failed} of {r.n} items failed (counted as 0; rerun with --retry-failed)")
+        if r.no_answer:
+            out.append(f"{where}: {r.no_answer} of {r.n} answers had no extractable answer (counted as 0)")
     return out
 
 
-def plot(rows: list[Row], path: Path) -> None:
-    """Accuracy (sub_em %) vs context length (log x), one line per model+method, one panel per task family."""
+PLOTS = {"sub_em": "accuracy_vs_length.png", "strict": "strict_vs_length.png"}
+
+
+def plot(rows: list[Row], path: Path, metric: str = "sub_em") -> list[tuple[str, str]]:
+    """``metric`` (%) vs context length (log x), one line per model+method, one panel per task family. Returns
+    each panel's (title, y label), the names a reader sees."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on servers
@@ -262,9 +275,10 @@ def plot(rows: list[Row], path: Path) -> None:
     # family -> (model, method) -> tokens -> [sub_em of each task of the family]
     series: dict[str, dict[tuple[str, str], dict[int, list[float]]]] = defaultdict(lambda: defaultdict(dict))
     for r in rows:
-        if r.sub_em is None:
+        value = getattr(r, metric)
+        if value is None:
             continue
-        series[family(r.task)][(r.model, r.method)].setdefault(context_tokens(r.task, r.length), []).append(r.sub_em)
+        series[family(r.task)][(r.model, r.method)].setdefault(context_tokens(r.task, r.length), []).append(value)
     families = sorted(series, key=lambda f: (f != cfg.HOTPOTQA, f))
     if not families:
         families = [cfg.HOTPOTQA]
@@ -284,8 +298,8 @@ def plot(rows: list[Row], path: Path) -> None:
             ax.minorticks_off()
         ax.set_ylim(-2, 102)
         ax.set_xlabel("context length (tokens)")
-        ax.set_ylabel("accuracy (sub_em, %)")
-        ax.set_title("RULER-HotpotQA" if fam == cfg.HOTPOTQA else f"RULER {fam}")
+        ax.set_ylabel(f"{metric} (%)")
+        ax.set_title(("RULER-HotpotQA" if fam == cfg.HOTPOTQA else f"RULER {fam}") + f": {metric}")
         ax.grid(True, alpha=0.3)
         if series[fam]:
             ax.legend(fontsize=7)
@@ -294,6 +308,7 @@ def plot(rows: list[Row], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
+    return [(ax.get_title(), ax.get_ylabel()) for ax in list(axes.flat)[: len(families)]]
 
 
 def write_report(
@@ -304,10 +319,12 @@ def write_report(
     out_dir = Path(out_dir) if out_dir else results_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = collect(results_dir, data_dir)
-    paths = [out_dir / "summary.md", out_dir / "summary.csv", out_dir / "accuracy_vs_length.png"]
+    paths = [out_dir / "summary.md", out_dir / "summary.csv"]
     paths[0].write_text(markdown(rows))
     write_csv(rows, paths[1])
-    plot(rows, paths[2])
+    for metric, name in PLOTS.items():
+        paths.append(out_dir / name)
+        plot(rows, paths[-1], metric)
     for warning in warn_lines(rows):
         print(f"warning: {warning}", file=sys.stderr)
     return paths

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,41 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
 
 class SettingsMismatchError(RuntimeError):
     """A results file exists with other settings than this run's."""
+
+
+class ResultsBusyError(RuntimeError):
+    """Another run is writing into the same results folder."""
+
+
+LOCK_FILE = ".lock"
+
+
+@contextmanager
+def locked(results_dir: Path) -> Iterator[None]:
+    """Hold the results folder for this run: a second run into it would redo every item the first one has in
+    flight and append duplicate lines. An OS lock (``flock``), so a run killed with SIGKILL leaves no stale lock."""
+    import fcntl
+
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / LOCK_FILE
+    with path.open("a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            owner = handle.read().strip() or "unknown"
+            raise ResultsBusyError(
+                f"{results_dir} is in use by another run (pid {owner}); wait for it to finish, or pass another "
+                "--results-dir"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def safe_name(name: str) -> str:
@@ -89,6 +126,14 @@ def prepare(
     if len(keep) != len(records):
         _write_atomic(path, b"".join((json.dumps(r, ensure_ascii=False) + "\n").encode() for r in keep))
     return {r["id"] for r in keep}
+
+
+def unfinished(path: Path, ids: list[Any]) -> tuple[int, int, str | None]:
+    """Of the selected ``ids``: how many have a failed result, how many none, and the first error."""
+    records = {r["id"]: r for r in read_trace(path)} if path.exists() else {}
+    errors = [records[i]["error"] for i in ids if i in records and records[i].get("error")]
+    not_run = sum(i not in records for i in ids)
+    return len(errors), not_run, errors[0] if errors else None
 
 
 def item_record(

@@ -4,7 +4,7 @@ For every selected model: start its server (``vllm serve`` on GPU machines, ``tr
 use the given URL, run every (task, length) eval file with its method(s), write one JSON line per item as it
 finishes, stop the server. A killed run resumes where it stopped. Failed requests are retried with backoff;
 an item that still fails is recorded with its error and counts as wrong (never dropped, P7). At the end the
-token totals are printed and the summary (``summary.md``, ``summary.csv``, ``accuracy_vs_length.png``) is
+token totals are printed and the summary (``summary.md``, ``summary.csv``, one plot per metric) is
 written into the results folder (``python -m taskutils.memory_eval.report RESULTS_DIR`` redoes it).
 
 Examples:
@@ -25,10 +25,10 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Coroutine
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from tqdm import tqdm
@@ -40,13 +40,14 @@ from recurrent.models import ModelNotAvailableError, resolve_model_path
 from recurrent.trace import TraceWriter
 
 from . import config as cfg
-from . import results, scoring
+from . import evalsets, results, scoring
 from .direct import DirectWorkflow
 from .runner import FileOutcome, run_items
-from .serve import ServerError, endpoint
+from .serve import Endpoint, ServerError, endpoint
 
 log = logging.getLogger("memory_eval")
 
+T = TypeVar("T")
 QUESTION_BUDGET = 10**9  # the paper's evaluation never caps the question (training's budget is 1024 tokens)
 
 
@@ -59,8 +60,13 @@ class Job:
     method: str
     data: Path
     out: Path
+    ids: list[Any]  # the selected items
     pending: list[Any]  # ids still to run
-    expected: int
+    questions: dict[Any, tuple[str, str]] = field(default_factory=dict)  # id -> (file:line, question)
+
+    @property
+    def expected(self) -> int:
+        return len(self.ids)
 
 
 def parse_list(text: str) -> list[str]:
@@ -102,8 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--data-dir",
         type=Path,
         default=Path(os.environ.get("MEMAGENT_DATA_DIR", "data")),
-        help="eval sets: eval_{N}.jsonl, eval_{task}_{L}.jsonl (default: $MEMAGENT_DATA_DIR or ./data, where "
-        "python -m taskutils.memory_data writes them)",
+        help="eval sets: eval_{N}.jsonl, eval_{task}_{L}.jsonl, or the released .json arrays (default: "
+        "$MEMAGENT_DATA_DIR or ./data, where python -m taskutils.memory_data writes them)",
+    )
+    io.add_argument(
+        "--hotpotqa-dev",
+        type=Path,
+        help=f"the document pool of released sets whose contexts are document indices (default: "
+        f"<data-dir>/{evalsets.POOL_FILE} or <data-dir>/sources/{evalsets.POOL_FILE})",
     )
     io.add_argument("--results-dir", type=Path, default=Path("results"), help="output folder (default: results)")
     io.add_argument("--trace", action="store_true", help="store every item's memory after each chunk and its turns")
@@ -125,7 +137,19 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--ready-timeout", type=float, default=1800.0, help="seconds to wait for a server to be ready")
     srv.add_argument("--log-dir", type=Path, help="server logs (default: <results-dir>/logs)")
     srv.add_argument("--concurrency", type=int, help="requests in flight per model (default: the table's)")
-    srv.add_argument("--timeout", type=float, default=3600.0, help="seconds per request attempt")
+    srv.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds per request attempt, plus --timeout-per-token for every prompt and new token (default 300)",
+    )
+    srv.add_argument(
+        "--timeout-per-token",
+        type=float,
+        default=0.1,
+        help="seconds added to an attempt's timeout per token of its prompt (estimated) and of its max_tokens "
+        "(default 0.1: a 5000-token chunk with a 1024-token memory gets ~15 minutes)",
+    )
     srv.add_argument("--max-retries", type=int, default=3, help="retries of a failed request (with backoff)")
     srv.add_argument("--backoff", type=float, default=1.0, help="first backoff in seconds (doubles each retry)")
     srv.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (paper: 0.7)")
@@ -211,25 +235,40 @@ def settings_of(entry: cfg.ModelEntry, method: str, sampling: dict[str, Any]) ->
     }
 
 
-def plan_jobs(entry: cfg.ModelEntry, args: argparse.Namespace, sampling: dict[str, Any]) -> tuple[list[Job], list[str]]:
-    """The files of one model that still have items to run, and the (task, length) sets with no data."""
-    jobs, missing = [], []
+def sampling_note(entry: cfg.ModelEntry, args: argparse.Namespace) -> str:
+    """Whether the recorded sampling is known to be applied: by a server the harness starts, yes (vLLM applies
+    it; ``transformers serve`` gets a model view with sampling switched on); by an external endpoint, unknown."""
+    if args.url or entry.url:
+        return "not verified: an external endpoint (--url) decides whether it applies temperature and top_p"
+    return "yes: applied by the server the harness starts"
+
+
+def plan_jobs(
+    entry: cfg.ModelEntry,
+    args: argparse.Namespace,
+    sampling: dict[str, Any],
+    scanned: dict[Path, tuple[list[Any], dict[Any, tuple[str, str]]]],
+) -> list[Job]:
+    """Every results file of one model, with the items still to run. Eval sets are checked once per file
+    (``scanned`` caches their ids); a (task, length) without data is left out (see :func:`check_data`)."""
+    jobs = []
+    pool = evalsets.pool_file(args.data_dir, args.hotpotqa_dev)
     for method in args.method or [entry.method]:
         for task, length in cfg.plan(entry, cfg.expand_tasks(args.tasks), args.lengths):
-            data = cfg.data_file(args.data_dir, task, length)
+            data = evalsets.data_file(args.data_dir, task, length)
             if data is None:
-                missing.append(f"{task}_{length}")
                 continue
-            ids = cfg.item_ids(data, args.limit)
-            if len(set(ids)) != len(ids):
-                raise ValueError(f"{data}: duplicate item indices")
+            if data not in scanned:
+                questions: dict[Any, tuple[str, str]] = {}
+                scanned[data] = (evalsets.scan(data, args.limit, pool, questions), questions)
+            ids, questions = scanned[data]
             out = results.results_path(args.results_dir, task, length, entry.name, method)
-            info = {"expected": len(ids), "data_file": str(data), "model": entry.name, "task": task, "length": length}
+            info = {"expected": len(ids), "data_file": str(data), "model": entry.name, "task": task, "length": length,
+                    "sampling_applied": sampling_note(entry, args)}  # fmt: skip
             done = results.prepare(out, settings_of(entry, method, sampling), info, args.retry_failed, args.overwrite)
             pending = [i for i in ids if i not in done]
-            if pending:
-                jobs.append(Job(task, length, method, data, out, pending, len(ids)))
-    return jobs, sorted(set(missing))
+            jobs.append(Job(task, length, method, data, out, ids, pending, {i: questions[i] for i in pending}))
+    return jobs
 
 
 async def run_model(
@@ -241,6 +280,7 @@ async def run_model(
     sampling: dict[str, Any],
 ) -> list[tuple[Job, FileOutcome]]:
     workflows = {method: make_workflow(entry, method, tokenizer) for method in {job.method for job in jobs}}
+    pool = evalsets.pool_file(args.data_dir, args.hotpotqa_dev)
     outcomes = []
     try:
         for job in jobs:
@@ -271,7 +311,7 @@ async def run_model(
             with TraceWriter(job.out) as writer:
                 try:
                     outcome = await run_items(
-                        cfg.iter_items(job.data, args.limit, only=set(job.pending)),
+                        evalsets.iter_items(job.data, args.limit, set(job.pending), pool),
                         workflows[job.method],
                         make_record,
                         client,
@@ -292,11 +332,67 @@ async def run_model(
     return outcomes
 
 
+def report_long_questions(entry: cfg.ModelEntry, jobs: list[Job], tokenizer: Any) -> list[str]:
+    """Warn, before any item runs, about questions longer than the question budget the memory agent was trained
+    with: the evaluation keeps a question whole (as the paper's), so every prompt of that item is longer than
+    any prompt seen in training, and may exceed a server's context window."""
+    budget = MemoryConfig.max_prompt_length
+    lines = []
+    for job in jobs:
+        if cfg.METHODS[job.method][0] != "memory":
+            continue
+        for where, question in job.questions.values():
+            tokens = len(tokenizer.encode(question.strip(), add_special_tokens=False))
+            if tokens > budget:
+                lines.append(
+                    f"{where}: the question has {tokens} tokens, over the {budget}-token question budget of "
+                    f"training; it is kept whole, so each of its prompts is {tokens - budget} tokens longer than any "
+                    f"in training ({entry.name})"
+                )
+    for line in lines:
+        log.warning("%s", line)
+    return lines
+
+
+SERVER_POLL = 0.5  # seconds between checks that a server we started is still alive
+
+
+async def watched(work: Coroutine[Any, Any, T], ep: Endpoint) -> T:
+    """Await ``work``; if the server we started exits meanwhile, stop it and raise :class:`ServerError` at once,
+    instead of letting every remaining item go through its retries against a closed port. Items in flight are
+    cancelled, so they leave no line and a resumed run redoes them."""
+    task = asyncio.ensure_future(work)
+    if ep.process is None:  # an endpoint we did not start: nothing to watch
+        return await task
+    process = ep.process
+
+    async def watch() -> None:
+        while process.poll() is None:
+            await asyncio.sleep(SERVER_POLL)
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pending in (task, watcher):
+            pending.cancel()
+        await asyncio.gather(task, watcher, return_exceptions=True)
+    if not task.cancelled():  # the work ended on its own (even just as the server stopped): its outcome stands
+        return task.result()
+    tail = ep.log_path.read_text(errors="replace")[-2000:] if ep.log_path and ep.log_path.exists() else ""
+    raise ServerError(
+        f"the {ep.kind} server (pid {process.pid}) exited with code {process.returncode} while items were running; "
+        f"the items in flight were not recorded (run the same command again to resume). Its log, {ep.log_path}, "
+        f"ends with:\n{tail}"
+    )
+
+
 def run_entry(
     entry: cfg.ModelEntry, jobs: list[Job], args: argparse.Namespace, sampling: dict[str, Any]
 ) -> list[tuple[Job, FileOutcome]]:
     """One model: its tokenizer, its endpoint for the duration of its files, then the server is stopped."""
     tokenizer = load_tokenizer(entry.tokenizer or entry.checkpoint)  # before a server starts: fail fast
+    report_long_questions(entry, jobs, tokenizer)
     log_dir = args.log_dir or args.results_dir / "logs"
     with endpoint(entry, args.url, args.serve, args.replicas, log_dir, args.ready_timeout) as ep:
         log.info("%s: endpoint %s (%s), model %r", entry.name, ep.base_url, ep.kind, ep.model)
@@ -305,10 +401,11 @@ def run_entry(
             ep.model,
             max_concurrency=entry.concurrency,
             timeout=args.timeout,
+            timeout_per_token=args.timeout_per_token,
             max_retries=args.max_retries,
             backoff=args.backoff,
         )
-        return asyncio.run(run_model(entry, jobs, tokenizer, client, args, sampling))
+        return asyncio.run(watched(run_model(entry, jobs, tokenizer, client, args, sampling), ep))
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -337,29 +434,78 @@ def print_totals(rows: list[tuple[str, Job, FileOutcome]]) -> None:
     print(f"{'total':75} {done:6d} {failed:6d} {prompt:12,d} {completion:11,d}", file=sys.stderr)
 
 
+def check_data(entries: list[cfg.ModelEntry], args: argparse.Namespace) -> list[str]:
+    """Raise :class:`evalsets.EvalDataError` when a selected task, or a selected length, has no eval set at all;
+    return the (task, length) pairs that are absent while their task and length exist elsewhere (``--lengths``
+    applies to every task, so HotpotQA document counts and RULER token counts meet in one list)."""
+    pairs = {pair for entry in entries for pair in cfg.plan(entry, cfg.expand_tasks(args.tasks), args.lengths)}
+    absent = {pair for pair in pairs if evalsets.data_file(args.data_dir, *pair) is None}
+    tasks = sorted({t for t, _ in pairs if all((t, n) in absent for t2, n in pairs if t2 == t)})
+    lengths = sorted({n for _, n in pairs if all((t, n) in absent for t, n2 in pairs if n2 == n)})
+    if tasks or (args.lengths and lengths):
+        names = [f"{args.data_dir}/{evalsets.expected_names(t, n)}" for t, n in sorted(absent)]
+        what = f"task(s) {', '.join(tasks)}" if tasks else f"length(s) {', '.join(map(str, lengths))}"
+        raise evalsets.EvalDataError(
+            f"no eval set for the selected {what}: looked for {', '.join(names)}; generate them "
+            "(python -m taskutils.memory_data) or select what exists with --tasks / --lengths"
+        )
+    return [f"{t}_{n}" for t, n in sorted(absent)]
+
+
+def unfinished(plans: list[tuple[cfg.ModelEntry, list[Job]]]) -> list[str]:
+    """One line per results file where a selected item has no result or only a failed one."""
+    lines = []
+    for entry, jobs in plans:
+        for job in jobs:
+            failed, not_run, first = results.unfinished(job.out, job.ids)
+            if failed or not_run:
+                line = f"{entry.name} {job.method} {job.task}_{job.length}: {failed} failed, {not_run} not run"
+                lines.append(line + (f" (first error: {first})" if first else ""))
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Exit status: 0 when every selected item has a result; 1 when an item failed or did not run; 2 on bad input
+    (nothing is sent to a model then) or a results folder in use by another run; 130 when interrupted."""
     args = parse_args(argv)
+    try:
+        with results.locked(args.results_dir):
+            return evaluate(args)
+    except results.ResultsBusyError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    """The run of :func:`main`, with the results folder held."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     for noisy in ("httpx", "httpx2", "openai", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     sampling = {"temperature": args.temperature, "top_p": args.top_p}
     if args.seed is not None:
         sampling["seed"] = args.seed
-    table = cfg.load_table(args.table)
-    entries = [
-        cfg.with_overrides(e, concurrency=args.concurrency, served_name=args.served_model, tokenizer=args.tokenizer)
-        for e in cfg.select_models(table, args.models)
-    ]
+    try:
+        table = cfg.load_table(args.table)
+        entries = [
+            cfg.with_overrides(e, concurrency=args.concurrency, served_name=args.served_model, tokenizer=args.tokenizer)
+            for e in cfg.select_models(table, args.models)
+        ]
+        absent = check_data(entries, args)
+        if absent:
+            log.warning("no eval set for %d (task, length) pair(s), not run: %s", len(absent), ", ".join(absent))
+        scanned: dict[Path, tuple[list[Any], dict[Any, tuple[str, str]]]] = {}
+        plans = [(entry, plan_jobs(entry, args, sampling, scanned)) for entry in entries]
+    except (evalsets.EvalDataError, results.SettingsMismatchError, FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     previous = signal.signal(signal.SIGTERM, _interrupt)
     rows: list[tuple[str, Job, FileOutcome]] = []
-    missing_all: set[str] = set()
     skipped_models: list[str] = []
     try:
-        for entry in entries:
-            jobs, missing = plan_jobs(entry, args, sampling)
-            missing_all.update(missing)
+        for entry, jobs in plans:
+            jobs = [job for job in jobs if job.pending]
             if not jobs:
-                log.info("%s: nothing to run (%s)", entry.name, "no data" if missing else "all items done")
+                log.info("%s: nothing to run (all items done)", entry.name)
                 continue
             log.info("%s: %d file(s), %d item(s) to run", entry.name, len(jobs), sum(len(j.pending) for j in jobs))
             try:
@@ -372,23 +518,26 @@ def main(argv: list[str] | None = None) -> int:
         print("\ninterrupted: finished items are saved; run the same command again to resume", file=sys.stderr)
         print_totals(rows)
         return 130
-    except (results.SettingsMismatchError, FileNotFoundError, ValueError) as err:
+    except (evalsets.EvalDataError, results.SettingsMismatchError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     finally:
         signal.signal(signal.SIGTERM, previous)
-    if missing_all:
-        log.warning("no data for %d set(s), skipped: %s", len(missing_all), ", ".join(sorted(missing_all)))
     print_totals(rows)
     if not args.no_report and args.results_dir.is_dir():
         from .report import write_report
 
         written = write_report(args.results_dir, data_dir=args.data_dir)
         print(f"summary: {', '.join(str(p) for p in written)}", file=sys.stderr)
+    problems = unfinished(plans)
     if skipped_models:
         print(f"error: model(s) not evaluated: {', '.join(skipped_models)} (see the log above)", file=sys.stderr)
-        return 1
-    return 0
+    if problems:
+        print(f"error: {len(problems)} results file(s) incomplete:", file=sys.stderr)
+        for line in problems:
+            print(f"  {line}", file=sys.stderr)
+        print("failed items count as 0 in the summary; --retry-failed redoes them", file=sys.stderr)
+    return 1 if problems or skipped_models else 0
 
 
 if __name__ == "__main__":

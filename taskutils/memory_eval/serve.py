@@ -24,11 +24,11 @@ import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from recurrent.models import resolve_model_path
-from recurrent.serving import free_port, transformers_serve
+from recurrent.serving import free_port, spawn_server, transformers_serve
 
 from .config import ModelEntry
 
@@ -49,6 +49,8 @@ class Endpoint:
     model: str  # the name requests use
     kind: str  # url | vllm | transformers
     pid: int | None = None  # the server process we started, if any
+    process: subprocess.Popen | None = field(default=None, compare=False, repr=False)
+    log_path: Path | None = None
 
 
 def gpu_count() -> int:
@@ -178,19 +180,10 @@ def managed_server(
     env: dict[str, str] | None = None,
 ) -> Iterator[subprocess.Popen]:
     """Start ``cmd`` in its own process group, wait until it serves ``model``, stop the group on exit."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("w") as log_file:
-        try:
-            process = subprocess.Popen(
-                cmd,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-                stdin=subprocess.DEVNULL,
-            )
-        except OSError as err:  # e.g. no `vllm` on this machine
-            raise ServerError(f"cannot start {cmd[0]}: {err} (GPU machines: make setup-gpu)") from err
+    try:
+        process = spawn_server(cmd, log_path, env)
+    except OSError as err:  # e.g. no `vllm` on this machine
+        raise ServerError(f"cannot start {cmd[0]}: {err} (GPU machines: make setup-gpu)") from err
     try:
         log.info("started %s (pid %d), log %s", cmd[0], process.pid, log_path)
         waited = wait_ready(base_url, model, process, ready_timeout, interval, log_path)
@@ -232,7 +225,7 @@ def endpoint(
             except (RuntimeError, TimeoutError) as err:  # its start only; errors of the caller's block pass as is
                 raise ServerError(f"transformers serve for {entry.name} did not start: {err}") from err
             log.info("transformers serve pid %d at %s", server.process.pid, server.base_url)
-            yield Endpoint(server.base_url, server.model, kind, server.process.pid)
+            yield Endpoint(server.base_url, server.model, kind, server.process.pid, server.process, log_path)
         return
     if kind != "vllm":
         raise ValueError(f"unknown backend {kind!r}")
@@ -252,4 +245,4 @@ def endpoint(
     base_url = f"http://127.0.0.1:{port}/v1"
     with managed_server(cmd, base_url, entry.request_name, log_path, ready_timeout, poll_interval, env) as process:
         log.info("vllm serve pid %d at %s", process.pid, base_url)
-        yield Endpoint(base_url, entry.request_name, kind, process.pid)
+        yield Endpoint(base_url, entry.request_name, kind, process.pid, process, log_path)

@@ -53,7 +53,10 @@ def check_answer_placement(name: str, sample, sources: Sources) -> None:
         positions += [context.index(f"VAR {names[j + 1]} = VAR {names[j]}") for j in range(4)]
         assert positions == sorted(positions)  # the chain appears in order
     elif name == "cwe":
+        example, context = context.split("\n\n")  # the one-shot example, then the list
+        assert "Question: What are the 10 most common words in the above list? Answer: The top 10" in example
         counts = Counter(re.findall(r"\d+\. (\S+)", context))
+        assert {counts[w] for w in outputs} == {30}  # RULER's frequency (every length tested here is >= 4K)
         common = {counts[w] for w in outputs}
         assert len(outputs) == 10 and len(common) == 1
         assert min(common) > max(c for w, c in counts.items() if w not in outputs)
@@ -71,7 +74,9 @@ def check_answer_placement(name: str, sample, sources: Sources) -> None:
 
 @pytest.mark.parametrize("name", TASKS)
 def test_every_task_hits_its_target_with_the_answer_in_place(name, tiny_tokenizer, ruler_sources):
-    for length in (4096, 16384):
+    # cwe's smallest list (10 words x 30, plus the one-shot example) takes ~5K tokens of the tiny test tokenizer,
+    # which spends ~10 tokens on "123. word" (Qwen's ~4 fit it in ~2K): it starts at 8K here.
+    for length in (8192, 16384) if name == "cwe" else (4096, 16384):
         task = make_task(name, length, 42, tiny_tokenizer, ruler_sources)
         for index in (0, 1):
             sample, tokens = task.generate(index)
@@ -88,14 +93,34 @@ def test_64k_samples(name, tiny_tokenizer, ruler_sources):
     check_answer_placement(name, sample, ruler_sources)
 
 
-def test_cwe_beyond_the_word_list_scales_frequencies(tiny_tokenizer, ruler_sources):
-    task = make_task("cwe", 131072, 42, tiny_tokenizer, ruler_sources)
+def test_cwe_beyond_the_official_word_list_takes_english_words(tiny_tokenizer, ruler_sources):
+    from taskutils.memory_data.ruler.cwe_fwe import wonderwords_words
+
+    # wonderwords' ~8,700 words at 3 repeats cannot fill the length (with Qwen's tokenizer from ~100K tokens; the
+    # tiny test tokenizer spends more tokens per entry, ~265K): the long-length source takes over, and the task
+    # stays RULER's (30 and 3 repeats) instead of multiplying the frequencies.
+    length = 320 * 1024
+    task = make_task("cwe", length, 42, tiny_tokenizer, ruler_sources)
     sample, tokens = task.generate(0)
-    assert 0.98 * 131072 <= tokens <= 131072
-    assert sample.extra["frequency_scale"] > 1  # ~2,200 words cannot fill 128K tokens at 3 repeats each
-    counts = Counter(re.findall(r"\d+\. (\S+)", sample.context))
-    scale = sample.extra["frequency_scale"]
-    assert {counts[w] for w in sample.outputs} == {30 * scale}
+    assert 0.98 * length <= tokens <= length and sample.extra["word_source"] == "english-words web2"
+    example, listing = sample.context.split("\n\n")
+    counts = Counter(re.findall(r"\d+\. (\S+)", listing))
+    assert {counts[w] for w in sample.outputs} == {30} and set(counts.values()) == {30, 3}
+    assert not set(counts) <= set(wonderwords_words())  # words beyond the official list
+    example_counts = Counter(re.findall(r"\d+\. (\S+)", example.split("\nQuestion:")[0]))
+    assert len(example_counts) == 40 and sorted(set(example_counts.values())) == [3, 10]
+    assert not set(example_counts) & set(counts)  # the example's words are not the list's
+    short = make_task("cwe", 8192, 42, tiny_tokenizer, ruler_sources).generate(0)[0]
+    assert short.extra["word_source"] == "wonderwords"
+
+
+def test_cwe_words_are_the_official_sources():
+    from taskutils.memory_data.ruler.cwe_fwe import english_words, wonderwords_words
+
+    words = wonderwords_words()
+    assert len(words) == len(set(words)) > 8_000 and words == tuple(sorted(words))
+    assert {"apple", "happy"} <= set(words)  # a noun, an adjective of wonderwords' lists
+    assert len(english_words()) > 200_000 and all(w == w.lower() for w in english_words()[:1000])
 
 
 def test_essay_needles_sit_between_sentences(tiny_tokenizer, ruler_sources):

@@ -56,14 +56,18 @@ def wait_for_lines(path: Path, n: int, process: subprocess.Popen, timeout: float
     raise AssertionError(f"{path} did not reach {n} lines in {timeout} s")
 
 
-def test_harness_runs_both_methods_at_two_lengths_and_counts_failures(tiny_server, eval_data, tmp_path):
+def test_harness_runs_both_methods_at_two_lengths_and_counts_failures(tiny_server, eval_data, tmp_path, capsys):
     table = write_table(tmp_path / "table.yaml", tiny_server, broken_port=free_port())
     out = tmp_path / "results"
     argv = ["--table", str(table), "--models", "tiny,broken", "--method", "memory,direct",
             "--tasks", "hotpotqa,niah_single_1", "--lengths", "2,4,256,512", "--data-dir", str(eval_data),
             "--results-dir", str(out), "--trace", "--max-retries", "1", "--backoff", "0.01", "--timeout", "60",
             "--quiet"]  # fmt: skip
-    assert run_main(argv) == 0
+    assert run_main(argv) == 1  # the broken model's items failed: the run says so
+    err = capsys.readouterr().err
+    assert "error: 8 results file(s) incomplete:" in err
+    assert "broken memory hotpotqa_2: 4 failed, 0 not run (first error: ChatRequestError: chat request to" in err
+    assert "tiny memory" not in err and "--retry-failed redoes them" in err
 
     for task, lengths, ids in (("hotpotqa", (2, 4), {10, 11, 12, 13}), ("niah_single_1", (256, 512), {0, 1, 2, 3})):
         for length in lengths:
@@ -95,7 +99,7 @@ def test_harness_runs_both_methods_at_two_lengths_and_counts_failures(tiny_serve
     assert (out / "accuracy_vs_length.png").stat().st_size > 10_000
 
     before = {p: p.read_bytes() for p in out.glob("*/*.jsonl")}
-    assert run_main(argv) == 0  # everything done: nothing rerun, nothing duplicated
+    assert run_main(argv) == 1  # nothing rerun, nothing duplicated; the failed items still fail the run
     assert {p: p.read_bytes() for p in out.glob("*/*.jsonl")} == before
 
 

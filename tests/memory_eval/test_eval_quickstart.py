@@ -79,4 +79,29 @@ def test_quickstart_with_no_arguments_uses_smollm2(smollm2_dir):
     assert "-> 3 chunk(s) of up to 500" in out
     for k in (1, 2, 3):
         assert f"--- memory after chunk {k}/3 (" in out
-    assert "--- final answer (" in out and "\nAnswer: " in out and "\nTime: " in out
+    assert "--- final answer (" in out and "\nTime: " in out
+    answer = out.split("\nAnswer: ", 1)[1].splitlines()[0]
+    assert "7481" in answer, out[-2000:]  # the planted number, shown as the answer (seeded: the demo repeats)
+
+
+@pytest.mark.parametrize(
+    "reply, final_prompt, answer, note",
+    [
+        ("so the answer is 7481.", "answer_is", "7481", None),  # the paper's extraction
+        ('The answer is "the number 7481."', "answer_is", "the number 7481.", "in any case: the paper's scorer"),
+        ("Reasoning... \\boxed{7481}", "boxed", "7481", None),
+        ("The Answer Is 7481", "boxed", "7481", "in any case"),
+        ("The magic number is 7481. It was", "answer_is", "The magic number is 7481.", "first sentence: it has no"),
+        ("7481\nmore", "boxed", "7481", "it has no \\boxed{} and no 'the answer is', so a scorer would count it wrong"),
+        ("  ", "answer_is", "(none extracted)", "the reply is empty"),
+    ],
+)
+def test_the_quickstart_shows_what_it_extracted(reply, final_prompt, answer, note):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("quickstart", REPO / "quickstart.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    shown, how = module.shown_answer(reply, final_prompt)
+    assert shown == answer
+    assert (how is None) if note is None else (note in how)

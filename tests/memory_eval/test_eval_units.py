@@ -12,9 +12,9 @@ from transformers import AutoTokenizer
 
 from recurrent.interface import Reply
 from taskutils.memory_eval import config as cfg
-from taskutils.memory_eval import results, scoring
+from taskutils.memory_eval import evalsets, results, scoring
 from taskutils.memory_eval.direct import TEMPLATE_0SHOT, DirectWorkflow
-from taskutils.memory_eval.report import collect, markdown, write_report
+from taskutils.memory_eval.report import collect, markdown, plot, write_report
 
 
 @pytest.fixture(scope="module")
@@ -122,20 +122,23 @@ def test_task_plans_are_fresh_and_follow_the_paper():
 
 def test_items_stream_with_limit_and_ids(tmp_path):
     path = hotpotqa_set(tmp_path, 2, items=5)
-    assert cfg.item_ids(path) == [10, 11, 12, 13, 14] and cfg.item_ids(path, limit=2) == [10, 11]
-    assert [i["index"] for i in cfg.iter_items(path, limit=4, only={11, 13, 14})] == [11, 13]
+    assert evalsets.scan(path) == [10, 11, 12, 13, 14] and evalsets.scan(path, limit=2) == [10, 11]
+    assert [i["index"] for i in evalsets.iter_items(path, limit=4, only={11, 13, 14})] == [11, 13]
     plain = tmp_path / "eval_vt_8.jsonl"
-    plain.write_text('{"input": "q", "context": "c", "outputs": ["a"]}\n\n{"context": "d", "outputs": ["b"]}\n')
-    assert cfg.item_ids(plain) == [0, 1] and [i["index"] for i in cfg.iter_items(plain)] == [0, 1]
-    assert cfg.data_file(tmp_path, "vt", 8) == plain and cfg.data_file(tmp_path, "vt", 9) is None
+    plain.write_text(
+        '{"input": "q", "context": "c", "outputs": ["a"]}\n\n{"input": "r", "context": "d", "outputs": "b"}\n'
+    )
+    assert evalsets.scan(plain) == [0, 1] and [i["index"] for i in evalsets.iter_items(plain)] == [0, 1]
+    assert evalsets.data_file(tmp_path, "vt", 8) == plain and evalsets.data_file(tmp_path, "vt", 9) is None
 
 
 # ---- results files: resume, failures, settings ----
 
 
-def _line(i, error=None, sub_em=1):
+def _line(i, error=None, sub_em=1, pred="a"):
     return {"id": i, "model": "m", "method": "memory", "sub_em": sub_em, "strict": 0.0, "em": sub_em, "f1": sub_em,
-            "error": error, "prompt_tokens": 10, "completion_tokens": 2, "seconds": 1.0}  # fmt: skip
+            "error": error, "prompt_tokens": 10, "completion_tokens": 2, "seconds": 1.0,
+            "pred": None if error else pred}  # fmt: skip
 
 
 def test_resume_cuts_a_half_written_line_and_skips_finished_ids(tmp_path):
@@ -164,7 +167,8 @@ def test_resume_cuts_a_half_written_line_and_skips_finished_ids(tmp_path):
 def test_report_counts_failures_in_the_denominator(tmp_path):
     folder = tmp_path / "hotpotqa_50"
     folder.mkdir()
-    lines = [_line(0), _line(1, sub_em=0), _line(2, error="ChatRequestError: x", sub_em=0), _line(3)]
+    # item 1 answered in the wrong format: nothing extracted (pred None), 0 for its format
+    lines = [_line(0), _line(1, sub_em=0, pred=None), _line(2, error="ChatRequestError: x", sub_em=0), _line(3)]
     (folder / "m__memory.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     results.meta_path(folder / "m__memory.jsonl").write_text(json.dumps({"settings": {}, "expected": 5}))
     ruler = tmp_path / "vt_8192"
@@ -173,16 +177,29 @@ def test_report_counts_failures_in_the_denominator(tmp_path):
     rows = collect(tmp_path)
     hqa = next(r for r in rows if r.task == "hotpotqa")
     assert (hqa.n, hqa.expected, hqa.failed, hqa.sub_em, hqa.strict) == (4, 5, 1, 50.0, 0.0)  # 2 of 4, failed = 0
-    assert hqa.incomplete and hqa.prompt_tokens == 40
+    assert hqa.incomplete and hqa.prompt_tokens == 40 and hqa.no_answer == 1  # the failed item is not counted here
     vt = next(r for r in rows if r.task == "vt")
     assert vt.em is None and vt.sub_em == 100.0 and vt.expected is None
     text = markdown(rows)
     assert "4 lines, eval set has 5" in text and "1 of 4 items failed" in text and "| m | memory | 50.00* |" in text
-    md, csv_path, png = write_report(tmp_path)
+    assert "hotpotqa_50/m__memory: 1 of 4 answers had no extractable answer (counted as 0)" in text
+    assert "| m | memory | hotpotqa | 50 | 4 | 5 | 1 | 1 | 0.00 | 50.00 |" in text  # failed, then no answer
+    md, csv_path, png, strict_png = write_report(tmp_path)
     with csv_path.open() as f:
         table = list(csv.DictReader(f))
     assert len(table) == 2 and table[0]["sub_em"] == "50.0" and table[1]["em"] == ""
+    assert table[0]["no_answer"] == "1" and table[1]["no_answer"] == "0"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and md.read_text().startswith("# Evaluation summary")
+    assert strict_png.name == "strict_vs_length.png" and strict_png.read_bytes()[:4] == b"\x89PNG"
+    # each metric's plot carries its own name
+    assert plot(rows, tmp_path / "s.png", "strict") == [
+        ("RULER-HotpotQA: strict", "strict (%)"),
+        ("RULER vt: strict", "strict (%)"),
+    ]
+    assert plot(rows, tmp_path / "a.png") == [
+        ("RULER-HotpotQA: sub_em", "sub_em (%)"),
+        ("RULER vt: sub_em", "sub_em (%)"),
+    ]
 
 
 def test_run_options_from_a_config_file_and_flags(tmp_path):
@@ -200,13 +217,15 @@ def test_run_options_from_a_config_file_and_flags(tmp_path):
         parse_args(["--method", "recurrent"])
 
 
-def test_a_model_that_cannot_be_served_is_skipped_and_reported(tmp_path, caplog):
+def test_a_model_that_cannot_be_served_is_skipped_and_reported(tmp_path, caplog, capsys):
     from taskutils.memory_eval.run import main as run_main
 
     hotpotqa_set(tmp_path, 2, items=1)
     table = tmp_path / "table.yaml"
     table.write_text("models:\n  - {name: missing, checkpoint: no-such-org/no-such-model}\n")
-    argv = ["--table", str(table), "--models", "missing", "--tasks", "hotpotqa", "--lengths", "2,3",
+    argv = ["--table", str(table), "--models", "missing", "--tasks", "hotpotqa", "--lengths", "2",
             "--data-dir", str(tmp_path), "--results-dir", str(tmp_path / "out"), "--quiet"]  # fmt: skip
     assert run_main(argv) == 1
-    assert "missing: skipped" in caplog.text and "no data for 1 set(s), skipped: hotpotqa_3" in caplog.text
+    assert "missing: skipped" in caplog.text
+    err = capsys.readouterr().err
+    assert "error: model(s) not evaluated: missing" in err and "missing memory hotpotqa_2: 0 failed, 1 not run" in err

@@ -177,12 +177,58 @@ async def test_unreachable_server_errors_surface_per_sample():
     await client.aclose()
 
 
-async def test_fail_fast_raises_and_cancels_the_rest(client, tmp_path):
+class ScriptedClient:
+    """A ChatClient whose replies the test releases one by one (no timing involved): every call waits on its
+    own event, named by the session (the prompt's first word)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.gates: dict[str, asyncio.Event] = {}
+        self.arrived = asyncio.Event()
+
+    async def chat(self, messages, max_tokens, **sampling) -> Reply:
+        content = messages[0]["content"]
+        name = content.split(",")[0]
+        self.calls.append(content)
+        self.gates[name] = gate = asyncio.Event()
+        self.arrived.set()
+        await gate.wait()
+        return Reply(text=f"reply {len(self.calls)}", finish_reason="length", completion_tokens=1)
+
+    async def wait_for_calls(self, n: int) -> None:
+        while len(self.calls) < n:
+            self.arrived.clear()
+            await self.arrived.wait()
+
+
+async def test_fail_fast_raises_and_cancels_the_rest(tmp_path):
     trace = tmp_path / "trace.jsonl"
+    client = ScriptedClient()
     sessions = [RelaySession("broken", k=1, fail_at=0)] + [RelaySession(f"long{i}", k=50) for i in range(3)]
     manager = AsyncGenerationManager(client, trace_path=trace, progress=False)
+    run = asyncio.create_task(manager.run(sessions, GREEDY, fail_fast=True))
+    await client.wait_for_calls(4)  # every session waits on its first reply
+    client.gates["broken"].set()  # only the broken session gets a reply: recording it raises
     with pytest.raises(RuntimeError, match="broke at step 0"):
-        await manager.run(sessions, GREEDY, fail_fast=True)
-    assert all(len(s.history) < 51 for s in sessions[1:])  # stopped before their end
+        await run
+    assert len(client.calls) == 4  # nobody asked again
+    assert all(s.history == [] for s in sessions[1:])  # the others were stopped while waiting
     assert [r["id"] for r in read_trace(trace)] == [0]  # only the finished (failed) sample is traced
     assert not [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]  # nothing left running
+
+
+class CancelledWithReply(ScriptedClient):
+    """The stop request arrives together with the reply: the caller's task is cancelled as the reply returns."""
+
+    async def chat(self, messages, max_tokens, **sampling) -> Reply:
+        self.calls.append(messages[0]["content"])
+        asyncio.current_task().cancel()
+        return Reply(text="a reply that came with the stop", finish_reason="stop", completion_tokens=1)
+
+
+async def test_a_session_cancelled_with_its_reply_stops_between_turns():
+    client = CancelledWithReply()
+    session = RelaySession("s", k=5)
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.create_task(run_session(session, client))  # its own task: the one that gets cancelled
+    assert len(client.calls) == 1 and session.history == []  # it did not read on

@@ -13,7 +13,9 @@ import openai
 import pytest
 from aiohttp import web
 
+from recurrent.async_manager import run_session
 from recurrent.client import ChatRequestError, OpenAIChatClient
+from recurrent.interface import Turn
 from recurrent.serving import free_port, transformers_serve
 
 SECRET = "sk-test-SECRET-7f3a9c"
@@ -32,6 +34,7 @@ class FakeOpenAI:
         self.delay = 0.0
         self.choice_extra: dict = {}
         self.content = "fake reply"
+        self.error_body: dict | str | None = None  # instead of OpenAI's {"error": {"message": ...}}
         self.requests: list[dict] = []
         self.in_flight = 0
         self.max_in_flight = 0
@@ -51,7 +54,10 @@ class FakeOpenAI:
             if len(self.requests) <= self.fail_first:
                 headers = {"Retry-After": self.retry_after} if self.retry_after else None
                 message = f"injected failure for key {request.headers.get('api-key')}"  # a server echoing the key
-                return web.json_response({"error": {"message": message}}, status=self.status, headers=headers)
+                if isinstance(self.error_body, str):
+                    return web.Response(text=self.error_body, status=self.status, headers=headers)
+                body = self.error_body or {"error": {"message": message}}
+                return web.json_response(body, status=self.status, headers=headers)
             choice = {
                 "index": 0,
                 "message": {"role": "assistant", "content": self.content},
@@ -284,3 +290,87 @@ def test_client_survives_successive_event_loops(fake):
         gc.collect()
     assert first.text == second.text == "fake reply"
     assert client.stats.requests == 2
+
+
+class TwoTurns:
+    """A minimal session: two non-final turns then a final one."""
+
+    def __init__(self) -> None:
+        self.history: list = []
+
+    def next_turn(self):
+        if len(self.history) == 3:
+            return None
+        return Turn([{"role": "user", "content": f"turn {len(self.history)}"}], 4, final=len(self.history) == 2)
+
+    def record(self, reply) -> None:
+        self.history.append(reply)
+
+
+async def test_a_stop_that_arrives_with_the_reply_is_not_swallowed(fake, make_client):
+    # The reply is read, then the caller is cancelled before control returns to it. asyncio.wait_for on
+    # Python 3.11 returned the reply and dropped the cancellation; the session must stop instead of reading on.
+    client = make_client(fake.url)
+    http, _ = client._bind()
+    real_post = http.post
+
+    async def post_then_stop(*args, **kwargs):
+        response = await real_post(*args, **kwargs)
+        caller.cancel()
+        return response
+
+    http.post = post_then_stop
+    session = TwoTurns()
+    caller = asyncio.create_task(run_session(session, client))
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert len(fake.requests) == 1 and session.history == []
+
+
+@pytest.mark.parametrize(
+    "body, shown",
+    [
+        ({"detail": "Server is pinned to '/m'; requested 'tiny'."}, "Server is pinned to '/m'; requested 'tiny'."),
+        ({"error": "model not found"}, "model not found"),
+        ({"code": 7}, '{"code": 7}'),
+        ("plain text from a proxy", "plain text from a proxy"),
+    ],
+)
+async def test_what_the_server_said_is_in_the_error(fake, make_client, body, shown):
+    fake.fail_first, fake.status, fake.error_body = 1, 400, body
+    with pytest.raises(ChatRequestError) as info:
+        await make_client(fake.url).chat(HELLO, 8)
+    assert f"BadRequestError (HTTP 400): Error code: 400 - {shown}" in str(info.value)
+
+
+async def test_a_pinned_transformers_server_says_why_it_refused(tiny_server):
+    client = OpenAIChatClient(tiny_server.base_url, "tiny")  # the server is pinned to its model folder
+    with pytest.raises(ChatRequestError) as info:
+        await client.chat(HELLO, 4)
+    await client.aclose()
+    assert f"(HTTP 400): Error code: 400 - Server is pinned to '{tiny_server.model}'; requested 'tiny'." in str(
+        info.value
+    )
+
+
+async def test_the_server_samples_at_the_temperature_asked(tiny_server):
+    # transformers serve decodes greedily unless the model's generation config switches sampling on: the
+    # launcher serves a view of the model that does, so the requested temperature is really applied.
+    client = OpenAIChatClient(tiny_server.base_url, tiny_server.model)
+    one = await client.chat(HELLO, 16, temperature=1.0, seed=1)
+    two = await client.chat(HELLO, 16, temperature=1.0, seed=2)
+    again = await client.chat(HELLO, 16, temperature=1.0, seed=1)
+    greedy = [await client.chat(HELLO, 16, temperature=0, seed=s) for s in (1, 2)]
+    await client.aclose()
+    assert one.text != two.text  # two samples of one prompt differ
+    assert one.text == again.text  # and the seed is applied
+    assert greedy[0].text == greedy[1].text  # temperature 0 stays greedy whatever the seed
+
+
+def test_the_attempt_timeout_scales_with_the_request():
+    client = OpenAIChatClient("http://127.0.0.1:9/v1", "m", timeout=30, timeout_per_token=0.5)
+    messages = [{"role": "system", "content": "x" * 40}, {"role": "user", "content": "y" * 400}]
+    # 440 characters ~ 110 prompt tokens, plus 100 new tokens: 30 + 0.5 * 210
+    assert client.attempt_timeout(messages, 100) == 135.0
+    assert client.attempt_timeout([{"role": "user", "content": ""}], 0) == 30.0
+    assert OpenAIChatClient("http://127.0.0.1:9/v1", "m", timeout=7).attempt_timeout(messages, 1000) == 7.0

@@ -28,7 +28,9 @@ NIAH_TASKS = {
 }
 TASKS = (*NIAH_TASKS, "vt", "cwe", "fwe", "qa_1", "qa_2")
 PAPER_LENGTHS = (8192, 16384, 32768, 65536, 131072, 262144, 524288)
-GENERATOR_VERSION = 1  # bump when a change alters generated samples, so old folders are not mixed with new
+# Bump when a change alters generated samples, so old folders are not mixed with new.
+# 2: cwe as RULER defines it (wonderwords and english-words words, one-shot example, no multiplied frequencies).
+GENERATOR_VERSION = 2
 
 
 @dataclass(frozen=True)

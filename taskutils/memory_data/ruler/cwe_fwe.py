@@ -1,10 +1,13 @@
 """Aggregation tasks: common words extraction (``cwe``) and frequent words extraction (``fwe``).
 
-``cwe``: a numbered list where ``num_cw`` common words appear ``freq_cw`` times and the others ``freq_ucw``
-times (6 and 1 below 4K tokens); the answer is the common words. The word list is the curated
-noun/adjective/verb list shipped in ``ruler/words/`` (~2,200 words). When a length needs more distinct
-words than that, both frequencies are multiplied by the same factor, keeping the 10:1 contrast (the
-original ran out of words and did not generate ``cwe`` at long lengths).
+``cwe``, as RULER defines it at every length: a numbered list where ``num_cw`` common words appear ``freq_cw``
+times and the others ``freq_ucw`` times (30 and 3; 6 and 1 below 4K tokens); the answer is the common words.
+The words come from the official generator's sources: the noun, adjective and verb lists shipped in the
+``wonderwords`` package (~8,700 distinct words), and, when a length needs more distinct words than those
+(around 128K tokens and beyond), the ~234,000 lower-case words of the ``web2`` list of the ``english-words``
+package. A one-shot example comes first, as in RULER: a short list (40 words, 10 and 3 repeats; 20 words, 3 and
+1 below 4K tokens) with its question and answer. In MemAgent's layout the example is the start of the context
+and the question is the ``input``.
 
 ``fwe``: coded words of six random letters with Zipf-like counts ``num_words * k**-alpha / zeta(alpha)``
 (vocabulary ``length // 50``); the most frequent word is replaced by ``...`` and the answer is the next three.
@@ -12,17 +15,19 @@ original ran out of words and did not generate ``cwe`` at long lengths).
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import string
+from importlib import resources
 
 from taskutils.memory_data.ruler.common import RulerSample, UnitTask
-from taskutils.memory_data.ruler.haystack import word_list
 
 CWE_TEMPLATE = (
     "Below is a numbered list of words. In these words, some appear more often than others. Memorize the ones "
     "that appear most often. Question: What are the {num_cw} most common words in the above list?"
 )
+CWE_QUESTION = "Question: What are the {num_cw} most common words in the above list?"
 CWE_ANSWER_PREFIX = " Answer: The top {num_cw} words that appear most often in the list are:"
 FWE_TEMPLATE = (
     "Read the following coded text and track the frequency of each coded word. Find the three most frequently "
@@ -32,35 +37,71 @@ FWE_TEMPLATE = (
 FWE_ANSWER_PREFIX = " Answer: According to the coded text above, the three most frequently appeared words are:"
 
 
+@functools.lru_cache(maxsize=1)
+def wonderwords_words() -> tuple[str, ...]:
+    """The official generator's words: wonderwords' nouns, adjectives and verbs, as a sorted set."""
+    assets = resources.files("wonderwords.assets")
+    words: set[str] = set()
+    for name in ("nounlist.txt", "adjectivelist.txt", "verblist.txt"):
+        words.update(w.strip() for w in assets.joinpath(name).read_text().splitlines() if w.strip())
+    return tuple(sorted(words))
+
+
+@functools.lru_cache(maxsize=1)
+def english_words() -> tuple[str, ...]:
+    """The long-length source: the lower-case ``web2`` words of the english-words package, as a sorted set."""
+    from english_words import get_english_words_set
+
+    return tuple(sorted(get_english_words_set(["web2"], lower=True)))
+
+
+def numbered(words: list[str]) -> str:
+    return " ".join(f"{i + 1}. {w}" for i, w in enumerate(words))
+
+
 class CommonWordsTask(UnitTask):
-    """Units: uncommon-word occurrences groups (one uncommon word at base frequency)."""
+    """Units: distinct uncommon words of the list."""
 
     tokens_to_generate = 120
     guess_tokens_per_unit = 12.0
 
     def __init__(self, name: str, length: int, seed: int, tokenizer, freq_cw=30, freq_ucw=3, num_cw=10):
         super().__init__(name, length, seed, tokenizer)
-        self.freq_cw, self.freq_ucw = (freq_cw, freq_ucw) if length >= 4096 else (6, 1)
+        short = length < 4096
+        self.freq_cw, self.freq_ucw = (6, 1) if short else (freq_cw, freq_ucw)
+        self.example_words, self.example_freqs = (20, (3, 1)) if short else (40, (10, 3))
         self.num_cw = num_cw
-        self.words = sorted(set(word_list("nouns")) | set(word_list("adjectives")) | set(word_list("verbs")))
-        if len(self.words) <= num_cw + 1:
-            raise ValueError(f"the word list has {len(self.words)} words, too few for {num_cw} common words")
+        self.words = wonderwords_words()
+        if self._too_short_at_most():  # the length needs more distinct words than wonderwords has
+            self.words = english_words()
+
+    def _too_short_at_most(self) -> bool:
+        """Whether a sample using every word of ``self.words`` still falls short of the length."""
+        return self.count(self.build(-2, self.max_units())) < self.length
+
+    def max_units(self) -> int:
+        return len(self.words) - self.num_cw - self.example_words
 
     def build(self, index: int, n: int) -> RulerSample:
-        order = self.rng(index).sample(self.words, len(self.words))  # a permutation: prefix-consistent in n
-        available = len(order) - self.num_cw
-        scale = -(-n // available)  # > 1 only when the length needs more distinct words than the list has
-        distinct = -(-n // scale)
-        common, uncommon = order[: self.num_cw], order[self.num_cw : self.num_cw + distinct]
-        entries = common * (self.freq_cw * scale) + uncommon * (self.freq_ucw * scale)
+        # One permutation of the whole word list per sample. The list's words are its first num_cw + n, so a
+        # larger n adds words and keeps the ones before (the calibration relies on it); the example's are its
+        # last ones, so no example word is also a word of the list.
+        order = self.rng(index).sample(self.words, len(self.words))
+        common, uncommon = order[: self.num_cw], order[self.num_cw : self.num_cw + n]
+        entries = common * self.freq_cw + uncommon * self.freq_ucw
         self.rng(index, "order", n).shuffle(entries)
-        context = " ".join(f"{i + 1}. {w}" for i, w in enumerate(entries))
+        example_common, example_rest = order[-self.num_cw :], order[-self.example_words : -self.num_cw]
+        example = example_common * self.example_freqs[0] + example_rest * self.example_freqs[1]
+        self.rng(index, "example").shuffle(example)
+        question = CWE_QUESTION.format(num_cw=self.num_cw)
+        shown = CWE_ANSWER_PREFIX.format(num_cw=self.num_cw) + " " + numbered(example_common)
+        context = f"{numbered(example)}\n{question}{shown}\n\n{numbered(entries)}"
         return RulerSample(
             input=CWE_TEMPLATE.format(num_cw=self.num_cw),
             context=context,
             outputs=list(common),
             answer_prefix=CWE_ANSWER_PREFIX.format(num_cw=self.num_cw),
-            extra={"frequency_scale": scale},
+            extra={"word_source": "wonderwords" if self.words is wonderwords_words() else "english-words web2"},
         )
 
 
