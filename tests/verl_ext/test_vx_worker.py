@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from text_hash_reward import text_hash
 from torchdata.stateful_dataloader import StatefulDataLoader
 from verl.trainer.ppo.utils import create_rl_dataset
 from verl.utils import tensordict_utils as tu
@@ -22,6 +24,7 @@ from recurrent.tokens import encode_long, num_chunks
 from verl_ext import agent_loop_manager
 from verl_ext.lockstep import run_lockstep
 
+REWARD_FILE = Path(__file__).with_name("text_hash_reward.py")
 CONTEXTS = ["", "The river city was born in the year of the film. " * 3 + "The magic number is 42."]
 
 
@@ -38,7 +41,12 @@ async def test_worker_stores_every_turn_of_every_rollout(tmp_path, monkeypatch, 
         for i, context in enumerate(CONTEXTS)
     ]
     pd.DataFrame(rows).to_parquet(tmp_path / "train.parquet")
-    overrides = [f"recurrent.mode={mode}", f"data.train_files={tmp_path}/train.parquet"]
+    overrides = [
+        f"recurrent.mode={mode}",
+        f"data.train_files={tmp_path}/train.parquet",
+        f"reward.custom_reward_function.path={REWARD_FILE}",
+        "reward.custom_reward_function.name=compute_score",
+    ]
     config = compose_config("tiny_cpu", [*TINY_BUDGETS, *overrides, f"actor_rollout_ref.model.path={tiny_model_dir}"])
 
     # The trainer's batch (trainer_base.py: _fetch_one_gen_batch, _next_train_batch).
@@ -70,9 +78,16 @@ async def test_worker_stores_every_turn_of_every_rollout(tmp_path, monkeypatch, 
         expected += [f"{uid}_{s}_{i}" for s in range(n) for i in range(turns)]
     assert sorted(keys) == sorted(expected)
     assert len(log["rows"]) == 2 * n  # one TransferQueue write per trajectory
+    finals = []
     for put in log["rows"]:
-        scores = [float(put["fields"]["rm_scores"][i].sum()) for i in range(len(put["keys"]))]
-        assert len(set(scores)) == 1  # the final reward on every turn (0: the random model never boxes 42)
-        assert "context" not in list(put["fields"].keys())
+        fields, last = put["fields"], max(range(len(put["keys"])), key=lambda i: int(put["keys"][i].rsplit("_", 1)[1]))
+        # the reward by hand: the hash of the final answer, decoded here from the final row's own response tokens
+        response = fields["responses"][last][fields["response_mask"][last].bool()]
+        final = text_hash(tiny_tokenizer.decode(response.tolist(), skip_special_tokens=True))
+        scores = [float(fields["rm_scores"][i].sum()) for i in range(len(put["keys"]))]
+        assert scores == pytest.approx([final] * len(scores), abs=1e-6)  # the final reward on every turn
+        finals.append(final)
+        assert "context" not in list(fields.keys())
+    assert len(set(finals)) > 1  # trajectories differ, so a reward landing on another trajectory's rows shows
     statuses = {uid: [status for key, _, status in log["status"] if key == uid] for uid in uids}
     assert statuses == {uid: ["running", "finished"] for uid in uids}
