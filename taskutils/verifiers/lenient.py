@@ -116,7 +116,8 @@ def boxed_scores(response: str, gold: str) -> dict:
     """Same lenient metrics, but the prediction is the last boxed answer (methods ``boxed`` /
     ``recurrent-boxed``).
 
-    Decided here (the spec only says "last ``\\boxed{}``"): the box is searched in the whole post-``</think>``
-    text, without the strict verifier's 300-character window or lower-casing (normalisation lower-cases).
+    Decided here (the original's boxed evaluation is known only to take the last ``\\boxed{}``): the box is searched in
+    the whole post-``</think>`` text, without the strict verifier's 300-character window or lower-casing (normalisation
+    lower-cases).
     """
     return score_prediction(last_boxed_answer(final_text(response)), gold)

@@ -39,10 +39,10 @@ def _braced_argument(text: str, command: str) -> str | None:
 def last_boxed_answer(text: str) -> str | None:
     """The content of the last boxed expression in ``text``, wrapper stripped, or None.
 
-    Precedence follows the spec: if ``\\boxed `` (with a space) occurs anywhere, the answer is the text after
+    Precedence follows the fork's verifier: if ``\\boxed `` (with a space) occurs anywhere, the answer is the text after
     its last occurrence up to the first ``$`` (or the end), even if a ``\\boxed{...}`` comes later. Otherwise
     the last ``\\boxed{...}`` is used, and only when no ``\\boxed`` occurs at all the last ``\\fbox{...}``.
-    The spec says "strip the wrapper" for both forms, so ``\\fbox{x}`` yields ``x``.
+    The wrapper is stripped for both forms, as in the fork, so ``\\fbox{x}`` yields ``x``.
     """
     if "\\boxed " in text:
         return text.split("\\boxed ")[-1].split("$")[0]
