@@ -1,9 +1,10 @@
 """An OpenAI-compatible chat client for the async manager: bounded concurrency, timeouts, counted retries.
 
 Works with any ``/v1/chat/completions`` endpoint: vLLM, ``transformers serve``, hosted services and Azure
-deployment URLs (``https://host/openai/deployments/<name>``). Unlike the original evaluation client (spec 6.5,
-P7), a failed request is never turned into an empty answer: transient failures are retried with exponential
-backoff and, once retries are exhausted, a :class:`ChatRequestError` is raised with the cause chained.
+deployment URLs (``https://host/openai/deployments/<name>``). Unlike the original evaluation client, which
+never retried and turned a failed request into an empty answer that was then left out of the score, a failed
+request is never turned into an empty answer: transient failures are retried with exponential backoff and,
+once retries are exhausted, a :class:`ChatRequestError` is raised with the cause chained.
 """
 
 from __future__ import annotations
@@ -145,7 +146,8 @@ def _describe(err: BaseException) -> str:
 
 def _reply_text(choice: dict[str, Any], stop: Any) -> str:
     """The message content, plus the stop string that ended generation when the server reports it (vLLM's
-    ``stop_reason``), so the stored text equals the generated tokens (spec P25). Servers that do not report
+    ``stop_reason``), so the stored text equals the generated tokens (as the fork's async path did;
+    without it a tool call would lose its closing tag). Servers that do not report
     it (``transformers serve``, hosted APIs) leave the content as is."""
     text = (choice.get("message") or {}).get("content") or ""
     matched = choice.get("stop_reason")

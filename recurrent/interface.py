@@ -54,7 +54,7 @@ class Turn:
 class Reply:
     """What a model call returned."""
 
-    text: str  # the generated text (special tokens skipped; a matched stop string appended, see spec P25)
+    text: str  # the generated text (special tokens skipped; a matched stop string appended when the server reports it)
     finish_reason: FinishReason  # "length" when the call hit ``max_tokens``
     token_ids: list[int] | None = None  # generated ids, eos included if generated (token backends only)
     prompt_tokens: int = 0
@@ -111,7 +111,7 @@ class ChatClient(Protocol):
 
 
 class RAgent(ABC):
-    """A batch-level sync agent (spec 2.1): the manager calls ``start``, then ``action``/``update`` until
+    """A batch-level sync agent (the fork's interface): the manager calls ``start``, then ``action``/``update`` until
     ``done``, then ``end``. Each ``action`` returns the unpadded prompts of the samples still active."""
 
     @abstractmethod

@@ -1,9 +1,9 @@
 """Prompt templates in token-id space.
 
 A :class:`TokenTemplate` is a format string whose literal pieces are tokenized once, up front, and whose slots
-are filled with token ids. Long chunks are therefore never decoded and re-encoded (spec 2.3). The price is
+are filled with token ids. Long chunks are therefore never decoded and re-encoded. The price is
 that a slot value is tokenized apart from its neighbours, so the ids at a seam can differ from encoding the
-rendered string (spec P20); the decoded text is always identical. The trained checkpoints saw this
+rendered string; the decoded text is always identical. The trained checkpoints saw this
 segmentation, so the sync training path keeps it.
 
 Slots are ``{name}`` with ``name`` made of ASCII letters only: ``\\boxed{}`` and ``{{}}`` stay literal text,

@@ -2,7 +2,8 @@
 
 verl's own training metrics (``critic/score/mean``, ``response_length/mean``, ``training/num_turns/*``)
 average over *all* rows, so memory turns count as many times as they occur and long trajectories weigh
-more (spec P17). These are computed per trajectory ``{uid}_{session_id}`` instead, from its rows:
+more (the fork logged the same averages over turns). These are computed per trajectory ``{uid}_{session_id}`` instead,
+from its rows:
 
 - ``memagent/final/reward/mean``: the final answer's reward (what GRPO optimises);
 - ``memagent/final/acc/mean``: the verifier's verdict (``acc`` from the reward, before any shaping);

@@ -66,12 +66,12 @@ def preflight(config: DictConfig, load_tokenizer: bool = True) -> None:
         problems.append(
             f"algorithm.adv_estimator={algorithm.adv_estimator!r}: only grpo spreads a trajectory's advantage over "
             "its turns in verl 0.9.1 (compute_advantage_for_multi_trajectories); other estimators would treat "
-            "every memory turn as an independent response (VERL_NOTES R2)"
+            "every memory turn as an independent response"
         )
     if algorithm.use_kl_in_reward:
         problems.append(
             "algorithm.use_kl_in_reward=true is not supported: the advantage is computed from the final turn "
-            "only, so the memory turns' KL would be ignored; use actor_rollout_ref.actor.use_kl_loss (spec P14)"
+            "only, so the memory turns' KL would be ignored; use actor_rollout_ref.actor.use_kl_loss"
         )
 
     rollout = config.actor_rollout_ref.rollout

@@ -1,7 +1,9 @@
-"""The training reward: MemAgent's strict verifier (spec 5.6, P5) as verl's custom reward function.
+"""The training reward: MemAgent's strict verifier (``taskutils/verifiers/strict.py``) as verl's custom reward
+function.
 
 Configured with ``reward.custom_reward_function.path=pkg://verl_ext.reward`` and ``.name=compute_score``
-(the ``reward.`` prefix: verl ignores the legacy top-level key, VERL_NOTES R8). verl's reward manager
+(the ``reward.`` prefix: verl silently ignores the legacy top-level
+``custom_reward_function`` key). verl's reward manager
 decodes the *last* output of a trajectory (the final answer; special tokens skipped), calls this function
 once per trajectory, writes the score at the final answer's last token, and the V1 worker copies it to
 every memory turn of the trajectory (``agent_loop_tq.py:165-175``).

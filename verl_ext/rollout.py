@@ -58,7 +58,11 @@ def build_workflow(section: dict[str, Any], tokenizer: Any) -> MemoryWorkflow:
 
 
 def check_budgets(workflow: MemoryWorkflow, budgets: Budgets) -> None:
-    """Raise a ValueError naming the budgets when some turn could not fit verl's row widths (spec P2, P22)."""
+    """Raise a ValueError naming the budgets when some turn could not fit verl's row widths.
+
+    In the fork such a turn widened one round's tensors and broke their concatenation; here the mismatch is
+    found before the run. The question budget is ``recurrent.config.max_prompt_length``, not
+    ``data.max_prompt_length`` (verl's row width)."""
     cfg: MemoryConfig = workflow.config
     prompt, response = workflow.max_turn_lengths()
     problems = []

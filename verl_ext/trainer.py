@@ -17,7 +17,8 @@ loss, KL loss, DAPO group filtering in the replay buffer, checkpoints, dumps) is
 
 ``RecurrentTaskRunner`` is a copy of ``TaskRunnerV1.run`` (``main_ppo.py:102-163``) that builds this
 trainer directly: verl selects trainers by the literal mode ``"sync"`` and refuses to re-register it, so
-``trainer.v1.trainer_mode`` stays ``sync`` (VERL_NOTES R3).
+``trainer.v1.trainer_mode`` stays ``sync`` (under another name verl would silently apply the async
+trainer's replay and checkpoint behaviour).
 """
 
 from __future__ import annotations
@@ -315,7 +316,7 @@ def step_summary(step: int, metrics: dict[str, Any]) -> str:
 
 
 def check_registrations() -> None:
-    """Fail loudly if the memory agent loop is not registered (verl swallows plugin import errors, R7)."""
+    """Fail loudly if the memory agent loop is not registered (verl swallows plugin import errors)."""
     from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 
     import verl_ext.agent_loop  # noqa: F401  (registers memory_agent in this process)

@@ -27,7 +27,7 @@ from recurrent.tokens import centre_truncate, encode_long, num_chunks
 
 logger = logging.getLogger(__name__)
 
-# ---- The two prompts (MEMAGENT_SPEC 2.4.3): the interface the released checkpoints were trained on. ----
+# ---- The two prompts, byte for byte the fork's: the interface the released checkpoints were trained on. ----
 # Note the trailing space after "<problem>" and the final newline.
 MEMORY_TEMPLATE = """You are presented with a problem, a section of an article that may contain the answer to the problem, and a previous memory. Please read the provided section carefully and update the memory with the new information that helps to answer the problem. Be sure to retain all relevant details from the previous memory while adding any new, useful information.
 
@@ -64,7 +64,8 @@ Your answer:
 # (the async, evaluation and quickstart paths format the string and show "\boxed{}"). docs/fidelity.md.
 FINAL_TEMPLATE_BOXED_RELEASED = FINAL_TEMPLATE_BOXED.replace("\\boxed{}", "\\boxed{{}}")
 
-# The paper's evaluation protocol (spec 6.4, P4): the same prompt, the answer phrased "Therefore, the answer is".
+# The paper's evaluation protocol: the same prompt, the answer phrased "Therefore, the answer is" (scored by the
+# lenient verifier; docs/fidelity.md, "Evaluation: the paper's protocol").
 FINAL_TEMPLATE_ANSWER_IS = FINAL_TEMPLATE_BOXED.replace(
     "put the answer in \\boxed{}.",
     'format your response as follows "Therefore, the answer is (insert answer here)".',
@@ -82,7 +83,7 @@ _SLOT = re.compile(r"\{([a-zA-Z]+)\}")
 
 @dataclass
 class MemoryConfig(RConfig):
-    """Budgets of the memory agent; the defaults are the paper's (MEMAGENT_SPEC 2.4.1, 4.1)."""
+    """Budgets of the memory agent; the defaults are the paper's (the fork's ``recurrent.memory`` config)."""
 
     context_key: str = "context"  # column holding the long document
     question_key: str = "prompt"  # column holding the question: a string or a chat list [{"role","content"}]
@@ -95,8 +96,9 @@ class MemoryConfig(RConfig):
     # on (the training default, configs/recurrent_trainer.yaml); answer_is: the paper's evaluation prompt.
     final_prompt: Literal["boxed", "boxed_released", "answer_is"] = "boxed"
     question_overflow: Literal["error", "truncate"] = "error"  # a question over budget: raise, or keep its head
-    strip_context: bool = False  # the paper's evaluation strips the context before tokenizing (spec P19)
-    strip_think: bool = False  # the paper's evaluation keeps only the text after "</think>" as memory (P34)
+    strip_context: bool = False  # the paper's evaluation strips the context before tokenizing
+    # the paper's evaluation keeps only the text after "</think>" as memory (docs/fidelity.md, "The memory loop")
+    strip_think: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_prompt_length", "chunk_size", "max_memorization_length", "max_final_response_length"):
@@ -149,7 +151,8 @@ class MemoryWorkflow(Workflow):
         it a session holds only the current chunk and the memory, so a pass over a document of any length
         needs memory for its token ids and nothing more (inference).
         ``reencode_memory``: in token space, put the memory into the next prompt as ``encode(text)`` (what an
-        OpenAI-style endpoint sees) instead of the generated ids themselves (the paper's sync training, P21)."""
+        OpenAI-style endpoint sees) instead of the generated ids themselves (the paper's sync training, which
+        fed the raw ids back)."""
         super().__init__(config, tokenizer)
         self.token_prompts = token_prompts
         self.keep_prompts = keep_prompts
@@ -158,7 +161,8 @@ class MemoryWorkflow(Workflow):
         self.memory_ids_template = chat_token_template(tokenizer, MEMORY_TEMPLATE) if token_prompts else None
         self.final_ids_template = chat_token_template(tokenizer, self.final_template) if token_prompts else None
         self.no_memory_ids = tokenizer.encode(NO_MEMORY, add_special_tokens=False)
-        # Ids that end or pad a response; the memory is the response without them (spec P21).
+        # Ids that end or pad a response; the memory is the response without them (the fork strips
+        # them anywhere in the response, not only at its end).
         self.drop_ids = {i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
 
     def context_text(self, sample: dict[str, Any]) -> str:
@@ -259,7 +263,8 @@ class MemorySession(Session):
         if turn is None:
             raise RuntimeError("record called without a pending turn")
         if not turn.final:
-            # Overwrite the memory with the response: the raw generated ids when the backend returned them (P21).
+            # Overwrite the memory with the response: the raw generated ids when the backend returned them
+            # (as the fork's sync training did: no parsing, no stripping).
             self.memory_text = reply.text
             self.memory_ids = None  # re-encoded from the text when the next prompt is built in token space
             if self.config.strip_think and THINK_END in reply.text:  # a reasoning model's memory: its conclusion

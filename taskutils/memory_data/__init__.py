@@ -1,4 +1,4 @@
-"""The paper's datasets (spec section 5): HotpotQA long-context training/eval sets and the RULER OOD sets.
+"""The paper's datasets: HotpotQA long-context training/eval sets and the RULER OOD sets.
 
 Run ``python -m taskutils.memory_data --help`` for the stages; ``README.md`` beside this file lists the
 commands in order. Every stage reads local files only and writes resumable outputs; every sample depends on

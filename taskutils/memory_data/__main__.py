@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--train-keep",
         type=int,
         default=32768,
-        help="surviving train rows kept (paper v2: 32768; the original filter2.py kept 8192: P32)",
+        help="surviving train rows kept (paper v2: 32768; the original filter2.py kept 8192)",
     )
     p.add_argument("--dev-keep", type=int, default=128, help="surviving dev rows kept (paper: 128)")
 

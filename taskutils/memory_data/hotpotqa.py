@@ -2,9 +2,9 @@
 
 A sample for question ``q`` with ``N`` documents holds ``q``'s own 10 paragraphs (2 gold + 8 HotpotQA
 distractors) plus ``N - 10`` distinct random paragraphs of the file's pool, shuffled, formatted
-``"Document i:\\n{doc}"`` and joined by blank lines (spec 5.2). The random draw comes from an RNG derived
+``"Document i:\\n{doc}"`` and joined by blank lines, as the original does. The random draw comes from an RNG derived
 from (seed, split, question index, N) only, so the data are identical for any worker count (the original
-drew from a global RNG inside worker processes: P30).
+drew from a global RNG inside worker processes, so its output depended on scheduling).
 
 The shuffle is, by default, the original's: ``random.Random(4)`` re-created for every sample. Its
 permutation depends only on N, so a question's own paragraphs sit at the same N-dependent positions in

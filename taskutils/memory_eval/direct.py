@@ -1,9 +1,9 @@
 """The direct full-context baseline as a one-turn :class:`~recurrent.interface.Session`.
 
-The whole document goes into one prompt (the paper's ``template_0shot``, MEMAGENT_SPEC 6.3). A prompt longer
+The whole document goes into one prompt (the paper's ``template_0shot``). A prompt longer
 than the model's input budget is middle-truncated at the token level: the first and last halves of the
-*whole prompt's* tokens are kept and decoded (P9), so the instruction at the top and the question at the
-bottom survive and the middle of the document is dropped. Being a Session, it runs through the same runner,
+*whole prompt's* tokens are kept and decoded, as the original does, so the instruction at the top and the question at
+the bottom survive and the middle of the document is dropped. Being a Session, it runs through the same runner,
 client and results path as the memory agent.
 """
 
@@ -15,7 +15,8 @@ from recurrent.impls.memory import render
 from recurrent.interface import Reply, Session, Turn, TurnRecord
 from recurrent.tokens import centre_truncate, encode_long
 
-# The spec paraphrases the original template (6.3); this is the LongBench-style 0-shot layout it describes.
+# The original template, reconstructed from its description (not copied from its source): the LongBench-style
+# 0-shot layout, instruction, <text> block, question, "Therefore, the answer is" instruction.
 TEMPLATE_0SHOT = """Please read the following text and answer the question below.
 
 <text>

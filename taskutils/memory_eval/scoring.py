@@ -1,14 +1,16 @@
-"""Per-item scores for every method and task, strict and lenient side by side (MEMAGENT_SPEC 5.6, 6.4, P4-P6).
+"""Per-item scores for every method and task, strict and lenient side by side.
+
+The two verifiers and the paper's protocol: ``docs/fidelity.md``, "Evaluation: the paper's protocol".
 
 - strict: the training verifier (last ``\\boxed{}`` in the last 300 characters vs every gold). A response in the
   paper's "the answer is" format has no box, so strict is ~0 for the ``memory`` / ``direct`` methods: that is
-  the protocol difference (P4), not a failure.
+  the protocol difference, not a failure.
 - lenient: SQuAD-style em / sub_em / f1 on the extracted prediction against the first gold (the reference
   uses ``answers[0]``). The prediction is the "the answer is" extraction for the paper's prompt, the last
   boxed content for the boxed prompt. ``sub_em`` is the paper's headline metric.
 - RULER non-QA tasks: ``sub_em`` is the fraction of gold strings found in the prediction (``match_all``); em
   and f1 do not apply (None).
-A failed item scores 0 on every metric that applies: it stays in the denominator (P7).
+A failed item scores 0 on every metric that applies: it stays in the denominator (the original dropped it).
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Lenient test verifier: "the answer is" extraction plus SQuAD-style EM / sub-EM / F1 (spec §5.6, §6.4, P6).
+"""Lenient test verifier: "the answer is" extraction plus SQuAD-style EM / sub-EM / F1.
+
+The rules and their quirks, in words: ``docs/fidelity.md``, "The two verifiers".
 
 This is the protocol behind the paper's reported numbers; the headline metric is ``sub_em``.
 """
@@ -11,7 +13,7 @@ from collections import Counter
 
 from taskutils.verifiers.strict import last_boxed_answer
 
-TRIGGER = "the answer is"  # matched case-sensitively (P6): "The answer is X" alone is not extracted
+TRIGGER = "the answer is"  # matched case-sensitively, as in the original: "The answer is X" alone is not extracted
 # End-of-turn markers a DeepSeek-R1-style model may leave in the raw content.
 DEEPSEEK_END_TOKENS = ("<｜Assistant｜>", "<｜end▁of▁sentence｜>")
 THINK_CLOSE = "</think>"
@@ -59,7 +61,7 @@ def exact_match(prediction: str, gold: str) -> float:
 def sub_exact_match(prediction: str, gold: str) -> float:
     """1.0 if either normalised string contains the other, else 0.0.
 
-    Bidirectional on purpose, as in the reference (P6). A consequence kept for faithfulness: a prediction that
+    Bidirectional on purpose, as in the original. A consequence kept for faithfulness: a prediction that
     normalises to the empty string (e.g. "the", or ".") is a substring of every gold and counts as correct.
     """
     pred, ref = normalize_answer(prediction), normalize_answer(gold)
@@ -114,7 +116,8 @@ def boxed_scores(response: str, gold: str) -> dict:
     """Same lenient metrics, but the prediction is the last boxed answer (methods ``boxed`` /
     ``recurrent-boxed``).
 
-    Decided here (the spec only says "last ``\\boxed{}``"): the box is searched in the whole post-``</think>``
-    text, without the strict verifier's 300-character window or lower-casing (normalisation lower-cases).
+    Decided here (the original's boxed evaluation is known only to take the last ``\\boxed{}``): the box is searched in
+    the whole post-``</think>`` text, without the strict verifier's 300-character window or lower-casing (normalisation
+    lower-cases).
     """
     return score_prediction(last_boxed_answer(final_text(response)), gold)

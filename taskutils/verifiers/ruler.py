@@ -62,7 +62,8 @@ def ruler_scores(response: str, refs: Sequence[str]) -> dict:
     """Per-item score of a raw response on a non-QA RULER task, as MemAgent's evaluation does it.
 
     The prediction is the "the answer is" extraction of the lenient verifier; without that phrase (or with an
-    empty extraction) the item scores 0 (P33). ``sub_em`` is ``match_all`` in [0, 1], rounded to 2 decimals.
+    empty extraction) the item scores 0 (as in MemAgent's evaluation). ``sub_em`` is ``match_all`` in [0, 1], rounded to
+    2 decimals.
     """
     pred = extract_answer(final_text(response))
     if not pred:

@@ -1,4 +1,6 @@
-"""Strict training verifier: last boxed answer in the response tail vs. the ground truths (spec §5.6, P5).
+"""Strict training verifier: last boxed answer in the response tail vs. the ground truths.
+
+The rules in words: ``docs/fidelity.md``, "The two verifiers".
 
 It is the reward of RL training and of training-time validation. It is deliberately strict: case and
 whitespace are ignored, punctuation and articles are not ("the beatles" != "beatles").
@@ -37,10 +39,10 @@ def _braced_argument(text: str, command: str) -> str | None:
 def last_boxed_answer(text: str) -> str | None:
     """The content of the last boxed expression in ``text``, wrapper stripped, or None.
 
-    Precedence follows the spec: if ``\\boxed `` (with a space) occurs anywhere, the answer is the text after
+    Precedence follows the fork's verifier: if ``\\boxed `` (with a space) occurs anywhere, the answer is the text after
     its last occurrence up to the first ``$`` (or the end), even if a ``\\boxed{...}`` comes later. Otherwise
     the last ``\\boxed{...}`` is used, and only when no ``\\boxed`` occurs at all the last ``\\fbox{...}``.
-    The spec says "strip the wrapper" for both forms, so ``\\fbox{x}`` yields ``x``.
+    The wrapper is stripped for both forms, as in the fork, so ``\\fbox{x}`` yields ``x``.
     """
     if "\\boxed " in text:
         return text.split("\\boxed ")[-1].split("$")[0]
@@ -50,15 +52,16 @@ def last_boxed_answer(text: str) -> str | None:
 
 
 def strip_string(string: str) -> str:
-    """Hendrycks-MATH style normalisation, restricted to the steps the spec lists (§5.6 step 4).
+    """Hendrycks-MATH style normalisation, restricted to the steps known to be in the fork's verifier.
 
     The steps run in the order of the original MATH code, so that ``" ."`` -> ``" 0."`` is applied before the
     spaces are removed (in the other order it could never fire).
 
-    Left open by the spec, and decided here: the full Hendrycks ``strip_string`` also drops right-hand
+    Left out here: the full Hendrycks ``strip_string`` also drops right-hand
     ``\\text{ ...}`` units, prefixes a leading ``.`` with ``0``, drops a short ``k =`` prefix, rewrites
     ``sqrt3``/``\\frac12``/``a/b``/``0.5`` into braced LaTeX, and falls back to raw equality when a step
-    raises. The spec does not list these steps, so they are not applied; they only matter for LaTeX maths
+    raises. They are not
+    known to be in the fork's verifier, so they are not applied; they only matter for LaTeX maths
     answers, not for HotpotQA-style entity answers.
     """
     string = string.replace("\n", "")

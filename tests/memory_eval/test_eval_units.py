@@ -73,7 +73,7 @@ def test_scores_per_method_and_task():
     ruler = scoring.score("niah_multivalue", "answer_is", "the answer is 123 and 999", ["123", "456"])
     assert ruler == {"pred": "123 and 999", "strict": 0.0, "em": None, "sub_em": 0.5, "f1": None}
     assert scoring.score("vt", "boxed", "\\boxed{A B}", ["a", "b", "c"])["sub_em"] == 0.67
-    assert scoring.score("vt", "answer_is", "The answer is X", ["x"])["sub_em"] == 0  # case-sensitive trigger (P6)
+    assert scoring.score("vt", "answer_is", "The answer is X", ["x"])["sub_em"] == 0  # case-sensitive trigger
     assert scoring.score("qa_1", "answer_is", "the answer is Bob", ["Bob"])["f1"] == 1.0  # QA task: em/f1 apply
     assert scoring.failed("hotpotqa") == {"pred": None, "strict": 0.0, "em": 0, "sub_em": 0, "f1": 0}
     assert scoring.failed("vt")["em"] is None
@@ -109,12 +109,12 @@ def test_task_plans_are_fresh_and_follow_the_paper():
     tasks = cfg.expand_tasks(None)
     assert tasks[0] == "hotpotqa" and len(tasks) == 12
     first = cfg.plan(memory, tasks, None)
-    for _ in range(3):  # P8: planning a memory model never leaks its over-1M lengths into other plans
+    for _ in range(3):  # planning a memory model never leaks its over-1M lengths into other plans
         assert cfg.plan(direct, tasks, None) == cfg.plan(direct, tasks, None)
     hqa = [n for t, n in cfg.plan(direct, tasks, None) if t == "hotpotqa"]
     assert hqa == [50, 100, 200, 400, 800, 1600, 3200, 6400]
     assert [n for t, n in first if t == "hotpotqa"][-2:] == [12800, 25600]
-    assert ("qa_1", 524288) not in first and ("vt", 524288) in first  # spec 5.5: qa_1 skipped at 512K
+    assert ("qa_1", 524288) not in first and ("vt", 524288) in first  # the paper skips qa_1 at 512K
     assert cfg.plan(memory, ["vt"], [1, 2]) == [("vt", 1), ("vt", 2)]
     with pytest.raises(ValueError, match="unknown task"):
         cfg.expand_tasks(["nope"])

@@ -262,7 +262,7 @@ async def test_url_and_api_key_from_environment(fake, monkeypatch):
 @pytest.mark.parametrize(
     ("content", "extra", "text"),
     [
-        ("<tool_call>x", {"stop_reason": "</tool_call>"}, "<tool_call>x</tool_call>"),  # vLLM: appended (P25)
+        ("<tool_call>x", {"stop_reason": "</tool_call>"}, "<tool_call>x</tool_call>"),  # vLLM: appended
         ("<tool_call>x</tool_call>", {"stop_reason": "</tool_call>"}, "<tool_call>x</tool_call>"),  # not doubled
         ("<tool_call>x", {"stop_reason": 151645}, "<tool_call>x"),  # a stop token id, not a string
         ("<tool_call>x", {}, "<tool_call>x"),  # servers that do not report it

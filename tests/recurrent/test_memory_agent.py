@@ -11,7 +11,7 @@ from recurrent.impls import memory
 from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
 from recurrent.interface import Reply, load_register
 
-# The prompts of MEMAGENT_SPEC 2.4.3, written out line by line (an independent route to the same bytes).
+# The fork's two prompts, written out line by line (an independent route to the same bytes).
 INSTRUCTION = (
     "You are presented with a problem, a section of an article that may contain the answer to the problem, "
     "and a previous memory. Please read the provided section carefully and update the memory with the new "
@@ -48,7 +48,7 @@ def test_prompts_match_the_spec_byte_for_byte():
 
 
 # What the released checkpoints saw as the final instruction (their runs used the fork's sync path, which keeps
-# the source's doubled braces, spec P3): written out by hand, not derived from the boxed prompt.
+# the source's doubled braces; docs/fidelity.md): written out by hand, not derived from the boxed prompt.
 RELEASED_FINAL_INSTRUCTION = (
     "You are presented with a problem and a previous memory. Please answer the problem based on the previous "
     "memory and put the answer in \\boxed{{}}."
@@ -142,7 +142,7 @@ def test_memory_is_overwritten_and_final_sees_only_question_and_memory(tokenizer
     content = turn.messages[0]["content"]
     assert "MEMORY-TWO" in content and "MEMORY-ONE" not in content and "alpha" not in content
     assert "\\boxed{}" in content
-    # The memory ids are the generated ids without eos (spec P21), inside the final prompt.
+    # The memory ids are the generated ids without eos (the fork fed the raw ids back), inside the final prompt.
     memory_ids = tokenizer.encode("MEMORY-TWO", add_special_tokens=False)
     assert memory_ids == session.memory_ids
     session.record(reply("\\boxed{Paris}"))

@@ -1,6 +1,6 @@
 """TokenTemplate and the chat template trick, on the tiny model's byte-level BPE tokenizer.
 
-Where token-level formatting differs from "render the string, then encode it" (spec P20), exactly:
+Where token-level formatting differs from "render the string, then encode it", exactly:
 
 - Every literal piece and every value is tokenized on its own, so no BPE merge and no pre-tokenizer split
   ever crosses a seam between a literal and a value.
@@ -71,7 +71,7 @@ def test_missing_and_unexpected_keys_are_named(tok):
 
 
 def test_only_letter_names_are_slots(tok):
-    # \boxed{} and {{}} stay literal, braces and all (spec P3); so do {1} and {with_underscore}.
+    # \boxed{} and {{}} stay literal, braces and all, as in the fork; so do {1} and {with_underscore}.
     text = "put it in \\boxed{} or \\boxed{{}} {1} {with_underscore} {ok}"
     tt = TokenTemplate(text, tok)
     assert tt.keys == ["ok"]
@@ -170,7 +170,7 @@ def test_chat_token_template_matches_apply_chat_template(tok):
     tt = chat_token_template(tok, message)
     assert tt.keys == ["prompt"]
     ids = tt.format(prompt=enc(tok, "what is it?"))
-    content = "Problem:\nwhat is it?\nPut it in \\boxed{{}}.\n"  # doubled braces survive (spec P3)
+    content = "Problem:\nwhat is it?\nPut it in \\boxed{{}}.\n"  # doubled braces survive, as in the fork
     chat = tok.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False)
     assert tok.decode(ids) == chat
     assert ids == enc(tok, chat)  # every seam here is a newline boundary

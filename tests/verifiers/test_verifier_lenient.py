@@ -1,4 +1,4 @@
-"""Lenient test verifier (spec §5.6 "Test, lenient", §6.4 step 6, P6): hand-worked cases."""
+"""Lenient test verifier (docs/fidelity.md, "The two verifiers"): hand-worked cases."""
 
 import pytest
 
@@ -31,7 +31,7 @@ def test_extract_answer_basic_and_cleanup():
 
 
 def test_extract_answer_is_case_sensitive():
-    # P6: only "The answer is" with a capital T -> no extraction.
+    # The trigger is case-sensitive: only "The answer is" with a capital T -> no extraction.
     assert extract_answer("Therefore, The answer is Paris.") is None
     assert extract_answer("no trigger phrase at all") is None
 
@@ -68,7 +68,7 @@ def test_sub_exact_match_is_bidirectional():
 
 
 def test_sub_exact_match_empty_normalised_prediction_counts():
-    # P6: "the" normalises to "", and "" is a substring of every gold.
+    # sub_em is bidirectional: "the" normalises to "", and "" is a substring of every gold.
     assert normalize_answer("the") == ""
     assert sub_exact_match("the", "Paris") == 1.0
 
@@ -100,7 +100,7 @@ def test_lenient_scores_capital_t_only_scores_zero():
 
 
 def test_lenient_scores_article_only_prediction():
-    # Extracted "the" -> normalises to "": em 0 ("" != "paris"), sub_em 1 (P6), f1 0 (no tokens).
+    # Extracted "the" -> normalises to "": em 0 ("" != "paris"), sub_em 1 (bidirectional), f1 0 (no tokens).
     assert lenient_scores("Well, the answer is the.", "Paris") == {"pred": "the", "em": 0.0, "sub_em": 1.0, "f1": 0.0}
 
 

@@ -1,4 +1,4 @@
-"""RULER metrics (NVIDIA RULER scripts/eval/synthetic/constants.py semantics; P33): hand-worked cases."""
+"""RULER metrics (NVIDIA RULER scripts/eval/synthetic/constants.py semantics): hand-worked cases."""
 
 import pytest
 
@@ -46,5 +46,5 @@ def test_ruler_scores_needs_the_trigger_phrase():
     # pred "123, 456" holds 2 of 3 references -> 0.666... -> 0.67.
     scores = ruler_scores("Therefore, the answer is 123, 456.", ["123", "456", "789"])
     assert scores == {"pred": "123, 456", "sub_em": 0.67}
-    # P33: every reference is present, but without "the answer is" the item scores 0.
+    # As in MemAgent's evaluation: every reference is present, but without "the answer is" the item scores 0.
     assert ruler_scores("123 456 789", ["123", "456", "789"]) == {"pred": None, "sub_em": 0}

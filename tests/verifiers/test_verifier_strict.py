@@ -1,4 +1,4 @@
-"""Strict training verifier (spec §5.6 "Training, strict", P5): hand-worked cases."""
+"""Strict training verifier (docs/fidelity.md, "The two verifiers"): hand-worked cases."""
 
 import numpy as np
 import pytest
@@ -41,7 +41,7 @@ def test_boxed_with_space_runs_to_first_dollar():
 
 
 def test_boxed_with_space_takes_precedence_over_a_later_braced_box():
-    # The spec checks for "\\boxed " first, wherever it is.
+    # The fork's verifier looks for "\\boxed " first, wherever it is.
     response = "$\\boxed london$ then \\boxed{paris}"
     assert last_boxed_answer(response) == "london"
     assert strict_score(response, "paris") == 0.0
@@ -73,7 +73,7 @@ def test_fbox_only_when_there_is_no_boxed():
 
 
 def test_case_is_ignored():
-    # Both sides are lower-cased (the README's "exact case" wording is wrong, P5).
+    # Both sides are lower-cased (the README's "exact case" wording is wrong).
     assert strict_score("\\boxed{PARIS}", "Paris") == 1.0
 
 
@@ -84,7 +84,7 @@ def test_spaces_are_ignored():
 
 
 def test_punctuation_and_articles_are_not_ignored():
-    # P5: "thebeatles" != "beatles", "u.s." != "us".
+    # Articles and punctuation count: "thebeatles" != "beatles", "u.s." != "us".
     assert strict_score("\\boxed{the Beatles}", "Beatles") == 0.0
     assert strict_score("\\boxed{U.S.}", "US") == 0.0
     assert strict_score("\\boxed{Paris.}", "Paris") == 0.0

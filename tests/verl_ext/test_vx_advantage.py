@@ -31,7 +31,8 @@ TRAJECTORIES = [
 PAD_UID = "pad0123abcd"
 PADDING = [(PAD_UID, 0, 0.0, [1]), (PAD_UID, 1, 0.0, [1])]  # verl's upsampling rows, mask zeroed below
 
-# By hand. Group means: A (1 + 0 + 1) / 3 = 2/3, B (1 + 0) / 2 = 1/2; a group of one has mean 0, std 1 (P16).
+# By hand. Group means: A (1 + 0 + 1) / 3 = 2/3, B (1 + 0) / 2 = 1/2; a group of one has mean 0, std 1
+# (as in the fork: its advantage is the raw reward).
 # Unbiased stds: A sqrt(((1/3)^2 + (2/3)^2 + (1/3)^2) / 2) = sqrt(1/3); B sqrt((1/2)^2 * 2 / 1) = sqrt(1/2).
 EPS = 1e-6
 NO_STD = {("uidA", 0): 1 / 3, ("uidA", 1): -2 / 3, ("uidA", 2): 1 / 3, ("uidB", 0): 0.5, ("uidB", 1): -0.5,

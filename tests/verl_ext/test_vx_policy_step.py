@@ -96,7 +96,7 @@ async def test_one_step_raises_the_log_prob_of_positive_advantage_responses(tiny
     assert delta[1] > 0 > delta[-1], delta
 
     # After the step (ratio != 1) verl's loss is, by hand: PPO-clip 0.2/0.2 with dual clip 3 on every response
-    # token of every turn, a token-mean over all of them, plus 0.001 x low_var_kl to the reference (spec 3.5-3.6).
+    # token of every turn, a token-mean over all of them, plus 0.001 x low_var_kl to the reference (the fork's loss).
     with torch.no_grad():
         loss_after, _ = ppo_loss(actor, {"log_probs": torch.cat(token_log_probs(model, seqs))}, data)
     a, logp, ref = torch.cat(advantages), torch.cat(new), torch.cat(old)

@@ -67,7 +67,7 @@ def test_reward_function_is_the_strict_verifier_loaded_by_verl():
     fn = load_extern_object(module_path="pkg://verl_ext.reward", object_name="compute_score")
     assert fn.__module__ == "verl_ext.reward" and fn is reward.compute_score
     assert fn("hotpotqa", "... so the answer is \\boxed{The Beatles}", ["the beatles"]) == 1.0  # case, spaces
-    assert fn("hotpotqa", "\\boxed{Beatles}", ["The Beatles"]) == 0.0  # articles count (spec P5)
+    assert fn("hotpotqa", "\\boxed{Beatles}", ["The Beatles"]) == 0.0  # articles count
     assert fn("hotpotqa", "\\boxed{1} then \\boxed{2}", ["2"]) == 1.0  # the last box
     assert fn("hotpotqa", "\\boxed{x}" + " pad" * 100, ["x"]) == 0.0  # only the last 300 characters
 
@@ -106,7 +106,7 @@ async def test_reward_lands_at_the_final_answers_last_token_and_reaches_every_tu
     assert info["acc"] == score  # verl records the verifier's verdict as acc
     memory_tokens = min(len(tiny_tokenizer.encode(MEMORY_ANSWER, add_special_tokens=False)), 8 - 1) + 1  # + eos
     assert info["memory_turns"] == chunks and info["memory_tokens"] == memory_tokens and info["memory_truncated"] == 0
-    assert "context" not in list(fields.keys())  # the long document is not copied into every row (R6)
+    assert "context" not in list(fields.keys())  # the long document is not copied into every row
     assert [t["min_global_steps"] for t in put["tags"]] == [3] * (chunks + 1)
 
 

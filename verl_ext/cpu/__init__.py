@@ -1,6 +1,6 @@
 """verl 0.9.1's V1 trainer on CPU, with the trainer code users run on GPU clusters.
 
-Six adaptations (see ``README.md`` here and ``reference/CPU_TRAINER_NOTES.md``):
+Six adaptations (see ``README.md`` here, "The adaptations", for the verl code each one answers):
 
 1. :mod:`.platform`: a ``cpu`` platform in verl's ``PlatformRegistry``, chosen only with ``VERL_PLATFORM=cpu``;
 2. fake Ray GPUs (config: ``+ray_kwargs.ray_init.num_gpus=N``; the platform names Ray's ``GPU`` resource);

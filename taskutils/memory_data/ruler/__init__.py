@@ -1,6 +1,6 @@
 """RULER out-of-distribution sets: the 13 tasks at any target length, each sample calibrated with a tokenizer.
 
-Task definitions follow NVIDIA RULER's ``synthetic.yaml``/``constants.py`` as MemAgent uses them (spec 5.5):
+Task definitions follow NVIDIA RULER's ``synthetic.yaml``/``constants.py`` as MemAgent uses them:
 question-only templates (the context is a separate field), lengths counted as input + context + tokens to
 generate. Unlike the original, ``cwe``, ``qa_2`` and ``qa_1`` at 512K are generated too.
 """

@@ -1,7 +1,7 @@
 """Length calibration: the largest haystack size whose sample fits the target, found in few tokenizations.
 
-A sample's length is ``tokens(input) + tokens(context) + tokens_to_generate`` (spec P33), and it grows
-almost linearly with the haystack size ``n`` (sentences, words, needles...). A linear model ``a + b*n``
+A sample's length is ``tokens(input) + tokens(context) + tokens_to_generate`` (as in MemAgent's RULER data), and it
+grows almost linearly with the haystack size ``n`` (sentences, words, needles...). A linear model ``a + b*n``
 fitted once per task on a small probe gives the first guess; then secant steps on exact counts, kept
 inside a bracket [fits, too long], land within ``accept`` of the target, usually in one or two full
 tokenizations (O(L) each). The official generator binary-searches with ~10-16 full re-tokenizations.

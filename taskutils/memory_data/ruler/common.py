@@ -16,7 +16,7 @@ PROBE_INDEX = -1  # the sample index of the calibration probe (never written)
 
 @dataclass
 class RulerSample:
-    input: str  # the question/instruction only: the memory agent reads the context separately (P33)
+    input: str  # the question/instruction only: the memory agent reads the context separately
     context: str
     outputs: list[str]
     answer_prefix: str = ""
