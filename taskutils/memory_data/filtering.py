@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from recurrent.resume import iter_jsonl, repair_jsonl
 from taskutils.verifiers import strict_score
 
 FILTER_TEMPLATE = "{prompt}\nYour final answer in \\boxed{{}}.\n"
@@ -60,22 +61,11 @@ def read_questions(process_parquet: Path) -> list[dict]:
 
 
 def load_cache(path: Path) -> dict[tuple[int, str], list[str]]:
-    cache: dict[tuple[int, str], list[str]] = {}
+    """The responses already collected; a line cut by a kill is removed, so that question is asked again."""
     if not path.is_file():
-        return cache
-    raw = path.read_bytes()
-    if raw and not raw.endswith(b"\n"):
-        # A kill cut the last line: drop it, so the next append starts on a fresh line.
-        with open(path, "rb+") as f:
-            f.truncate(raw.rfind(b"\n") + 1)
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue  # a line cut by a kill: that question is asked again
-            cache[(rec["index"], rec["model"])] = rec["responses"]
-    return cache
+        return {}
+    repair_jsonl(path)
+    return {(rec["index"], rec["model"]): rec["responses"] for rec in iter_jsonl(path)}
 
 
 async def _collect(
