@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from recurrent.atomic import atomic_path
 from recurrent.resume import iter_jsonl, repair_jsonl
 from taskutils.verifiers import strict_score
 
@@ -150,9 +151,8 @@ def copy_rows(src: Path, dest: Path, keep_indices: list[int], limit: int) -> int
 
     wanted = set(keep_indices)
     source = pq.ParquetFile(src)
-    tmp = dest.with_name(dest.name + ".tmp")
     written = 0
-    with pq.ParquetWriter(tmp, source.schema_arrow) as writer:
+    with atomic_path(dest) as tmp, pq.ParquetWriter(tmp, source.schema_arrow) as writer:
         for group in range(source.num_row_groups):
             if written >= limit:
                 break
@@ -164,5 +164,4 @@ def copy_rows(src: Path, dest: Path, keep_indices: list[int], limit: int) -> int
             if selected.num_rows:
                 writer.write_table(selected)
                 written += selected.num_rows
-    tmp.replace(dest)
     return written

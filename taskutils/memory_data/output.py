@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from recurrent.atomic import atomic_path, write_atomic
 from recurrent.resume import SettingsMismatchError, check_settings, iter_jsonl, repair_jsonl
 
 MANIFEST_NAME = "memory_data_manifest.json"
@@ -44,9 +45,7 @@ def _locked_manifest(folder: Path) -> Iterator[dict]:
         fcntl.flock(lock, fcntl.LOCK_EX)
         data = json.loads(path.read_text()) if path.is_file() else {"version": 1, "files": {}}
         yield data
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def register(folder: Path, name: str, config: dict, shared_keys: tuple[str, ...]) -> dict:
@@ -133,9 +132,8 @@ class ResumableJsonl:
         if self.written != self.total:
             raise RuntimeError(f"{self.partial}: wrote {self.written} of {self.total} samples")
         if self.parquet_schema is not None:
-            tmp = self.final.with_name(self.final.name + ".tmp")
-            jsonl_to_parquet(self.partial, tmp, self.parquet_schema)
-            os.replace(tmp, self.final)
+            with atomic_path(self.final) as tmp:
+                jsonl_to_parquet(self.partial, tmp, self.parquet_schema)
             self.partial.unlink()
         else:
             os.replace(self.partial, self.final)

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from recurrent.atomic import write_atomic
 from recurrent.interface import Session
 from recurrent.resume import SettingsMismatchError, check_settings, read_jsonl  # noqa: F401 (the run catches it)
 
@@ -79,12 +80,6 @@ def read_meta(path: Path) -> dict[str, Any]:
     return json.loads(meta.read_text()) if meta.is_file() else {}
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def prepare(
     path: Path,
     settings: dict[str, Any],
@@ -109,14 +104,14 @@ def prepare(
         remedy = "use another --results-dir, or --overwrite to start this file afresh"
         check_settings(path, stored, settings, remedy)
     payload = {"version": FORMAT_VERSION, "settings": settings, **(info or {})}
-    meta.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    write_atomic(meta, json.dumps(payload, indent=2, sort_keys=True) + "\n")
     if not path.exists():
         return set()
     records = read_jsonl(path)  # ignores a half-written last line; TraceWriter cuts it when reopening
     last = {r["id"]: r for r in records}
     keep = [r for r in last.values() if not (retry_failed and r.get("error"))]
     if len(keep) != len(records):
-        _write_atomic(path, b"".join((json.dumps(r, ensure_ascii=False) + "\n").encode() for r in keep))
+        write_atomic(path, b"".join((json.dumps(r, ensure_ascii=False) + "\n").encode() for r in keep))
     return {r["id"] for r in keep}
 
 
