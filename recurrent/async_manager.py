@@ -16,14 +16,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from recurrent.interface import ChatClient, Session, TurnRecord
+from recurrent.interface import ChatClient, Reply, Session, Turn, TurnRecord
 from recurrent.trace import TraceWriter
 
 if TYPE_CHECKING:
@@ -40,8 +40,14 @@ def _stop_requested() -> bool:
     return bool(cancelling and cancelling())
 
 
-async def run_session(session: Session, client: ChatClient, sampling: dict[str, Any] | None = None) -> Session:
-    """Drive one session to its end: ask for the next turn, call the model, hand the reply back. A session whose
+async def run_session(
+    session: Session,
+    client: ChatClient,
+    sampling: dict[str, Any] | None = None,
+    on_turn: Callable[[Turn, Reply], None] | None = None,
+) -> Session:
+    """Drive one session to its end: ask for the next turn, call the model, hand the reply back, then tell
+    ``on_turn`` (the quickstart prints there). The one turn loop of every asynchronous caller. A session whose
     task was cancelled stops between turns, even if the cancellation arrived together with a reply."""
     sampling = sampling or {}
     while (turn := session.next_turn()) is not None:
@@ -49,7 +55,19 @@ async def run_session(session: Session, client: ChatClient, sampling: dict[str, 
         if _stop_requested():
             raise asyncio.CancelledError("cancelled between turns")
         session.record(reply)
+        if on_turn is not None:
+            on_turn(turn, reply)
     return session
+
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Future]) -> None:
+    """Cancel whatever of ``tasks`` still runs and wait until all have ended (their errors are theirs: not
+    raised here). Samples stopped this way write no line, so a resumed run redoes them."""
+    tasks = list(tasks)
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def reduce_timings(timings: Sequence[dict[str, float]]) -> dict[str, float]:
@@ -194,11 +212,7 @@ class AsyncGenerationManager:
         try:
             await asyncio.gather(*tasks)
         finally:
-            # On fail_fast (or if we are cancelled) stop the samples still running; they leave no trace line,
-            # so a resumed run redoes them.
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(tasks)  # on fail_fast, or if we are cancelled: stop the samples still running
             bar.close()
             if writer is not None:
                 writer.close()
