@@ -23,7 +23,7 @@ import numpy as np
 
 from recurrent.interface import RConfig, Reply, RRegister, Session, Turn, TurnRecord, Workflow
 from recurrent.templating import chat_token_template
-from recurrent.tokens import centre_truncate, encode_long, num_chunks
+from recurrent.tokens import centre_truncate, encode_long, end_token_ids, num_chunks
 
 logger = logging.getLogger(__name__)
 
@@ -158,8 +158,7 @@ class MemoryWorkflow(Workflow):
         self.memory_ids_template = chat_token_template(tokenizer, MEMORY_TEMPLATE) if token_prompts else None
         self.final_ids_template = chat_token_template(tokenizer, self.final_template) if token_prompts else None
         self.no_memory_ids = tokenizer.encode(NO_MEMORY, add_special_tokens=False)
-        # Ids that end or pad a response; the memory is the response without them (spec P21).
-        self.drop_ids = {i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
+        self.end_ids = end_token_ids(tokenizer)  # the memory is the generated ids without these
 
     def context_text(self, sample: dict[str, Any]) -> str:
         """The context of a row as a string (a missing value reads as an empty document)."""
@@ -265,7 +264,7 @@ class MemorySession(Session):
             if self.config.strip_think and THINK_END in reply.text:  # a reasoning model's memory: its conclusion
                 self.memory_text = reply.text.rsplit(THINK_END, 1)[1].strip()
             elif reply.token_ids is not None and not self.workflow.reencode_memory:
-                self.memory_ids = [t for t in reply.token_ids if t not in self.workflow.drop_ids]
+                self.memory_ids = [t for t in reply.token_ids if t not in self.workflow.end_ids]
             self.memory_trace.append(self.memory_text)
             self._step += 1
         if not self.workflow.keep_prompts:  # keep the facts of the turn, not its (chunk-sized) prompt
