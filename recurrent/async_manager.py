@@ -1,9 +1,9 @@
 """The async manager: one coroutine per sample, each driving its :class:`Session` through a :class:`ChatClient`.
 
-Samples finish independently (no batch barrier, spec 2.6): a sample with a short document is done while
+Samples finish independently (no batch barrier): a sample with a short document is done while
 another is still reading. The client bounds in-flight requests; the manager may also bound how many samples
 run at once. A failing sample records its error and the others carry on (unless ``fail_fast``): errors are
-counted, never turned into empty answers (spec P7).
+counted, never turned into empty answers (a failed sample scores 0, it is not dropped).
 
 The result uses the row convention of the sync manager: one row per :class:`TurnRecord`, ``sample_index``
 says which sample a row belongs to, ``final_mask`` marks the answer turns. Rows are sample-major here (each
@@ -71,7 +71,7 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Future]) -> None:
 
 
 def reduce_timings(timings: Sequence[dict[str, float]]) -> dict[str, float]:
-    """Merge per-sample timings (spec P27): keys containing "async" are averaged over the samples that have
+    """Merge per-sample timings: keys containing "async" are averaged over the samples that have
     them (per-sample latencies that overlap in time), all others are summed (work totals)."""
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
@@ -100,7 +100,7 @@ class AsyncRollout:
     sessions: list[Session]
     seconds: list[float]  # wall time of each sample (queueing for a session slot excluded)
     errors: list[BaseException | None]  # the error of each failed sample, None for the others
-    records: list[TurnRecord]  # the rows: every turn of every successful sample, sample-major (as spec 2.5)
+    records: list[TurnRecord]  # the rows: every turn of every successful sample, sample-major
     sample_index: torch.Tensor  # LongTensor [rows]: the sample each row belongs to
     final_mask: torch.Tensor  # BoolTensor [rows]: True on each sample's last turn (its answer)
     prompt_tokens: int  # over every reply, failed samples' partial turns included (they were paid for)

@@ -82,7 +82,7 @@ def _last_word_start(enc, num_tokens: int, limit: int) -> int | None:
 
 def centre_truncate(ids: np.ndarray, max_tokens: int | None) -> np.ndarray:
     """Keep the first ``max_tokens // 2`` and the last ``max_tokens // 2`` tokens when ``ids`` is longer
-    (spec: MemAgent's ``truncation='center'``). ``None`` means no limit."""
+    (MemAgent's ``truncation='center'``). ``None`` means no limit."""
     if max_tokens is None or len(ids) <= max_tokens:
         return ids
     half = max_tokens // 2

@@ -58,7 +58,8 @@ def build_workflow(section: dict[str, Any], tokenizer: Any) -> MemoryWorkflow:
 
 
 def check_budgets(workflow: MemoryWorkflow, budgets: Budgets) -> None:
-    """Raise a ValueError naming the budgets when some turn could not fit verl's row widths (spec P2, P22)."""
+    """Raise a ValueError naming the budgets when some turn could not fit verl's row widths (a longer row
+    would be cut or refused by verl at train time)."""
     cfg: MemoryConfig = workflow.config
     prompt, response = workflow.max_turn_lengths()
     problems = []

@@ -27,7 +27,7 @@ from recurrent.tokens import centre_truncate, encode_long, end_token_ids, num_ch
 
 logger = logging.getLogger(__name__)
 
-# ---- The two prompts (MEMAGENT_SPEC 2.4.3): the interface the released checkpoints were trained on. ----
+# ---- The two prompts of the original MemAgent code: the interface the released checkpoints were trained on. ----
 # Note the trailing space after "<problem>" and the final newline.
 MEMORY_TEMPLATE = """You are presented with a problem, a section of an article that may contain the answer to the problem, and a previous memory. Please read the provided section carefully and update the memory with the new information that helps to answer the problem. Be sure to retain all relevant details from the previous memory while adding any new, useful information.
 
@@ -64,7 +64,7 @@ Your answer:
 # (the async, evaluation and quickstart paths format the string and show "\boxed{}"). docs/fidelity.md.
 FINAL_TEMPLATE_BOXED_RELEASED = FINAL_TEMPLATE_BOXED.replace("\\boxed{}", "\\boxed{{}}")
 
-# The paper's evaluation protocol (spec 6.4, P4): the same prompt, the answer phrased "Therefore, the answer is".
+# The paper's evaluation prompt: the same prompt, the answer phrased "Therefore, the answer is" (no box).
 FINAL_TEMPLATE_ANSWER_IS = FINAL_TEMPLATE_BOXED.replace(
     "put the answer in \\boxed{}.",
     'format your response as follows "Therefore, the answer is (insert answer here)".',
@@ -82,7 +82,7 @@ _SLOT = re.compile(r"\{([a-zA-Z]+)\}")
 
 @dataclass
 class MemoryConfig(RConfig):
-    """Budgets of the memory agent; the defaults are the paper's (MEMAGENT_SPEC 2.4.1, 4.1)."""
+    """Budgets of the memory agent; the defaults are the paper's (5000-token chunks, 1024-token memory)."""
 
     context_key: str = "context"  # column holding the long document
     question_key: str = "prompt"  # column holding the question: a string or a chat list [{"role","content"}]
@@ -95,8 +95,8 @@ class MemoryConfig(RConfig):
     # on (the training default, configs/recurrent_trainer.yaml); answer_is: the paper's evaluation prompt.
     final_prompt: Literal["boxed", "boxed_released", "answer_is"] = "boxed"
     question_overflow: Literal["error", "truncate"] = "error"  # a question over budget: raise, or keep its head
-    strip_context: bool = False  # the paper's evaluation strips the context before tokenizing (spec P19)
-    strip_think: bool = False  # the paper's evaluation keeps only the text after "</think>" as memory (P34)
+    strip_context: bool = False  # the paper's evaluation strips the context before tokenizing
+    strip_think: bool = False  # the paper's evaluation keeps only the text after "</think>" as memory
 
     def __post_init__(self) -> None:
         for name in ("max_prompt_length", "chunk_size", "max_memorization_length", "max_final_response_length"):
@@ -149,7 +149,8 @@ class MemoryWorkflow(Workflow):
         it a session holds only the current chunk and the memory, so a pass over a document of any length
         needs memory for its token ids and nothing more (inference).
         ``reencode_memory``: in token space, put the memory into the next prompt as ``encode(text)`` (what an
-        OpenAI-style endpoint sees) instead of the generated ids themselves (the paper's sync training, P21)."""
+        OpenAI-style endpoint sees) instead of the generated ids themselves (which the paper's sync training put
+        there)."""
         super().__init__(config, tokenizer)
         self.token_prompts = token_prompts
         self.keep_prompts = keep_prompts
@@ -258,7 +259,7 @@ class MemorySession(Session):
         if turn is None:
             raise RuntimeError("record called without a pending turn")
         if not turn.final:
-            # Overwrite the memory with the response: the raw generated ids when the backend returned them (P21).
+            # Overwrite the memory with the response: the raw generated ids when the backend returned them.
             self.memory_text = reply.text
             self.memory_ids = None  # re-encoded from the text when the next prompt is built in token space
             if self.config.strip_think and THINK_END in reply.text:  # a reasoning model's memory: its conclusion

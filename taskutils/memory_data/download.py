@@ -1,6 +1,6 @@
 """Download the public sources once, on a machine with internet; every later stage reads these files only.
 
-- HotpotQA train v1.1 (``hotpotqa_train.json``; the original scripts read it but never fetched it: P31)
+- HotpotQA train v1.1 (``hotpotqa_train.json``; the original scripts read it but never fetched it)
 - HotpotQA dev distractor (``hotpotqa_dev.json``)
 - SQuAD v2.0 dev (``squad.json``)
 - Paul Graham essays (``PaulGrahamEssays.json`` = ``{"text": all essays}``): the ``.txt`` essays of the

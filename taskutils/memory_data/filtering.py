@@ -1,4 +1,5 @@
-"""Drop questions a model answers without the context (spec 5.3), through any OpenAI-compatible endpoint.
+"""Drop questions a model answers without the context (the paper's training-data filter), through any
+OpenAI-compatible endpoint.
 
 Each model is asked the bare question plus ``Your final answer in \\boxed{}.``, ``samples`` times (the paper:
 2 samples, temperature 1.0, top_p 0.7, 512 new tokens). A question is removed if any sample of any model

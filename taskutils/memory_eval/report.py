@@ -4,11 +4,11 @@
     python -m taskutils.memory_eval.report RESULTS_DIR [--data-dir DATA_DIR] [--out DIR]
 
 One row per results file (model, method, task, length). Accuracies are percentages over *every* item of the file,
-failed ones counting 0 (P7): n is the number of items with a line, ``failed`` how many of them failed. A file
+failed ones counting 0 (never dropped): n is the number of items with a line, ``failed`` how many of them failed. A file
 with fewer lines than its eval set is flagged (the run is incomplete or was limited). ``sub_em`` (lenient,
 "the answer is" extraction, or the boxed content for -boxed methods) is the paper's headline; ``strict`` is the
 training verifier (a boxed answer in the last 300 characters), which answers in the "the answer is" format
-never satisfy, so it is ~0 for the memory and direct methods by design (P4).
+never satisfy, so it is ~0 for the memory and direct methods by design.
 
 The plot follows the paper's main figure: accuracy vs context length (log scale), one line per model and method,
 one panel per task family (HotpotQA; RULER niah_*, vt, fwe, cwe, qa_* averaged over the family's tasks).
@@ -31,7 +31,7 @@ from recurrent.resume import read_jsonl
 from . import config as cfg
 from . import evalsets, results
 
-# Paper's token labels for the RULER-HotpotQA document counts (spec 5.4); other counts use ~140 tokens a document.
+# Paper's token labels for the RULER-HotpotQA document counts (its tables); other counts use ~140 tokens a document.
 HOTPOTQA_TOKENS = {
     50: 7_000,
     100: 14_000,
@@ -180,7 +180,7 @@ def markdown(rows: list[Row]) -> str:
     lines += [
         "Accuracies in %, over every item of a file (failed items count 0). `sub_em`: lenient, the paper's "
         "headline. `strict`: the training verifier (boxed answer); ~0 for the `memory` and `direct` methods, "
-        "whose 'the answer is' format has no box (P4). `em`/`f1` do not apply to RULER non-QA tasks. "
+        "whose 'the answer is' format has no box. `em`/`f1` do not apply to RULER non-QA tasks. "
         "`no answer`: items answered without an extractable answer (no 'the answer is', no box): they score 0 "
         "for their format, not for their content.",
         "",

@@ -1,9 +1,9 @@
-"""Evaluate models x tasks x lengths, as in the paper (MEMAGENT_SPEC 6), through OpenAI-compatible servers.
+"""Evaluate models x tasks x lengths, as in the paper's evaluation, through OpenAI-compatible servers.
 
 For every selected model: start its server (``vllm serve`` on GPU machines, ``transformers serve`` on CPU) or
 use the given URL, run every (task, length) eval file with its method(s), write one JSON line per item as it
 finishes, stop the server. A killed run resumes where it stopped. Failed requests are retried with backoff;
-an item that still fails is recorded with its error and counts as wrong (never dropped, P7). At the end the
+an item that still fails is recorded with its error and counts as wrong (never dropped). At the end the
 token totals are printed and the summary (``summary.md``, ``summary.csv``, one plot per metric) is
 written into the results folder (``python -m taskutils.memory_eval.report RESULTS_DIR`` redoes it).
 
@@ -207,8 +207,8 @@ def make_workflow(entry: cfg.ModelEntry, method: str, tokenizer: Any) -> Callabl
                 max_final_response_length=b.final_max_new,
                 max_chunks=None if b.max_context is None else max(1, b.max_context // b.chunk_size),
                 final_prompt=final_prompt,
-                strip_context=True,  # the paper's evaluation strips the context (spec 6.4)
-                strip_think=True,  # and keeps a reasoning model's memory after "</think>" (P34)
+                strip_context=True,  # the paper's evaluation strips the context
+                strip_think=True,  # and keeps a reasoning model's memory after "</think>"
             ),
             tokenizer,
             token_prompts=False,  # text in, text out: an OpenAI-style endpoint applies the chat template
