@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -132,22 +133,15 @@ def show(title: str, text: str) -> None:
     print(text.strip() or "(empty)", flush=True)
 
 
-async def read_and_answer(session: Any, client: Any, sampling: dict[str, Any]) -> None:
-    """Drive the session turn by turn (what ``recurrent.async_manager.run_session`` does), printing as it goes."""
-    chunks = session.num_chunks
-    while (turn := session.next_turn()) is not None:
-        reply = await client.chat(turn.messages, turn.max_tokens, **sampling)
-        session.record(reply)
-        cut = ", cut at the cap" if reply.finish_reason == "length" else ""
-        facts = f"{reply.completion_tokens} tokens, {reply.seconds:.1f} s{cut}"
-        if turn.final:
-            show(f"final answer ({facts})", reply.text)
-        else:
-            chunk = turn.meta["chunk"]
-            show(
-                f"memory after chunk {chunk + 1}/{chunks} ({turn.meta['chunk_tokens']} tokens read; {facts})",
-                reply.text,
-            )
+def show_turn(chunks: int, turn: Any, reply: Any) -> None:
+    """Print one finished turn: the memory after a chunk, or the final answer (``run_session``'s ``on_turn``)."""
+    cut = ", cut at the cap" if reply.finish_reason == "length" else ""
+    facts = f"{reply.completion_tokens} tokens, {reply.seconds:.1f} s{cut}"
+    if turn.final:
+        show(f"final answer ({facts})", reply.text)
+    else:
+        chunk = turn.meta["chunk"]
+        show(f"memory after chunk {chunk + 1}/{chunks} ({turn.meta['chunk_tokens']} tokens read; {facts})", reply.text)
 
 
 def shown_answer(response: str, final_prompt: str) -> tuple[str, str | None]:
@@ -179,6 +173,7 @@ def _any_case(text: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from recurrent.async_manager import run_session
     from recurrent.client import OpenAIChatClient
     from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
     from recurrent.models import KNOWN_MODELS, ModelNotAvailableError, resolve_model_path
@@ -249,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
 
         async def main() -> None:
             async with client:
-                await read_and_answer(session, client, sampling)
+                await run_session(session, client, sampling, on_turn=functools.partial(show_turn, session.num_chunks))
 
         asyncio.run(main())
         agent_seconds = time.perf_counter() - began

@@ -1,9 +1,9 @@
 """The async manager: one coroutine per sample, each driving its :class:`Session` through a :class:`ChatClient`.
 
-Samples finish independently (no batch barrier, spec 2.6): a sample with a short document is done while
+Samples finish independently (no batch barrier): a sample with a short document is done while
 another is still reading. The client bounds in-flight requests; the manager may also bound how many samples
 run at once. A failing sample records its error and the others carry on (unless ``fail_fast``): errors are
-counted, never turned into empty answers (spec P7).
+counted, never turned into empty answers (a failed sample scores 0, it is not dropped).
 
 The result uses the row convention of the sync manager: one row per :class:`TurnRecord`, ``sample_index``
 says which sample a row belongs to, ``final_mask`` marks the answer turns. Rows are sample-major here (each
@@ -16,14 +16,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from recurrent.interface import ChatClient, Session, TurnRecord
+from recurrent.interface import ChatClient, Reply, Session, Turn, TurnRecord
 from recurrent.trace import TraceWriter
 
 if TYPE_CHECKING:
@@ -40,8 +40,14 @@ def _stop_requested() -> bool:
     return bool(cancelling and cancelling())
 
 
-async def run_session(session: Session, client: ChatClient, sampling: dict[str, Any] | None = None) -> Session:
-    """Drive one session to its end: ask for the next turn, call the model, hand the reply back. A session whose
+async def run_session(
+    session: Session,
+    client: ChatClient,
+    sampling: dict[str, Any] | None = None,
+    on_turn: Callable[[Turn, Reply], None] | None = None,
+) -> Session:
+    """Drive one session to its end: ask for the next turn, call the model, hand the reply back, then tell
+    ``on_turn`` (the quickstart prints there). The one turn loop of every asynchronous caller. A session whose
     task was cancelled stops between turns, even if the cancellation arrived together with a reply."""
     sampling = sampling or {}
     while (turn := session.next_turn()) is not None:
@@ -49,11 +55,23 @@ async def run_session(session: Session, client: ChatClient, sampling: dict[str, 
         if _stop_requested():
             raise asyncio.CancelledError("cancelled between turns")
         session.record(reply)
+        if on_turn is not None:
+            on_turn(turn, reply)
     return session
 
 
+async def cancel_and_wait(tasks: Iterable[asyncio.Future]) -> None:
+    """Cancel whatever of ``tasks`` still runs and wait until all have ended (their errors are theirs: not
+    raised here). Samples stopped this way write no line, so a resumed run redoes them."""
+    tasks = list(tasks)
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def reduce_timings(timings: Sequence[dict[str, float]]) -> dict[str, float]:
-    """Merge per-sample timings (spec P27): keys containing "async" are averaged over the samples that have
+    """Merge per-sample timings: keys containing "async" are averaged over the samples that have
     them (per-sample latencies that overlap in time), all others are summed (work totals)."""
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
@@ -82,7 +100,7 @@ class AsyncRollout:
     sessions: list[Session]
     seconds: list[float]  # wall time of each sample (queueing for a session slot excluded)
     errors: list[BaseException | None]  # the error of each failed sample, None for the others
-    records: list[TurnRecord]  # the rows: every turn of every successful sample, sample-major (as spec 2.5)
+    records: list[TurnRecord]  # the rows: every turn of every successful sample, sample-major
     sample_index: torch.Tensor  # LongTensor [rows]: the sample each row belongs to
     final_mask: torch.Tensor  # BoolTensor [rows]: True on each sample's last turn (its answer)
     prompt_tokens: int  # over every reply, failed samples' partial turns included (they were paid for)
@@ -194,11 +212,7 @@ class AsyncGenerationManager:
         try:
             await asyncio.gather(*tasks)
         finally:
-            # On fail_fast (or if we are cancelled) stop the samples still running; they leave no trace line,
-            # so a resumed run redoes them.
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(tasks)  # on fail_fast, or if we are cancelled: stop the samples still running
             bar.close()
             if writer is not None:
                 writer.close()

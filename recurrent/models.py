@@ -18,10 +18,10 @@ import importlib.util
 import json
 import os
 import random
-import shutil
 import sys
-import tempfile
 from pathlib import Path
+
+from recurrent.atomic import atomic_path
 
 TINY = "tiny"
 SMOLLM2 = "smollm2-135m-instruct"
@@ -81,15 +81,6 @@ def _manifest_ok(folder: Path, name: str, extra: dict | None = None) -> bool:
 def _write_manifest(folder: Path, name: str, extra: dict | None = None) -> None:
     payload = {"name": name, "recipe": RECIPE_VERSION[name], **(extra or {})}
     (folder / MANIFEST).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-
-
-def _publish(tmp: Path, dest: Path) -> None:
-    """Move a finished folder into place, so a half-written model is never mistaken for a complete one."""
-    tmp.chmod(0o755)  # mkdtemp makes it private; the published model is an ordinary folder
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, dest)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -178,11 +169,10 @@ def build_tiny(dest: Path, seed: int = TINY_SEED) -> Path:
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
 
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=_ensure(dest.parent)))
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    _write_manifest(tmp, TINY, {"seed": seed})
-    _publish(tmp, dest)
+    with atomic_path(dest, folder=True) as tmp:  # a half-written model is never mistaken for a complete one
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        _write_manifest(tmp, TINY, {"seed": seed})
     return dest
 
 
@@ -226,11 +216,10 @@ def build_smollm2(dest: Path) -> Path:
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.config.pad_token_id = tokenizer.pad_token_id
 
-    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=_ensure(dest.parent)))
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    _write_manifest(tmp, SMOLLM2, {"gguf_sha256": file_sha256(gguf)})
-    _publish(tmp, dest)
+    with atomic_path(dest, folder=True) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        _write_manifest(tmp, SMOLLM2, {"gguf_sha256": file_sha256(gguf)})
     return dest
 
 

@@ -1,12 +1,15 @@
-"""Start and stop a local OpenAI-compatible server (``transformers serve``) for a model folder.
+"""Start and stop local OpenAI-compatible servers: the lifecycle every server we start goes through
+(:func:`managed_server`: spawn, wait until it answers, stop its process group), and ``transformers serve`` for a
+model folder on top of it.
 
-Used by the quickstart, the evaluation harness and the tests on CPU. On GPU machines users run
-``vllm serve MODEL`` themselves (or the harness does); everything downstream only sees a base URL.
+Used by the quickstart, the evaluation harness (which also starts ``vllm serve`` with :func:`managed_server`)
+and the tests on CPU. Everything downstream only sees a base URL.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -16,10 +19,20 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+class ServerError(RuntimeError):
+    """A server we started did not come up (it exited, or was not ready in time)."""
+
+
+class ServerTimeoutError(ServerError, TimeoutError):
+    """A server we started was not ready in time."""
 
 
 @dataclass(frozen=True)
@@ -73,12 +86,94 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _healthy(url: str) -> bool:
+def log_tail(log_path: Path | None, chars: int = 3000) -> str:
+    """The end of a server log, quoted in errors ("" when there is none)."""
+    if log_path is None or not log_path.exists():
+        return ""
+    return log_path.read_text(errors="replace")[-chars:]
+
+
+Probe = Callable[[], "str | None"]  # None once the server is ready, else why it is not (quoted on a timeout)
+
+
+def wait_ready(
+    probe: Probe,
+    process: subprocess.Popen | None,
+    timeout: float,
+    interval: float,
+    log_path: Path | None = None,
+    name: str = "server",
+) -> float:
+    """Poll ``probe`` until it says ready; returns the seconds waited. Raises :class:`ServerError` when the
+    process exits first and :class:`ServerTimeoutError` after ``timeout``, both quoting the end of the log."""
+    start = time.monotonic()
+    while True:
+        why_not = probe()
+        if why_not is None:
+            return time.monotonic() - start
+        if process is not None and process.poll() is not None:
+            raise ServerError(
+                f"{name} exited with code {process.returncode} before it was ready:\n{log_tail(log_path)}"
+            )
+        if time.monotonic() - start > timeout:
+            raise ServerTimeoutError(f"{name} not ready after {timeout:.0f} s: {why_not}:\n{log_tail(log_path)}")
+        time.sleep(interval)
+
+
+def stop_process_group(process: subprocess.Popen, grace: float = 30.0) -> None:
+    """SIGTERM the process's group, SIGKILL it after ``grace`` seconds (servers spawn workers: stop them all)."""
+    if process.poll() is not None:
+        return
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    except ProcessLookupError:
+        process.wait()
+
+
+@contextmanager
+def managed_server(
+    cmd: list[str],
+    probe: Probe,
+    log_path: Path,
+    ready_timeout: float,
+    interval: float,
+    env: dict[str, str] | None = None,
+    grace: float = 30.0,
+    missing_hint: str = "",
+) -> Iterator[subprocess.Popen]:
+    """Start ``cmd`` (:func:`spawn_server`), wait until ``probe`` says ready, stop its group on exit, errors of
+    the caller's block and Ctrl-C included."""
+    name = Path(cmd[0]).name + (f" {cmd[1]}" if len(cmd) > 1 else "")
+    try:
+        process = spawn_server(cmd, log_path, env)
+    except OSError as err:  # e.g. no `vllm` on this machine
+        raise ServerError(f"cannot start {cmd[0]}: {err}{missing_hint}") from err
+    try:
+        log.info("started %s (pid %d), log %s", name, process.pid, log_path)
+        waited = wait_ready(probe, process, ready_timeout, interval, log_path, name)
+        log.info("%s ready after %.1f s", name, waited)
+        yield process
+    finally:
+        stop_process_group(process, grace)
+
+
+def health_probe(url: str) -> Probe:
+    """Ready when ``GET url`` answers 200."""
+
+    def probe() -> str | None:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return None
+                return f"GET {url} answers {response.status}"
+        except OSError:
+            return f"GET {url} does not answer"
+
+    return probe
 
 
 def sampling_overlay(model_dir: Path, folder: Path) -> Path:
@@ -108,9 +203,9 @@ def transformers_serve(
 ) -> Iterator[LocalServer]:
     """Run ``transformers serve`` on 127.0.0.1 with ``model_dir`` preloaded; stop it on exit.
 
-    The server runs offline (no hub access). Its log goes to ``log_path`` (a temp file by default) and
-    is quoted in the error if the server dies or does not become ready in time. With ``sample`` (the default)
-    it serves a :func:`sampling_overlay` of the model, so that requests sample at the temperature they ask for;
+    The server runs offline (no hub access). Its log goes to ``log_path`` (a temp file by default) and is
+    quoted in the :class:`ServerError` if the server dies or does not become ready in time. With ``sample`` (the
+    default) it serves a :func:`sampling_overlay` of the model, so that requests sample at the temperature they ask for;
     the name requests use is then the overlay's folder (``LocalServer.model``).
     """
     model_dir = str(Path(model_dir).resolve())
@@ -126,28 +221,11 @@ def transformers_serve(
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_CACHE": str(hub_cache)}
     cli = Path(sys.executable).with_name("transformers")
     cmd = [str(cli), "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", model_dir]
-    process = None
     try:
-        process = spawn_server(cmd, log_path, env)
-        deadline = time.monotonic() + startup_timeout
-        while not _healthy(f"http://127.0.0.1:{port}/health"):
-            if process.poll() is not None:
-                raise RuntimeError(
-                    f"transformers serve exited with {process.returncode}:\n{log_path.read_text()[-3000:]}"
-                )
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"transformers serve not ready after {startup_timeout:.0f} s:\n{log_path.read_text()[-3000:]}"
-                )
-            time.sleep(0.5)
-        yield LocalServer(f"http://127.0.0.1:{port}/v1", model_dir, process, log_path)
+        with managed_server(
+            cmd, health_probe(f"http://127.0.0.1:{port}/health"), log_path, startup_timeout, 0.5, env, grace=20
+        ) as process:
+            yield LocalServer(f"http://127.0.0.1:{port}/v1", model_dir, process, log_path)
     finally:
-        if process is not None and process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
         if overlay is not None:
             shutil.rmtree(overlay, ignore_errors=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -55,6 +56,12 @@ def encode_long(text: str, tokenizer, window_chars: int = 64_000, margin_chars: 
             expected.append(int(ids[j]))
         start += enc.token_to_chars(cut)[0]
     return np.concatenate(parts) if parts else np.zeros(0, dtype=TOKEN_DTYPE)
+
+
+def end_token_ids(tokenizer: Any) -> frozenset[int]:
+    """The ids that end or pad a response: the tokenizer's eos and pad tokens (those it has). A response that
+    ends on one of them stopped on its own; the memory is a response without them."""
+    return frozenset(i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None)
 
 
 def _encode_whole(text: str, tokenizer) -> np.ndarray:

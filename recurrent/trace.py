@@ -2,17 +2,20 @@
 
 A long evaluation killed half-way keeps every sample finished before the kill, so a rerun can skip them
 (:func:`finished_ids`). A kill can leave a half-written last line; reopening the file for writing cuts it off,
-and reading ignores it, so appending across runs never glues a new record onto a broken one.
+and reading ignores it (the rule of :mod:`recurrent.resume`), so appending across runs never glues a new record
+onto a broken one.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from recurrent.interface import Session
+from recurrent.resume import read_jsonl, repair_jsonl
+
+read_trace = read_jsonl  # a trace is JSON lines under the resume rule: torn last line dropped, corruption raises
 
 
 def sample_record(
@@ -33,31 +36,6 @@ def sample_record(
     }
 
 
-def cut_partial_line(path: Path) -> int:
-    """Truncate the file after its last newline: whatever follows is a line a killed run did not finish.
-    Returns the new size in bytes."""
-    with path.open("rb+") as f:
-        size = f.seek(0, os.SEEK_END)
-        if size == 0:
-            return 0
-        # Walk back in blocks until a newline (or the start of the file) is found.
-        end = size
-        while end > 0:
-            start = max(0, end - 65536)
-            f.seek(start)
-            block = f.read(end - start)
-            newline = block.rfind(b"\n")
-            if newline >= 0:
-                keep = start + newline + 1
-                break
-            end = start
-        else:
-            keep = 0
-        if keep < size:
-            f.truncate(keep)
-        return keep
-
-
 class TraceWriter:
     """Append JSON lines to ``path`` (created with its folders), one ``write`` per line, flushed at once."""
 
@@ -65,7 +43,7 @@ class TraceWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists():
-            cut_partial_line(self.path)
+            repair_jsonl(self.path)
         self._file = self.path.open("ab", buffering=0)  # unbuffered: each line is one system write
 
     def write(self, record: dict[str, Any]) -> None:
@@ -87,23 +65,6 @@ class TraceWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def read_trace(path: str | Path) -> list[dict[str, Any]]:
-    """Every complete record of a trace file, in file order. A last line without its newline (a killed run) is
-    ignored; a broken line anywhere else is corruption and raises, naming the line."""
-    records = []
-    with Path(path).open("rb") as f:
-        lines = f.read().split(b"\n")
-    # split leaves the text after the last newline as the final element: empty if the file ended cleanly
-    for number, line in enumerate(lines[:-1], start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{number}: not a JSON line ({err})") from err
-    return records
 
 
 def finished_ids(path: str | Path, include_errors: bool = False) -> set[Any]:

@@ -26,7 +26,7 @@ from verl.workers.rollout.replica import TokenOutput
 
 from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
 from recurrent.interface import Reply, Session, load_register
-from recurrent.tokens import encode_long
+from recurrent.tokens import encode_long, end_token_ids
 
 MODES = ("async", "sync")
 CONTEXT_CACHE_SIZE = 256  # tokenized contexts kept per process (n sessions of a prompt tokenize once)
@@ -84,16 +84,16 @@ def check_budgets(workflow: MemoryWorkflow, budgets: Budgets) -> None:
         raise ValueError("memory agent budgets do not fit verl's rollout widths: " + "; ".join(problems))
 
 
-def finish_reason(token_ids: list[int], max_tokens: int, stop_ids: set[int]) -> str:
-    """The finish reason of a call: "length" when it used its whole budget without ending on a stop token,
-    else "stop" (verl's servers report "completed" for both)."""
-    if len(token_ids) >= max_tokens and (not token_ids or token_ids[-1] not in stop_ids):
+def finish_reason(token_ids: list[int], max_tokens: int, end_ids: frozenset[int]) -> str:
+    """The finish reason of a call: "length" when it used its whole budget without ending on an end token
+    (:func:`recurrent.tokens.end_token_ids`), else "stop" (verl's servers report "completed" for both)."""
+    if len(token_ids) >= max_tokens and (not token_ids or token_ids[-1] not in end_ids):
         return "length"
     return "stop"
 
 
 class MemoryRollout:
-    """Per-process state of the memory agent rollout: the workflow (built once), budgets, stop ids and a
+    """Per-process state of the memory agent rollout: the workflow (built once), budgets, end ids and a
     small cache of tokenized contexts. Get it with :meth:`get` (cached per config and tokenizer)."""
 
     _instances: dict[tuple[int, str, Budgets], MemoryRollout] = {}
@@ -103,7 +103,7 @@ class MemoryRollout:
         self.budgets = budgets
         self.workflow = build_workflow(section, tokenizer)
         check_budgets(self.workflow, budgets)
-        self.stop_ids = {i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
+        self.end_ids = end_token_ids(tokenizer)
         # One thread tokenizes long contexts: off the event loop, never two encodes at once on one tokenizer.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memagent-tokenize")
         self._contexts: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
@@ -149,7 +149,7 @@ class MemoryRollout:
             raise RuntimeError(f"the server returned {len(ids)} tokens for a turn capped at {max_tokens}")
         return Reply(
             text=self.tokenizer.decode(ids, skip_special_tokens=True),
-            finish_reason=finish_reason(ids, max_tokens, self.stop_ids),
+            finish_reason=finish_reason(ids, max_tokens, self.end_ids),
             token_ids=ids,
             prompt_tokens=len(prompt_ids),
             completion_tokens=len(ids),

@@ -23,11 +23,11 @@ import numpy as np
 
 from recurrent.interface import RConfig, Reply, RRegister, Session, Turn, TurnRecord, Workflow
 from recurrent.templating import chat_token_template
-from recurrent.tokens import centre_truncate, encode_long, num_chunks
+from recurrent.tokens import centre_truncate, encode_long, end_token_ids, num_chunks
 
 logger = logging.getLogger(__name__)
 
-# ---- The two prompts, byte for byte the fork's: the interface the released checkpoints were trained on. ----
+# ---- The two prompts of the original MemAgent code: the interface the released checkpoints were trained on. ----
 # Note the trailing space after "<problem>" and the final newline.
 MEMORY_TEMPLATE = """You are presented with a problem, a section of an article that may contain the answer to the problem, and a previous memory. Please read the provided section carefully and update the memory with the new information that helps to answer the problem. Be sure to retain all relevant details from the previous memory while adding any new, useful information.
 
@@ -64,8 +64,7 @@ Your answer:
 # (the async, evaluation and quickstart paths format the string and show "\boxed{}"). docs/fidelity.md.
 FINAL_TEMPLATE_BOXED_RELEASED = FINAL_TEMPLATE_BOXED.replace("\\boxed{}", "\\boxed{{}}")
 
-# The paper's evaluation protocol: the same prompt, the answer phrased "Therefore, the answer is" (scored by the
-# lenient verifier; docs/fidelity.md, "Evaluation: the paper's protocol").
+# The paper's evaluation prompt: the same prompt, the answer phrased "Therefore, the answer is" (no box).
 FINAL_TEMPLATE_ANSWER_IS = FINAL_TEMPLATE_BOXED.replace(
     "put the answer in \\boxed{}.",
     'format your response as follows "Therefore, the answer is (insert answer here)".',
@@ -83,7 +82,7 @@ _SLOT = re.compile(r"\{([a-zA-Z]+)\}")
 
 @dataclass
 class MemoryConfig(RConfig):
-    """Budgets of the memory agent; the defaults are the paper's (the fork's ``recurrent.memory`` config)."""
+    """Budgets of the memory agent; the defaults are the paper's (5000-token chunks, 1024-token memory)."""
 
     context_key: str = "context"  # column holding the long document
     question_key: str = "prompt"  # column holding the question: a string or a chat list [{"role","content"}]
@@ -97,8 +96,7 @@ class MemoryConfig(RConfig):
     final_prompt: Literal["boxed", "boxed_released", "answer_is"] = "boxed"
     question_overflow: Literal["error", "truncate"] = "error"  # a question over budget: raise, or keep its head
     strip_context: bool = False  # the paper's evaluation strips the context before tokenizing
-    # the paper's evaluation keeps only the text after "</think>" as memory (docs/fidelity.md, "The memory loop")
-    strip_think: bool = False
+    strip_think: bool = False  # the paper's evaluation keeps only the text after "</think>" as memory
 
     def __post_init__(self) -> None:
         for name in ("max_prompt_length", "chunk_size", "max_memorization_length", "max_final_response_length"):
@@ -151,8 +149,8 @@ class MemoryWorkflow(Workflow):
         it a session holds only the current chunk and the memory, so a pass over a document of any length
         needs memory for its token ids and nothing more (inference).
         ``reencode_memory``: in token space, put the memory into the next prompt as ``encode(text)`` (what an
-        OpenAI-style endpoint sees) instead of the generated ids themselves (the paper's sync training, which
-        fed the raw ids back)."""
+        OpenAI-style endpoint sees) instead of the generated ids themselves (which the paper's sync training put
+        there)."""
         super().__init__(config, tokenizer)
         self.token_prompts = token_prompts
         self.keep_prompts = keep_prompts
@@ -161,9 +159,7 @@ class MemoryWorkflow(Workflow):
         self.memory_ids_template = chat_token_template(tokenizer, MEMORY_TEMPLATE) if token_prompts else None
         self.final_ids_template = chat_token_template(tokenizer, self.final_template) if token_prompts else None
         self.no_memory_ids = tokenizer.encode(NO_MEMORY, add_special_tokens=False)
-        # Ids that end or pad a response; the memory is the response without them (the fork strips
-        # them anywhere in the response, not only at its end).
-        self.drop_ids = {i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
+        self.end_ids = end_token_ids(tokenizer)  # the memory is the generated ids without these
 
     def context_text(self, sample: dict[str, Any]) -> str:
         """The context of a row as a string (a missing value reads as an empty document)."""
@@ -263,14 +259,13 @@ class MemorySession(Session):
         if turn is None:
             raise RuntimeError("record called without a pending turn")
         if not turn.final:
-            # Overwrite the memory with the response: the raw generated ids when the backend returned them
-            # (as the fork's sync training did: no parsing, no stripping).
+            # Overwrite the memory with the response: the raw generated ids when the backend returned them.
             self.memory_text = reply.text
             self.memory_ids = None  # re-encoded from the text when the next prompt is built in token space
             if self.config.strip_think and THINK_END in reply.text:  # a reasoning model's memory: its conclusion
                 self.memory_text = reply.text.rsplit(THINK_END, 1)[1].strip()
             elif reply.token_ids is not None and not self.workflow.reencode_memory:
-                self.memory_ids = [t for t in reply.token_ids if t not in self.workflow.drop_ids]
+                self.memory_ids = [t for t in reply.token_ids if t not in self.workflow.end_ids]
             self.memory_trace.append(self.memory_text)
             self._step += 1
         if not self.workflow.keep_prompts:  # keep the facts of the turn, not its (chunk-sized) prompt

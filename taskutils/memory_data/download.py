@@ -23,6 +23,8 @@ from collections.abc import Callable
 from html.parser import HTMLParser
 from pathlib import Path
 
+from recurrent.atomic import write_atomic
+
 SOURCES = {
     "hotpotqa_train": ("http://curtis.ml.cmu.edu/datasets/hotpot/hotpot_train_v1.1.json", "hotpotqa_train.json"),
     "hotpotqa_dev": ("http://curtis.ml.cmu.edu/datasets/hotpot/hotpot_dev_distractor_v1.json", "hotpotqa_dev.json"),
@@ -38,12 +40,6 @@ def _fetch(url: str, timeout: float = 120.0) -> bytes:
     request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return response.read()
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".download")
-    tmp.write_bytes(data)
-    tmp.replace(path)
 
 
 class _TextExtractor(HTMLParser):
@@ -106,7 +102,7 @@ def download_essays(dest: Path, urls: list[str] | None = None, log: Callable[[st
     log(f"essays: {len(texts) - repo_count} downloaded from {len(urls)} URLs")
     names = sorted(texts)
     text = "".join(texts[n] for n in names)
-    _write_atomic(dest, json.dumps({"text": text}).encode())
+    write_atomic(dest, json.dumps({"text": text}).encode())
     return dest
 
 
@@ -132,6 +128,6 @@ def download(
         else:
             data = _fetch(SOURCES[key][0], timeout=600)
             json.loads(data)  # a truncated transfer fails here, before the file is published
-            _write_atomic(target, data)
+            write_atomic(target, data)
         written.append(target)
     return written

@@ -1,4 +1,5 @@
-"""Drop questions a model answers without the context (spec 5.3), through any OpenAI-compatible endpoint.
+"""Drop questions a model answers without the context (the paper's training-data filter), through any
+OpenAI-compatible endpoint.
 
 Each model is asked the bare question plus ``Your final answer in \\boxed{}.``, ``samples`` times (the paper:
 2 samples, temperature 1.0, top_p 0.7, 512 new tokens). A question is removed if any sample of any model
@@ -16,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from recurrent.atomic import atomic_path
+from recurrent.resume import iter_jsonl, repair_jsonl
 from taskutils.verifiers import strict_score
 
 FILTER_TEMPLATE = "{prompt}\nYour final answer in \\boxed{{}}.\n"
@@ -60,22 +63,11 @@ def read_questions(process_parquet: Path) -> list[dict]:
 
 
 def load_cache(path: Path) -> dict[tuple[int, str], list[str]]:
-    cache: dict[tuple[int, str], list[str]] = {}
+    """The responses already collected; a line cut by a kill is removed, so that question is asked again."""
     if not path.is_file():
-        return cache
-    raw = path.read_bytes()
-    if raw and not raw.endswith(b"\n"):
-        # A kill cut the last line: drop it, so the next append starts on a fresh line.
-        with open(path, "rb+") as f:
-            f.truncate(raw.rfind(b"\n") + 1)
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue  # a line cut by a kill: that question is asked again
-            cache[(rec["index"], rec["model"])] = rec["responses"]
-    return cache
+        return {}
+    repair_jsonl(path)
+    return {(rec["index"], rec["model"]): rec["responses"] for rec in iter_jsonl(path)}
 
 
 async def _collect(
@@ -160,9 +152,8 @@ def copy_rows(src: Path, dest: Path, keep_indices: list[int], limit: int) -> int
 
     wanted = set(keep_indices)
     source = pq.ParquetFile(src)
-    tmp = dest.with_name(dest.name + ".tmp")
     written = 0
-    with pq.ParquetWriter(tmp, source.schema_arrow) as writer:
+    with atomic_path(dest) as tmp, pq.ParquetWriter(tmp, source.schema_arrow) as writer:
         for group in range(source.num_row_groups):
             if written >= limit:
                 break
@@ -174,5 +165,4 @@ def copy_rows(src: Path, dest: Path, keep_indices: list[int], limit: int) -> int
             if selected.num_rows:
                 writer.write_table(selected)
                 written += selected.num_rows
-    tmp.replace(dest)
     return written

@@ -2,9 +2,9 @@
 
 Every output file is registered in the folder's manifest (``memory_data_manifest.json``) with the
 configuration that produced it. A run whose configuration differs from what the folder holds is refused,
-so one folder never mixes data sets. A killed run resumes: complete lines are kept, a truncated last line
-is dropped, and generation continues at the next index; since every sample depends only on (seed, index),
-the result is byte-identical to an uninterrupted run.
+so one folder never mixes data sets. A killed run resumes: complete lines are kept, a torn last line is
+dropped (:mod:`recurrent.resume`), and generation continues at the next index; since every sample depends
+only on (seed, index), the result is byte-identical to an uninterrupted run.
 
 Parquet outputs (training rows) go through the same JSON-lines partial file and are converted at the end,
 in batches, so memory stays bounded.
@@ -21,13 +21,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from recurrent.trace import cut_partial_line
+from recurrent.atomic import atomic_path, write_atomic
+from recurrent.resume import SettingsMismatchError, check_settings, iter_jsonl, repair_jsonl
 
 MANIFEST_NAME = "memory_data_manifest.json"
 PARTIAL_SUFFIX = ".partial"
 
 
-class ConfigMismatchError(RuntimeError):
+class ConfigMismatchError(SettingsMismatchError):
     """The output folder holds data made with a different configuration."""
 
 
@@ -44,9 +45,7 @@ def _locked_manifest(folder: Path) -> Iterator[dict]:
         fcntl.flock(lock, fcntl.LOCK_EX)
         data = json.loads(path.read_text()) if path.is_file() else {"version": 1, "files": {}}
         yield data
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def register(folder: Path, name: str, config: dict, shared_keys: tuple[str, ...]) -> dict:
@@ -59,28 +58,14 @@ def register(folder: Path, name: str, config: dict, shared_keys: tuple[str, ...]
         files = data["files"]
         for other, entry in files.items():
             theirs = entry["config"]
-            if other == name and theirs != config:
-                diff = sorted(k for k in set(config) | set(theirs) if config.get(k) != theirs.get(k))
-                raise ConfigMismatchError(
-                    f"{folder / name} was made with a different configuration (differs in: {', '.join(diff)}; "
-                    f"folder has {', '.join(f'{k}={theirs.get(k)!r}' for k in diff)}). Use another output folder "
-                    "or delete the old file and its manifest entry."
-                )
+            if other == name:
+                remedy = "use another output folder or delete the old file and its manifest entry"
+                check_settings(folder / name, theirs, config, remedy, error=ConfigMismatchError)
             if theirs.get("stage") == config.get("stage"):
                 # A key absent on either side (e.g. the essay hash of a task without essays) is not compared.
-                diff = [
-                    k
-                    for k in shared_keys
-                    if theirs.get(k) is not None and config.get(k) is not None and theirs.get(k) != config.get(k)
-                ]
-                if diff:
-                    raise ConfigMismatchError(
-                        f"{folder} already holds {other} made with "
-                        + ", ".join(f"{k}={theirs.get(k)!r}" for k in diff)
-                        + " but this run has "
-                        + ", ".join(f"{k}={config.get(k)!r}" for k in diff)
-                        + ": refusing to mix data sets in one folder; use another --out folder."
-                    )
+                keys = [k for k in shared_keys if theirs.get(k) is not None and config.get(k) is not None]
+                remedy = "refusing to mix data sets in one folder; use another --out folder"
+                check_settings(folder / other, theirs, config, remedy, keys, ConfigMismatchError)
         entry = files.setdefault(name, {"config": config, "hash": config_hash(config), "status": "partial"})
         return dict(entry)
 
@@ -88,26 +73,6 @@ def register(folder: Path, name: str, config: dict, shared_keys: tuple[str, ...]
 def mark_complete(folder: Path, name: str, count: int) -> None:
     with _locked_manifest(folder) as data:
         data["files"][name].update(status="complete", count=count)
-
-
-def _recover_partial(path: Path) -> int:
-    """Truncate ``path`` after its last complete, parseable line; return the number of lines kept."""
-    keep = cut_partial_line(path)
-    lines = 0
-    last = b""
-    with open(path, "rb") as f:
-        for line in f:
-            lines += 1
-            last = line
-    if lines:
-        try:
-            json.loads(last)
-        except ValueError:
-            # A complete-looking but corrupt last line (e.g. after a crash): drop it too.
-            with open(path, "rb+") as f:
-                f.truncate(keep - len(last))
-            lines -= 1
-    return lines
 
 
 class ResumableJsonl:
@@ -142,7 +107,7 @@ class ResumableJsonl:
             raise ConfigMismatchError(f"manifest says {self.final} is complete but the file is missing")
         self.start = 0
         if not self.done and self.partial.is_file():
-            self.start = _recover_partial(self.partial)
+            self.start = repair_jsonl(self.partial)
             if self.start > total:
                 raise ConfigMismatchError(f"{self.partial} has {self.start} lines, more than the {total} expected")
         self._file = None
@@ -167,25 +132,13 @@ class ResumableJsonl:
         if self.written != self.total:
             raise RuntimeError(f"{self.partial}: wrote {self.written} of {self.total} samples")
         if self.parquet_schema is not None:
-            tmp = self.final.with_name(self.final.name + ".tmp")
-            jsonl_to_parquet(self.partial, tmp, self.parquet_schema)
-            os.replace(tmp, self.final)
+            with atomic_path(self.final) as tmp:
+                jsonl_to_parquet(self.partial, tmp, self.parquet_schema)
             self.partial.unlink()
         else:
             os.replace(self.partial, self.final)
         mark_complete(self.folder, self.name, self.total)
         self.done = True
-
-
-def iter_jsonl(path: Path) -> Iterator[dict]:
-    """Records of a JSON-lines file, one at a time."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    yield json.loads(line)
-                except ValueError as err:
-                    raise ValueError(f"{path}: line {lineno} is not valid JSON: {err}") from err
 
 
 def jsonl_to_parquet(src: Path, dest: Path, schema, batch_rows: int = 256) -> None:

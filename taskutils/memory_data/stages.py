@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from recurrent.models import file_sha256 as full_sha256
 from taskutils.memory_data import hotpotqa
 from taskutils.memory_data.output import ResumableJsonl, register
 from taskutils.memory_data.sources import read_hotpotqa
@@ -30,11 +31,8 @@ def data_dir(path: str | Path | None = None) -> Path:
 
 
 def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
+    """The first 16 hex digits of the file's SHA-256: what the manifest records of a source file."""
+    return full_sha256(path)[:16]
 
 
 # -- HotpotQA ---------------------------------------------------------------------------------------------
@@ -75,13 +73,21 @@ def hotpotqa_process(
     writer = ResumableJsonl(
         out, f"hotpotqa_{split}_process.parquet", config, HOTPOTQA_SHARED, len(questions), hotpotqa.parquet_schema()
     )
-    skipped = writer.done
-    if not writer.done:
-        with writer, tqdm(total=len(questions), initial=writer.start, desc=f"hotpotqa {split}", unit="row") as bar:
-            for row in hotpotqa.iter_records(questions, data.docs, cfg, "train", writer.start, workers):
-                writer.write(row)
-                bar.update()
+    bar = {"desc": f"hotpotqa {split}", "unit": "row"}
+    skipped = _write_hotpotqa(writer, data, questions, cfg, "train", workers, bar)
     return StageReport(writer.final, len(questions), skipped, _since(start))
+
+
+def _write_hotpotqa(writer: ResumableJsonl, data, questions: list, cfg, kind: str, workers: int, bar: dict) -> bool:
+    """Write the HotpotQA records ``writer`` still lacks (``bar``: tqdm's desc and unit); True if it was already
+    complete."""
+    if writer.done:
+        return True
+    with writer, tqdm(total=len(questions), initial=writer.start, **bar) as progress:
+        for record in hotpotqa.iter_records(questions, data.docs, cfg, kind, writer.start, workers):
+            writer.write(record)
+            progress.update()
+    return False
 
 
 def hotpotqa_eval(
@@ -118,12 +124,8 @@ def hotpotqa_eval(
             "questions": questions_hash,
         }
         writer = ResumableJsonl(out, f"eval_{num_docs}.jsonl", config, HOTPOTQA_SHARED, len(questions))
-        skipped = writer.done
-        if not writer.done:
-            with writer, tqdm(total=len(questions), initial=writer.start, desc=f"eval_{num_docs}", unit="q") as bar:
-                for record in hotpotqa.iter_records(questions, data.docs, cfg, "eval", writer.start, workers):
-                    writer.write(record)
-                    bar.update()
+        bar = {"desc": f"eval_{num_docs}", "unit": "q"}
+        skipped = _write_hotpotqa(writer, data, questions, cfg, "eval", workers, bar)
         reports.append(StageReport(writer.final, len(questions), skipped, _since(start)))
     return reports
 

@@ -19,10 +19,9 @@ import base64
 import hashlib
 import importlib.util
 import json
-import os
-import tempfile
 from pathlib import Path
 
+from recurrent.atomic import atomic_path
 from recurrent.models import ModelNotAvailableError, file_sha256, models_dir, resolve_model_path
 from recurrent.tokens import encode_long
 
@@ -142,16 +141,9 @@ def convert_tiktoken_file(src: Path, dest: Path) -> Path:
     if manifest.is_file() and json.loads(manifest.read_text()) == want:
         return dest
     tokenizer = tiktoken_to_fast(read_tiktoken_ranks(src))
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tok-", dir=dest.parent))
-    tokenizer.save_pretrained(tmp)
-    (tmp / "memagent_tokenizer.json").write_text(json.dumps(want, indent=2) + "\n")
-    tmp.chmod(0o755)
-    if dest.exists():
-        import shutil
-
-        shutil.rmtree(dest)
-    os.replace(tmp, dest)
+    with atomic_path(dest, folder=True) as tmp:
+        tokenizer.save_pretrained(tmp)
+        (tmp / "memagent_tokenizer.json").write_text(json.dumps(want, indent=2) + "\n")
     return dest
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from recurrent.trace import read_trace
+from recurrent.resume import read_jsonl
 
 from . import config as cfg
 from . import evalsets, results
@@ -129,7 +129,7 @@ def collect(results_dir: str | Path, data_dir: str | Path | None = None) -> list
         if parsed is None or "__" not in path.stem:
             continue
         task, length = parsed
-        records = list({r["id"]: r for r in read_trace(path)}.values())  # last line per id
+        records = list({r["id"]: r for r in read_jsonl(path)}.values())  # last line per id
         meta = results.read_meta(path)
         model = (records[0]["model"] if records else None) or meta.get("model") or path.stem.rsplit("__", 1)[0]
         method = path.stem.rsplit("__", 1)[1]

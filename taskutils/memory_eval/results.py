@@ -3,7 +3,7 @@ the item's index (``id``), appended and flushed as each item finishes (through :
 which cuts a half-written last line left by a killed run).
 
 A rerun skips the ids already there, so a killed run resumes with no duplicate and no lost item. Failed items
-are recorded with ``"error"`` and count as 0 (P7); ``retry_failed`` drops their lines first and redoes them. The
+are recorded with ``"error"`` and count as 0; ``retry_failed`` drops their lines first and redoes them. The
 settings of a file (checkpoint, method, budgets, sampling) are kept next to it in ``<model>__<method>.meta.json``;
 resuming with different settings is refused, so one file never mixes two configurations.
 """
@@ -18,15 +18,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from recurrent.atomic import write_atomic
 from recurrent.interface import Session
-from recurrent.trace import read_trace
+from recurrent.resume import SettingsMismatchError, check_settings, read_jsonl  # noqa: F401 (the run catches it)
 
 FORMAT_VERSION = 1
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
-
-
-class SettingsMismatchError(RuntimeError):
-    """A results file exists with other settings than this run's."""
 
 
 class ResultsBusyError(RuntimeError):
@@ -83,12 +80,6 @@ def read_meta(path: Path) -> dict[str, Any]:
     return json.loads(meta.read_text()) if meta.is_file() else {}
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def prepare(
     path: Path,
     settings: dict[str, Any],
@@ -109,28 +100,24 @@ def prepare(
         path.unlink(missing_ok=True)
         meta.unlink(missing_ok=True)
     if meta.is_file() and path.exists():
-        stored = json.loads(meta.read_text()).get("settings")
-        if stored != settings:
-            changed = sorted(k for k in set(stored or {}) | set(settings) if (stored or {}).get(k) != settings.get(k))
-            raise SettingsMismatchError(
-                f"{path} was made with other settings ({', '.join(changed)} differ); "
-                "use another --results-dir, or --overwrite to start this file afresh"
-            )
+        stored = json.loads(meta.read_text()).get("settings") or {}
+        remedy = "use another --results-dir, or --overwrite to start this file afresh"
+        check_settings(path, stored, settings, remedy)
     payload = {"version": FORMAT_VERSION, "settings": settings, **(info or {})}
-    meta.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    write_atomic(meta, json.dumps(payload, indent=2, sort_keys=True) + "\n")
     if not path.exists():
         return set()
-    records = read_trace(path)  # ignores a half-written last line; TraceWriter cuts it when reopening
+    records = read_jsonl(path)  # ignores a half-written last line; TraceWriter cuts it when reopening
     last = {r["id"]: r for r in records}
     keep = [r for r in last.values() if not (retry_failed and r.get("error"))]
     if len(keep) != len(records):
-        _write_atomic(path, b"".join((json.dumps(r, ensure_ascii=False) + "\n").encode() for r in keep))
+        write_atomic(path, b"".join((json.dumps(r, ensure_ascii=False) + "\n").encode() for r in keep))
     return {r["id"] for r in keep}
 
 
 def unfinished(path: Path, ids: list[Any]) -> tuple[int, int, str | None]:
     """Of the selected ``ids``: how many have a failed result, how many none, and the first error."""
-    records = {r["id"]: r for r in read_trace(path)} if path.exists() else {}
+    records = {r["id"]: r for r in read_jsonl(path)} if path.exists() else {}
     errors = [records[i]["error"] for i in ids if i in records and records[i].get("error")]
     not_run = sum(i not in records for i in ids)
     return len(errors), not_run, errors[0] if errors else None

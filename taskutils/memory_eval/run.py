@@ -33,10 +33,12 @@ from typing import Any, TypeVar
 import yaml
 from tqdm import tqdm
 
+from recurrent.async_manager import cancel_and_wait
 from recurrent.client import OpenAIChatClient
 from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
 from recurrent.interface import Session
 from recurrent.models import ModelNotAvailableError, resolve_model_path
+from recurrent.serving import log_tail
 from recurrent.trace import TraceWriter
 
 from . import config as cfg
@@ -374,12 +376,10 @@ async def watched(work: Coroutine[Any, Any, T], ep: Endpoint) -> T:
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for pending in (task, watcher):
-            pending.cancel()
-        await asyncio.gather(task, watcher, return_exceptions=True)
+        await cancel_and_wait((task, watcher))
     if not task.cancelled():  # the work ended on its own (even just as the server stopped): its outcome stands
         return task.result()
-    tail = ep.log_path.read_text(errors="replace")[-2000:] if ep.log_path and ep.log_path.exists() else ""
+    tail = log_tail(ep.log_path, 2000)
     raise ServerError(
         f"the {ep.kind} server (pid {process.pid}) exited with code {process.returncode} while items were running; "
         f"the items in flight were not recorded (run the same command again to resume). Its log, {ep.log_path}, "

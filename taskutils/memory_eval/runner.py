@@ -19,7 +19,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from recurrent.async_manager import check_finished, run_session
+from recurrent.async_manager import cancel_and_wait, check_finished, run_session
 from recurrent.interface import ChatClient, Session
 from recurrent.trace import TraceWriter
 
@@ -99,9 +99,6 @@ async def run_items(
         if tasks:
             await asyncio.gather(*tasks)
     finally:
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks)
     outcome.seconds = time.perf_counter() - start
     return outcome

@@ -1,9 +1,10 @@
 """One endpoint per model: an existing URL, a ``vllm serve`` the harness starts on GPU machines, or a local
 ``transformers serve`` on CPU (:mod:`recurrent.serving`).
 
-The harness owns the servers it starts: each runs in its own process group and is stopped (SIGTERM, then
-SIGKILL) when the model is done, on errors and on Ctrl-C / SIGTERM alike. Readiness means the process is alive
-and ``GET /v1/models`` lists the served name (the original polled the same endpoint every 5 s).
+The harness owns the servers it starts (:func:`recurrent.serving.managed_server`): each runs in its own
+process group and is stopped (SIGTERM, then SIGKILL) when the model is done, on errors and on Ctrl-C / SIGTERM
+alike. Readiness means the process is alive and ``GET /v1/models`` lists the served name (the original polled
+the same endpoint every 5 s).
 
 Replicas across a node's GPUs (the original used Ray Serve with ``num_replicas = GPUs // tp``) come from
 vLLM's own data parallelism: ``--data-parallel-size GPUs // tp``, one OpenAI endpoint in front.
@@ -16,31 +17,22 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from recurrent.models import resolve_model_path
-from recurrent.serving import free_port, spawn_server, transformers_serve
+from recurrent.serving import ServerError, free_port, managed_server, transformers_serve
+from recurrent.serving import wait_ready as wait_until
 
 from .config import ModelEntry
 
 log = logging.getLogger(__name__)
-
-
-class ServerError(RuntimeError):
-    """A server the harness started did not come up (it exited, or was not ready in time)."""
-
-
-class ServerTimeoutError(ServerError, TimeoutError):
-    """A server the harness started was not ready in time."""
 
 
 @dataclass(frozen=True)
@@ -124,10 +116,17 @@ def served_models(base_url: str, timeout: float = 5.0, api_key: str | None = Non
     return [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
 
 
-def _tail(log_path: Path | None, chars: int = 3000) -> str:
-    if log_path is None or not log_path.exists():
-        return ""
-    return log_path.read_text(errors="replace")[-chars:]
+def models_probe(base_url: str, model: str) -> Callable[[], str | None]:
+    """Ready when ``GET {base_url}/models`` lists ``model`` (the readiness check of every server we start)."""
+
+    def probe() -> str | None:
+        models = served_models(base_url)
+        if models is not None and model in models:
+            return None
+        listed = f"it lists {models}" if models is not None else "it does not answer"
+        return f"{model!r} not served at {base_url} ({listed})"
+
+    return probe
 
 
 def wait_ready(
@@ -138,59 +137,9 @@ def wait_ready(
     interval: float = 5.0,
     log_path: Path | None = None,
 ) -> float:
-    """Poll until ``model`` is listed by the server; returns the seconds waited. Raises RuntimeError when the
-    process exits first and TimeoutError after ``timeout``, both quoting the end of the server log."""
-    start = time.monotonic()
-    while True:
-        models = served_models(base_url)
-        if models is not None and model in models:
-            return time.monotonic() - start
-        if process is not None and process.poll() is not None:
-            raise ServerError(f"server exited with code {process.returncode} before it was ready:\n{_tail(log_path)}")
-        if time.monotonic() - start > timeout:
-            listed = f"it lists {models}" if models is not None else "it does not answer"
-            raise ServerTimeoutError(
-                f"{model!r} not served at {base_url} after {timeout:.0f} s ({listed}):\n{_tail(log_path)}"
-            )
-        time.sleep(interval)
-
-
-def stop_process_group(process: subprocess.Popen, grace: float = 30.0) -> None:
-    """SIGTERM the process's group, SIGKILL it after ``grace`` seconds (servers spawn workers: stop them all)."""
-    if process.poll() is not None:
-        return
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-    except ProcessLookupError:
-        process.wait()
-
-
-@contextmanager
-def managed_server(
-    cmd: list[str],
-    base_url: str,
-    model: str,
-    log_path: Path,
-    ready_timeout: float = 1800.0,
-    interval: float = 5.0,
-    env: dict[str, str] | None = None,
-) -> Iterator[subprocess.Popen]:
-    """Start ``cmd`` in its own process group, wait until it serves ``model``, stop the group on exit."""
-    try:
-        process = spawn_server(cmd, log_path, env)
-    except OSError as err:  # e.g. no `vllm` on this machine
-        raise ServerError(f"cannot start {cmd[0]}: {err} (GPU machines: make setup-gpu)") from err
-    try:
-        log.info("started %s (pid %d), log %s", cmd[0], process.pid, log_path)
-        waited = wait_ready(base_url, model, process, ready_timeout, interval, log_path)
-        log.info("server ready after %.1f s", waited)
-        yield process
-    finally:
-        stop_process_group(process)
+    """Poll until ``model`` is listed by the server; returns the seconds waited (:func:`recurrent.serving.wait_ready`
+    with :func:`models_probe`)."""
+    return wait_until(models_probe(base_url, model), process, timeout, interval, log_path)
 
 
 @contextmanager
@@ -243,6 +192,8 @@ def endpoint(
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # never a download at run time
     base_url = f"http://127.0.0.1:{port}/v1"
-    with managed_server(cmd, base_url, entry.request_name, log_path, ready_timeout, poll_interval, env) as process:
+    probe = models_probe(base_url, entry.request_name)
+    hint = " (GPU machines: make setup-gpu)"
+    with managed_server(cmd, probe, log_path, ready_timeout, poll_interval, env, missing_hint=hint) as process:
         log.info("vllm serve pid %d at %s", process.pid, base_url)
         yield Endpoint(base_url, entry.request_name, kind, process.pid, process, log_path)

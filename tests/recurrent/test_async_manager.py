@@ -1,11 +1,17 @@
 """The async manager against a real `transformers serve` (tiny model): rows, masks, usage, greedy determinism,
-session concurrency, traces, and failures recorded per sample."""
+session concurrency, traces, and failures recorded per sample; the turn loop's hook with a scripted client."""
 
 import asyncio
 
 import pytest
 
-from recurrent.async_manager import AsyncGenerationManager, reduce_timings, run_session, run_sessions
+from recurrent.async_manager import (
+    AsyncGenerationManager,
+    cancel_and_wait,
+    reduce_timings,
+    run_session,
+    run_sessions,
+)
 from recurrent.client import ChatRequestError, OpenAIChatClient
 from recurrent.interface import Reply, Session, Turn, TurnRecord
 from recurrent.serving import free_port, transformers_serve
@@ -99,6 +105,36 @@ async def test_run_session_drives_one_session_to_the_end(client):
     assert session.next_turn() is None
     # each prompt quotes the previous reply: the loop hands replies back in order
     assert session.history[1].turn.messages[0]["content"].endswith(session.history[0].reply.text)
+
+
+class EchoClient:
+    """A scripted client: each reply echoes the prompt's first words (no server)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, dict]] = []
+
+    async def chat(self, messages: list[dict[str, str]], max_tokens: int, **sampling) -> Reply:
+        self.calls.append((max_tokens, sampling))
+        return Reply("echo " + messages[-1]["content"].split(".")[0], "stop")
+
+
+async def test_on_turn_sees_each_turn_after_the_session_recorded_it():
+    session, client, seen = RelaySession("s", k=1), EchoClient(), []
+
+    def on_turn(turn: Turn, reply: Reply) -> None:
+        seen.append((turn.meta["step"], turn.final, reply.text, len(session.history)))
+
+    assert await run_session(session, client, GREEDY, on_turn=on_turn) is session
+    assert client.calls == [(4, GREEDY), (4, GREEDY)]
+    assert seen == [(0, False, "echo s, step 0", 1), (1, True, "echo s, step 1", 2)]
+
+
+async def test_cancel_and_wait_stops_running_tasks_and_keeps_finished_results():
+    done = asyncio.ensure_future(asyncio.sleep(0, result=7))
+    await done
+    sleeper = asyncio.ensure_future(asyncio.sleep(60))
+    await cancel_and_wait([done, sleeper])
+    assert sleeper.cancelled() and done.result() == 7
 
 
 async def test_rows_masks_usage_and_length(client):

@@ -2,13 +2,14 @@
 
 import logging
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from recurrent.tokens import centre_truncate, encode_long, iter_chunks, num_chunks
+from recurrent.tokens import centre_truncate, encode_long, end_token_ids, iter_chunks, num_chunks
 
 PIECES = ["Document 12:\n", "the magic number is 40213. ", "  spaced   out\n\n", "Brountalian ", "naïve café — 東京 ",
           "\t", "x" * 30, "1234567 ", "\n", "don't ", "“quoted” "]  # fmt: skip
@@ -55,3 +56,9 @@ def test_centre_truncation_and_chunks_by_hand():
     assert list(iter_chunks(np.arange(0), 4)) == []
     with pytest.raises(ValueError, match="chunk_size"):
         list(iter_chunks(ids, 0))
+
+
+def test_end_token_ids_are_the_eos_and_pad_ids_the_tokenizer_has():
+    assert end_token_ids(SimpleNamespace(eos_token_id=2, pad_token_id=0)) == frozenset({0, 2})
+    assert end_token_ids(SimpleNamespace(eos_token_id=2, pad_token_id=None)) == frozenset({2})
+    assert end_token_ids(SimpleNamespace(eos_token_id=5, pad_token_id=5)) == frozenset({5})

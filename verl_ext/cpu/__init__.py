@@ -14,8 +14,9 @@ task runner, FSDP workers, rollout servers, agent-loop and reward workers), befo
 platform; the launcher does that with ``VERL_USE_EXTERNAL_MODULES=verl_ext.cpu.load`` (imported by
 ``verl/__init__.py`` in every process) plus ``VERL_PLATFORM=cpu``, also passed to Ray's runtime env.
 :mod:`verl_ext.cpu.load` calls :func:`register` only when ``VERL_PLATFORM=cpu``, so a GPU host that
-happens to import it is unaffected. The registrations of verl's worker/rollout modules are deferred
-until those modules are imported, so processes that never use them do not pay for importing them.
+happens to import it is unaffected. The registrations of verl's worker/rollout modules are ``wrapt``
+post-import hooks, so processes that never use those modules (reward workers, agent-loop workers, the
+TransferQueue actors) do not pay for importing them.
 
 :mod:`.hf_server` (a plain in-process token server, used by tests of the agent loop) is independent of
 all this.
@@ -65,14 +66,15 @@ def register() -> None:
     global _registered
     if _registered:
         return
+    import wrapt
+
     from verl_ext.cpu import dist_patch
-    from verl_ext.cpu._compat import after_import
     from verl_ext.cpu.engine import ENGINE_MODULE
     from verl_ext.cpu.platform import register_platform
 
     register_platform()
     dist_patch.apply()
-    after_import(ENGINE_MODULE, _register_engines)
-    after_import("verl.workers.rollout.replica", _register_replica)
-    after_import("verl.workers.rollout.base", _register_adapter)
+    wrapt.register_post_import_hook(_register_engines, ENGINE_MODULE)
+    wrapt.register_post_import_hook(_register_replica, "verl.workers.rollout.replica")
+    wrapt.register_post_import_hook(_register_adapter, "verl.workers.rollout.base")
     _registered = True

@@ -133,15 +133,10 @@ class HFCPUServer:
         return max(1, min(int(budget), headroom))
 
     async def generate(
-        self,
-        request_id: str,
-        *,
-        prompt_ids: list[int],
-        sampling_params: dict[str, Any],
-        image_data: Any = None,
-        video_data: Any = None,
-        **kwargs: Any,
+        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any
     ) -> TokenOutput:
+        """verl's server ``generate``: the budget as vLLM computes it, then the engine's ``generate`` (which
+        takes, and refuses, the multimodal ``image_data`` / ``video_data`` / ``audio_data``)."""
         params = dict(sampling_params)
         params.pop("max_new_tokens", None)
         params["max_tokens"] = self.max_tokens_for(len(prompt_ids), sampling_params)
@@ -150,14 +145,7 @@ class HFCPUServer:
             if self._released is not None:
                 raise RuntimeError("hf_cpu server: generate() while asleep (its weights are released)")
             self._event("generate")
-            return await self.engine.generate(
-                request_id,
-                prompt_ids=prompt_ids,
-                sampling_params=params,
-                image_data=image_data,
-                video_data=video_data,
-                **kwargs,
-            )
+            return await self.engine.generate(request_id, prompt_ids=prompt_ids, sampling_params=params, **kwargs)
 
     async def update_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
         """Load the trainer's weights (Hugging Face names) and record their version."""
