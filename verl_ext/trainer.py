@@ -17,7 +17,7 @@ loss, KL loss, DAPO group filtering in the replay buffer, checkpoints, dumps) is
 
 ``RecurrentTaskRunner`` is a copy of ``TaskRunnerV1.run`` (``main_ppo.py:102-163``) that builds this
 trainer directly: verl selects trainers by the literal mode ``"sync"`` and refuses to re-register it, so
-``trainer.v1.trainer_mode`` stays ``sync`` (VERL_NOTES R3).
+``trainer.v1.trainer_mode`` stays ``sync``.
 """
 
 from __future__ import annotations
@@ -37,8 +37,6 @@ from verl.utils.seqlen_balancing import log_seqlen_unbalance
 from verl_ext.metrics import FIELDS, memagent_metrics_from_rows, split_key
 from verl_ext.minibatch import MiniBatchPlan, Row, minibatch_mode, plan_minibatches, updates_per_step
 from verl_ext.rollout import recurrent_section
-
-DEFAULT_MANAGER = "verl_ext.agent_loop_manager.MemoryAgentLoopManager"
 
 # Columns added to each line of the rollout dump (verl's columns are kept as they are):
 DUMP_COLUMNS = (
@@ -315,7 +313,7 @@ def step_summary(step: int, metrics: dict[str, Any]) -> str:
 
 
 def check_registrations() -> None:
-    """Fail loudly if the memory agent loop is not registered (verl swallows plugin import errors, R7)."""
+    """Fail loudly if the memory agent loop is not registered (verl swallows plugin import errors)."""
     from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 
     import verl_ext.agent_loop  # noqa: F401  (registers memory_agent in this process)
@@ -348,7 +346,10 @@ class RecurrentTaskRunner:
         try:
             trainer = RecurrentPPOTrainer(config=config)
             trainer.init()
-            fqn = config.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class") or DEFAULT_MANAGER
+            # configs/recurrent_trainer.yaml sets the class from recurrent.mode (verl_ext/agent_loop_manager.py).
+            fqn = config.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class")
+            if not fqn:
+                raise ValueError("actor_rollout_ref.rollout.agent.agent_loop_manager_class is not set")
             manager = load_class_from_fqn(fqn, "AgentLoopManager").create(
                 config=config,
                 llm_client=trainer.get_llm_client(),

@@ -16,7 +16,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.losses import ppo_loss
 from vx_helpers import load_example
 
-from verl_ext.lockstep import Trajectory, run_lockstep
+from verl_ext.lockstep import Trajectory, run_trajectories
 from verl_ext.rollout import MemoryRollout
 
 # The log-probability helpers of the walkthrough (one definition).
@@ -33,7 +33,7 @@ async def rows(tiny_config, tiny_tokenizer, tiny_server):
     rollout = MemoryRollout.get(tiny_config, tiny_tokenizer)
     sample = {"uid": "uidP", "prompt": "What is the magic number?", "context": CONTEXT}
     trajectories = [Trajectory(sample, s, {"temperature": 1.0, "seed": 7 + s, "logprobs": True}) for s in REWARDS]
-    results = await run_lockstep(rollout, tiny_server, trajectories)
+    results = await run_trajectories(rollout, tiny_server, trajectories)
     keys, seqs = [], []
     for session, outputs in enumerate(results):
         assert len(outputs) >= 3  # memory turns and the answer
@@ -96,7 +96,8 @@ async def test_one_step_raises_the_log_prob_of_positive_advantage_responses(tiny
     assert delta[1] > 0 > delta[-1], delta
 
     # After the step (ratio != 1) verl's loss is, by hand: PPO-clip 0.2/0.2 with dual clip 3 on every response
-    # token of every turn, a token-mean over all of them, plus 0.001 x low_var_kl to the reference (spec 3.5-3.6).
+    # token of every turn, a token-mean over all of them, plus 0.001 x low_var_kl to the reference (the actor
+    # settings of configs/recurrent_trainer.yaml).
     with torch.no_grad():
         loss_after, _ = ppo_loss(actor, {"log_probs": torch.cat(token_log_probs(model, seqs))}, data)
     a, logp, ref = torch.cat(advantages), torch.cat(new), torch.cat(old)
