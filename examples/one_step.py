@@ -6,8 +6,9 @@ What a training step does to one prompt, with the project's own pieces and verl'
 
 1. the run config (``configs/tiny_cpu.yaml``: the paper's algorithm at tiny sizes) and the tiny offline model;
 2. one question about a document of several chunks, rolled out ``n`` times by the memory agent
-   (``recurrent/impls/memory.py``) in lockstep (``verl_ext/lockstep.py``): each chunk is a fresh conversation
-   whose reply overwrites the memory, then the final answer;
+   (``recurrent/impls/memory.py``) in lockstep rounds (``recurrent/lockstep.py``, fed to verl's token server by
+   ``verl_ext/lockstep.py``): each chunk is a fresh conversation whose reply overwrites the memory, then the
+   final answer;
 3. the reward of each trajectory's final answer (the run's reward function; the strict verdict beside it);
 4. GRPO over the ``n`` trajectories without std division: one advantage per trajectory, on every turn
    (verl's ``compute_advantage_for_multi_trajectories``);
@@ -34,7 +35,7 @@ from verl.workers.utils.losses import ppo_loss
 from recurrent.models import TINY, materialize
 from taskutils.verifiers.strict import compute_score as strict_score
 from verl_ext.cpu.hf_server import HFTokenServer
-from verl_ext.lockstep import Trajectory, run_lockstep
+from verl_ext.lockstep import Trajectory, run_trajectories
 from verl_ext.plan import compose
 from verl_ext.rollout import MemoryRollout
 
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
     sample = {"uid": "prompt0", "prompt": QUESTION, "context": CONTEXT}
     params = {"temperature": 1.0, "logprobs": True}
     trajectories = [Trajectory(sample, s, {**params, "seed": args.seed + s}) for s in range(args.n)]
-    outputs = asyncio.run(run_lockstep(rollout, server, trajectories))
+    outputs = asyncio.run(run_trajectories(rollout, server, trajectories))
     keys, rows = [], []
     for session, turns in enumerate(outputs):
         if isinstance(turns, Exception):

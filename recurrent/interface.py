@@ -5,9 +5,8 @@ state machine that says what the next model call is (:meth:`Session.next_turn`) 
 (:meth:`Session.record`). Every turn is its own conversation (its own prompt and response), which becomes
 its own training row. The managers drive sessions without knowing what they do:
 
-- sync mode (:mod:`recurrent.sync_manager`): all samples of a batch advance one turn at a time, in lockstep,
-  through any backend with a ``generate_sequences(DataProto)`` method (verl rollout workers on GPU, the
-  in-process Hugging Face backend on CPU). Batch-level agents may implement :class:`RAgent` directly.
+- sync mode (:mod:`recurrent.lockstep`): all samples of a batch advance one turn at a time, in lockstep rounds,
+  through any ``generate(i, turn) -> Reply`` coroutine (training: verl's token servers, via ``verl_ext``).
 - async mode (:mod:`recurrent.async_manager`): one coroutine per sample against a :class:`ChatClient`
   (the ``openai`` async client for HTTP endpoints; verl's server manager in ``verl_ext``).
 
@@ -24,10 +23,7 @@ import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
-
-if TYPE_CHECKING:  # for an annotation only: importing torch costs seconds and ~300 MB
-    import torch
+from typing import Any, Literal, Protocol
 
 FinishReason = Literal["stop", "length"]
 
@@ -44,7 +40,7 @@ class Turn:
     messages: list[dict[str, str]]  # the prompt as chat messages (user turn; system turn optional)
     max_tokens: int  # the cap on new tokens for this call
     prompt_ids: list[int] | None = None  # the same prompt in token space, chat template included, if built
-    # Known in advance to be the session's last turn (the sync manager holds such turns back so that all
+    # Known in advance to be the session's last turn (the lockstep driver holds such turns back so that all
     # final turns form the last round). The reward always goes to a session's last turn, flagged or not.
     final: bool = False
     meta: dict[str, Any] = field(default_factory=dict)  # workflow-specific facts for traces (chunk index, ...)
@@ -54,7 +50,7 @@ class Turn:
 class Reply:
     """What a model call returned."""
 
-    text: str  # the generated text (special tokens skipped; a matched stop string appended when the server reports it)
+    text: str  # the generated text (special tokens skipped; a matched stop string appended: recurrent/client.py)
     finish_reason: FinishReason  # "length" when the call hit ``max_tokens``
     token_ids: list[int] | None = None  # generated ids, eos included if generated (token backends only)
     prompt_tokens: int = 0
@@ -108,33 +104,6 @@ class ChatClient(Protocol):
     """An OpenAI-style chat endpoint: messages in, text out (async)."""
 
     async def chat(self, messages: list[dict[str, str]], max_tokens: int, **sampling: Any) -> Reply: ...
-
-
-class RAgent(ABC):
-    """A batch-level sync agent (the fork's interface): the manager calls ``start``, then ``action``/``update`` until
-    ``done``, then ``end``. Each ``action`` returns the unpadded prompts of the samples still active."""
-
-    @abstractmethod
-    def start(self, batch: list[dict[str, Any]]) -> None:
-        """Take the batch of samples (rows) and reset all state."""
-
-    @abstractmethod
-    def action(self) -> tuple[list[torch.Tensor], dict[str, Any]]:
-        """Prompt token ids of this round's active samples, and meta info. The meta must hold
-        ``sample_index`` (LongTensor: the row of each prompt in the batch), ``final_mask`` (BoolTensor) and
-        ``max_tokens`` (int) for this round."""
-
-    @abstractmethod
-    def update(self, responses: list[Reply]) -> None:
-        """Consume this round's replies, in the order of the prompts ``action`` returned."""
-
-    @abstractmethod
-    def done(self) -> bool:
-        """Whether every sample is finished."""
-
-    @abstractmethod
-    def end(self) -> list[Session] | None:
-        """Free state; return the finished sessions (for traces) if the agent keeps them."""
 
 
 class Workflow(ABC):

@@ -1,21 +1,22 @@
-"""verl's V1 agent-loop manager and worker, extended for the memory agent (``recurrent.mode``: async | sync).
+"""verl's V1 agent-loop managers and workers, extended for the memory agent: one manager per rollout mode.
 
-Selected with ``actor_rollout_ref.rollout.agent.agent_loop_manager_class=
-verl_ext.agent_loop_manager.MemoryAgentLoopManager`` (read by verl's and our task runner).
+verl builds the manager class named by ``actor_rollout_ref.rollout.agent.agent_loop_manager_class`` (verl's
+``TaskRunnerV1.init_agent_loop_manager`` and our ``RecurrentTaskRunner``). ``configs/recurrent_trainer.yaml``
+sets that key from ``recurrent.mode`` (``recurrent.manager_class``), the one place where the mode picks a class:
 
-- async (default): verl's own behaviour. The batch is split over the agent-loop workers and every
-  trajectory runs its own ``memory_agent`` loop (:mod:`verl_ext.agent_loop`).
-- sync: the whole batch goes to one worker (round-robin over calls), which runs all its trajectories
-  in lockstep rounds (:mod:`verl_ext.lockstep`) and then stores them exactly as verl's worker does
-  (reward on the last output, copied to the earlier ones; keys ``{uid}_{session_id}_{index}``). With
-  DAPO dynamic sampling verl fetches prompts one at a time (``gen_batch_size=1``), so lockstep then
+- async (default), :class:`MemoryAgentLoopManager`: verl's own behaviour. The batch is split over the
+  agent-loop workers and every trajectory runs its own ``memory_agent`` loop (:mod:`verl_ext.agent_loop`).
+- sync, :class:`LockstepAgentLoopManager`: the whole batch goes to one worker (round-robin over calls), which
+  runs all its trajectories in lockstep rounds (:mod:`verl_ext.lockstep`) and then stores them exactly as
+  verl's worker does (reward on the last output, copied to the earlier ones; keys ``{uid}_{session_id}_{index}``).
+  With DAPO dynamic sampling verl fetches prompts one at a time (``gen_batch_size=1``), so lockstep then
   spans the ``n`` rollouts of one prompt only.
 
 Both modes: only the final answer is sent to the reward worker (works around a padding bug of verl
 0.9.1's multi-output scoring, see ``_compute_score``), the final row's ``reward_extra_info`` gains the
 trajectory's memory statistics (so verl's validation reports them per data source), and the long
-``context`` column is not copied into every stored row (VERL_NOTES risk R6: verl copies all dataset
-columns into each row).
+``context`` column is not copied into every stored row (verl's worker copies every dataset column into each
+row it stores).
 """
 
 from __future__ import annotations
@@ -31,14 +32,14 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWorker
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ, apply_greedy_sampling_params
 
-from verl_ext.lockstep import Trajectory, run_lockstep
+from verl_ext.lockstep import Trajectory, run_trajectories
 from verl_ext.rollout import MemoryRollout, recurrent_section, session_stats
 
 logger = logging.getLogger(__name__)
 
 
 class MemoryAgentLoopWorkerImpl(AgentLoopWorkerTQ.__ray_actor_class__):
-    """verl's ``AgentLoopWorkerTQ`` plus the lockstep mode, memory statistics and no stored context."""
+    """verl's ``AgentLoopWorkerTQ`` (async mode) plus memory statistics and no stored context."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # AgentLoopWorkerTQ.__init__ (agent_loop_tq.py:54-57) calls zero-argument super(), whose class cell is
@@ -48,9 +49,26 @@ class MemoryAgentLoopWorkerImpl(AgentLoopWorkerTQ.__ray_actor_class__):
         tq.init()
         self.background_tasks = set()
 
+    async def _agent_loop_postprocess(self, output, validate, **kwargs) -> None:
+        kwargs.pop(recurrent_section(self.config).get("config", {}).get("context_key", "context"), None)
+        return await super()._agent_loop_postprocess(output, validate, **kwargs)
+
+    async def _compute_score(self, outputs: list[AgentLoopOutput], kwargs: dict) -> None:
+        # Only the final answer goes to the reward worker. verl 0.9.1 sends every output of the trajectory,
+        # right-padded to a common length, and its managers take the last row's response length from the last
+        # `response_width` columns of its attention mask (naive.py:38-39, dapo.py:56-57). When the final row is
+        # shorter than the longest memory row (the final prompt has no chunk), those columns are padding, the
+        # decoded answer is cut short and a correct answer scores 0. The managers score data[-1:] only anyway.
+        await super()._compute_score(outputs[-1:], kwargs)
+        info = outputs[-1].extra_fields.get("reward_extra_info")
+        if isinstance(info, dict) and "turn_kind" in outputs[-1].extra_fields:
+            info.update(session_stats(outputs))
+
+
+class LockstepAgentLoopWorkerImpl(MemoryAgentLoopWorkerImpl):
+    """The sync-mode worker: all trajectories of its batch in lockstep rounds, stored as verl's worker stores them."""
+
     async def generate_sequences(self, batch: TensorDict) -> None:
-        if recurrent_section(self.config)["mode"] != "sync":
-            return await super().generate_sequences(batch)
         validate, sampling_params, prompts = self._unpack(batch)
         task = asyncio.create_task(self._run_lockstep_batch(prompts, sampling_params, validate))
         self.background_tasks.add(task)  # fire-and-forget, as verl's worker: rows arrive through TransferQueue
@@ -106,7 +124,7 @@ class MemoryAgentLoopWorkerImpl(AgentLoopWorkerTQ.__ray_actor_class__):
         # trains on what the group has); other prompts are not affected.
         try:
             rollout = MemoryRollout.get(self.config, self.tokenizer)
-            results = await run_lockstep(rollout, self.llm_client, trajectories)
+            results = await run_trajectories(rollout, self.llm_client, trajectories)
         except Exception as err:  # the whole batch (e.g. the workflow cannot be built)
             results = [err] * len(trajectories)
         finished = [(t, r) for t, r in zip(trajectories, results, strict=True) if not isinstance(r, Exception)]
@@ -125,37 +143,27 @@ class MemoryAgentLoopWorkerImpl(AgentLoopWorkerTQ.__ray_actor_class__):
             status = "failure" if uid in failed else "finished"
             await tq.async_kv_put(key=uid, partition_id=partition_id, tag={"status": status})
 
-    async def _agent_loop_postprocess(self, output, validate, **kwargs) -> None:
-        kwargs.pop(recurrent_section(self.config).get("config", {}).get("context_key", "context"), None)
-        return await super()._agent_loop_postprocess(output, validate, **kwargs)
-
-    async def _compute_score(self, outputs: list[AgentLoopOutput], kwargs: dict) -> None:
-        # Only the final answer goes to the reward worker. verl 0.9.1 sends every output of the trajectory,
-        # right-padded to a common length, and its managers take the last row's response length from the last
-        # `response_width` columns of its attention mask (naive.py:38-39, dapo.py:56-57). When the final row is
-        # shorter than the longest memory row (the final prompt has no chunk), those columns are padding, the
-        # decoded answer is cut short and a correct answer scores 0. The managers score data[-1:] only anyway.
-        await super()._compute_score(outputs[-1:], kwargs)
-        info = outputs[-1].extra_fields.get("reward_extra_info")
-        if isinstance(info, dict) and "turn_kind" in outputs[-1].extra_fields:
-            info.update(session_stats(outputs))
-
-
-MemoryAgentLoopWorker = ray.remote(MemoryAgentLoopWorkerImpl)
-
 
 class MemoryAgentLoopManager(AgentLoopManagerTQ):
-    """``AgentLoopManagerTQ`` with :class:`MemoryAgentLoopWorker` workers and the lockstep dispatch."""
+    """Async mode: ``AgentLoopManagerTQ`` with :class:`MemoryAgentLoopWorkerImpl` workers."""
+
+    worker_impl: type[MemoryAgentLoopWorkerImpl] = MemoryAgentLoopWorkerImpl
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.agent_loop_workers_class = MemoryAgentLoopWorker  # workers are created later, in create()
-        self.mode = recurrent_section(self.config)["mode"]
+        self.agent_loop_workers_class = ray.remote(self.worker_impl)  # workers are created later, in create()
+
+
+class LockstepAgentLoopManager(MemoryAgentLoopManager):
+    """Sync mode: the whole batch to one :class:`LockstepAgentLoopWorkerImpl` worker per call."""
+
+    worker_impl = LockstepAgentLoopWorkerImpl
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._next_worker = 0
 
     def generate_sequences(self, prompts: TensorDict) -> None:
-        if self.mode != "sync":
-            return super().generate_sequences(prompts)
         # Lockstep spans the whole batch: one worker runs it, the next call goes to the next worker.
         worker = self.agent_loop_workers[self._next_worker % len(self.agent_loop_workers)]
         self._next_worker += 1

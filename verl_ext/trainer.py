@@ -39,8 +39,6 @@ from verl_ext.metrics import FIELDS, memagent_metrics_from_rows, split_key
 from verl_ext.minibatch import MiniBatchPlan, Row, minibatch_mode, plan_minibatches, updates_per_step
 from verl_ext.rollout import recurrent_section
 
-DEFAULT_MANAGER = "verl_ext.agent_loop_manager.MemoryAgentLoopManager"
-
 # Columns added to each line of the rollout dump (verl's columns are kept as they are):
 DUMP_COLUMNS = (
     "trajectory",  # {uid}_{session_id}: the rows of one trajectory (the row key itself is verl's `uid` column)
@@ -349,7 +347,10 @@ class RecurrentTaskRunner:
         try:
             trainer = RecurrentPPOTrainer(config=config)
             trainer.init()
-            fqn = config.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class") or DEFAULT_MANAGER
+            # configs/recurrent_trainer.yaml sets the class from recurrent.mode (verl_ext/agent_loop_manager.py).
+            fqn = config.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class")
+            if not fqn:
+                raise ValueError("actor_rollout_ref.rollout.agent.agent_loop_manager_class is not set")
             manager = load_class_from_fqn(fqn, "AgentLoopManager").create(
                 config=config,
                 llm_client=trainer.get_llm_client(),

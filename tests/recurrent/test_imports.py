@@ -9,6 +9,7 @@ MODULES = (
     "recurrent.interface",
     "recurrent.client",
     "recurrent.async_manager",
+    "recurrent.lockstep",
     "recurrent.impls.memory",
     "recurrent.templating",
     "recurrent.trace",

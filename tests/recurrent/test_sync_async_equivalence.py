@@ -1,9 +1,10 @@
-"""Sync mode (token space, in-process HF backend) against async mode (chat messages, a real `transformers serve`),
-greedy, on the tiny model: the same workflow definition gives the same memories and answers, and where the
-two can differ is stated exactly:
+"""Sync mode (the lockstep driver in token space, greedy generation in this process) against async mode (chat
+messages, a real `transformers serve`), greedy, on the tiny model: the same workflow definition gives the same
+memories and answers, and where the two can differ is stated exactly:
 
-1. The memory. Sync training puts the *generated ids* of the last reply into the next prompt (spec P21); an
-   OpenAI-style endpoint sees the reply *text* and re-encodes it. Generated ids need not be the canonical
+1. The memory. Sync training puts the *generated ids* of the last reply, eos and pad removed, into the next
+   prompt (what the released training code does); an OpenAI-style endpoint sees the reply *text* and
+   re-encodes it. Generated ids need not be the canonical
    encoding of their text (the model may spell "ou" as "o", "u"), so the next prompts differ in the memory
    segment. With ``reencode_memory=True`` the sync path uses ``encode(text)`` and the two agree.
 2. Chunk seams. A chunk is a slice of the context ids; the endpoint re-encodes the decoded chunk inside the
@@ -15,20 +16,21 @@ two can differ is stated exactly:
    test_templating.py for a seam where it does not.
 """
 
+import asyncio
+
 import pytest
 import torch
 from openai import OpenAI
-from transformers import AutoTokenizer
-from verl import DataProto
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from recurrent.async_manager import run_sessions
-from recurrent.backends.hf import HFBackend
 from recurrent.client import OpenAIChatClient
 from recurrent.impls.calculator import CalculatorConfig, CalculatorWorkflow
 from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
+from recurrent.interface import Reply, Turn
+from recurrent.lockstep import run_lockstep
 from recurrent.models import _english_like_corpus
 from recurrent.serving import transformers_serve
-from recurrent.sync_manager import SessionBatchAgent, SyncGenerationManager
 from recurrent.trace import read_trace
 
 GREEDY = {"temperature": 0.0}
@@ -38,6 +40,11 @@ CONFIG = MemoryConfig(chunk_size=64, max_chunks=None, max_memorization_length=12
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_dir):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +60,36 @@ def batch():
     return [{"prompt": "What is the magic number?", "context": doc} for doc in documents]
 
 
-def run_sync(workflow, batch, model_dir, tokenizer):
-    manager = SyncGenerationManager(HFBackend(model_dir, batched=False), tokenizer, world_size=2)
-    return manager.run(SessionBatchAgent(workflow), batch).sessions
+def greedy_ids(model, tokenizer, prompt_ids: list[int], max_tokens: int) -> list[int]:
+    """One unpadded greedy generate: the new ids, up to and including the first eos."""
+    config = GenerationConfig(
+        max_new_tokens=max_tokens, do_sample=False, num_beams=1, repetition_penalty=1.0,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    ids = torch.tensor([prompt_ids])
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
+    return out[0, ids.shape[1] :].tolist()
+
+
+def run_sync(workflow, batch, model, tokenizer):
+    """The sessions through the lockstep driver, each turn generated from its token-space prompt."""
+
+    async def generate(i: int, turn: Turn) -> Reply:
+        ids = greedy_ids(model, tokenizer, turn.prompt_ids, turn.max_tokens)
+        stopped = bool(ids) and ids[-1] == tokenizer.eos_token_id
+        return Reply(
+            text=tokenizer.decode(ids, skip_special_tokens=True),
+            finish_reason="stop" if stopped else "length",
+            token_ids=ids,
+            prompt_tokens=len(turn.prompt_ids),
+            completion_tokens=len(ids),
+        )
+
+    sessions = [workflow.session(sample) for sample in batch]
+    run = asyncio.run(run_lockstep(sessions, generate))
+    assert run.num_failed == 0, run.errors
+    return sessions
 
 
 def run_async(workflow, batch, server, trace_path=None):
@@ -71,8 +105,8 @@ def canonical_ids(tokenizer, turn):
     return list(ids)
 
 
-def test_sync_and_async_agree_when_the_memory_is_reencoded(batch, server, tiny_model_dir, tokenizer, tmp_path):
-    sync = run_sync(MemoryWorkflow(CONFIG, tokenizer, reencode_memory=True), batch, tiny_model_dir, tokenizer)
+def test_sync_and_async_agree_when_the_memory_is_reencoded(batch, server, model, tokenizer, tmp_path):
+    sync = run_sync(MemoryWorkflow(CONFIG, tokenizer, reencode_memory=True), batch, model, tokenizer)
     trace = tmp_path / "trace.jsonl"
     asyn = run_async(MemoryWorkflow(CONFIG, tokenizer, token_prompts=False), batch, server, trace)
     # The memory trace: per sample, the memory after every chunk, the answer, token counts and timings.
@@ -93,8 +127,8 @@ def test_sync_and_async_agree_when_the_memory_is_reencoded(batch, server, tiny_m
         assert [r.reply.completion_tokens for r in s.history] == [r.reply.completion_tokens for r in a.history]
 
 
-def test_raw_memory_ids_are_where_the_modes_part(batch, tiny_model_dir, tokenizer):
-    sessions = run_sync(MemoryWorkflow(CONFIG, tokenizer), batch, tiny_model_dir, tokenizer)
+def test_raw_memory_ids_are_where_the_modes_part(batch, model, tokenizer):
+    sessions = run_sync(MemoryWorkflow(CONFIG, tokenizer), batch, model, tokenizer)
     long = sessions[2]
     first, second = long.history[0], long.history[1]
     assert first.turn.prompt_ids == canonical_ids(tokenizer, first.turn)  # no memory yet: identical prompts
@@ -126,27 +160,22 @@ def test_a_chunk_cut_inside_a_character_reencodes_differently(tokenizer):
     assert tokenizer.encode(tokenizer.decode(ids[4:]), add_special_tokens=False) == ids[4:]
 
 
-def test_calculator_workflow_runs_in_both_modes_alike(server, tiny_model_dir, tokenizer):
+def test_calculator_workflow_runs_in_both_modes_alike(server, model, tokenizer):
     batch = [{"prompt": "What is 6 times 7?"}, {"prompt": "Add 2 and 40."}]
     config = CalculatorConfig(max_turns=3, max_tokens_per_turn=10)
-    sync = run_sync(CalculatorWorkflow(config, tokenizer), batch, tiny_model_dir, tokenizer)
+    sync = run_sync(CalculatorWorkflow(config, tokenizer), batch, model, tokenizer)
     asyn = run_async(CalculatorWorkflow(config, tokenizer, token_prompts=False), batch, server)
     for s, a in zip(sync, asyn, strict=True):
         assert [r.reply.text for r in s.history] == [r.reply.text for r in a.history]
         assert len(s.history) >= 1
 
 
-def test_server_reply_matches_in_process_greedy_generation(server, tiny_model_dir, tokenizer):
-    """The two backends compute the same thing: one prompt, greedy, token for token."""
+def test_server_reply_matches_in_process_greedy_generation(server, model, tokenizer):
+    """The two generation paths compute the same thing: one prompt, greedy, token for token."""
     messages = [{"role": "user", "content": "Document 3: the river city was born in 1867."}]
     reply = OpenAI(base_url=server.base_url, api_key="unused").chat.completions.create(
         model=server.model, messages=messages, max_tokens=16, temperature=0
     )
-    ids = torch.tensor([tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)])
-    prompts = DataProto.from_dict(
-        {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.arange(ids.shape[1])[None]},
-        meta_info={"max_tokens": 16, "pad_to": 16},
-    )
-    out = HFBackend(tiny_model_dir, batched=False).generate_sequences(prompts)
-    generated = out.batch["responses"][0][out.batch["response_mask"][0].bool()].tolist()
+    prompt_ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
+    generated = greedy_ids(model, tokenizer, prompt_ids, 16)
     assert tokenizer.decode(generated, skip_special_tokens=True) == reply.choices[0].message.content

@@ -10,7 +10,7 @@ from verl.utils.dataset.rl_dataset import RLHFDataset
 from recurrent.impls.memory import NO_MEMORY
 from recurrent.tokens import encode_long, num_chunks
 from verl_ext.agent_loop import MemoryAgentLoop
-from verl_ext.lockstep import Trajectory, run_lockstep
+from verl_ext.lockstep import Trajectory, run_trajectories
 from verl_ext.rollout import MemoryRollout
 
 QUESTION = "What is the magic number of the river city?"
@@ -125,7 +125,7 @@ async def test_sync_mode_runs_turns_in_lockstep_with_the_same_rows(tiny_config, 
         for s in range(2)
     ]
     server = RecordingServer(tiny_server)
-    results = await run_lockstep(rollout, server, trajectories)
+    results = await run_trajectories(rollout, server, trajectories)
 
     chunks = [num_chunks(len(encode_long(t.sample["context"], tiny_tokenizer)), 16) for t in trajectories]
     for outputs, trajectory in zip(results, trajectories, strict=True):

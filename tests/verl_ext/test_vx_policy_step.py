@@ -16,7 +16,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.losses import ppo_loss
 from vx_helpers import load_example
 
-from verl_ext.lockstep import Trajectory, run_lockstep
+from verl_ext.lockstep import Trajectory, run_trajectories
 from verl_ext.rollout import MemoryRollout
 
 # The log-probability helpers of the walkthrough (one definition).
@@ -33,7 +33,7 @@ async def rows(tiny_config, tiny_tokenizer, tiny_server):
     rollout = MemoryRollout.get(tiny_config, tiny_tokenizer)
     sample = {"uid": "uidP", "prompt": "What is the magic number?", "context": CONTEXT}
     trajectories = [Trajectory(sample, s, {"temperature": 1.0, "seed": 7 + s, "logprobs": True}) for s in REWARDS]
-    results = await run_lockstep(rollout, tiny_server, trajectories)
+    results = await run_trajectories(rollout, tiny_server, trajectories)
     keys, seqs = [], []
     for session, outputs in enumerate(results):
         assert len(outputs) >= 3  # memory turns and the answer

@@ -18,14 +18,30 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from verl.trainer.ppo.utils import create_rl_dataset
 from verl.utils import tensordict_utils as tu
 from verl.utils.dataset.rl_dataset import collate_fn
+from verl.utils.import_utils import load_class_from_fqn
 from vx_helpers import TINY_BUDGETS, capture_transfer_queue, compose_config, make_worker
 
 from recurrent.tokens import encode_long, num_chunks
 from verl_ext import agent_loop_manager
-from verl_ext.lockstep import run_lockstep
+from verl_ext.lockstep import run_trajectories
 
 REWARD_FILE = Path(__file__).with_name("text_hash_reward.py")
 CONTEXTS = ["", "The river city was born in the year of the film. " * 3 + "The magic number is 42."]
+
+
+@pytest.mark.parametrize(
+    ("mode", "manager", "worker"),
+    [
+        ("async", "MemoryAgentLoopManager", agent_loop_manager.MemoryAgentLoopWorkerImpl),
+        ("sync", "LockstepAgentLoopManager", agent_loop_manager.LockstepAgentLoopWorkerImpl),
+    ],
+)
+def test_recurrent_mode_names_the_manager_class_verl_builds(mode, manager, worker):
+    # verl reads actor_rollout_ref.rollout.agent.agent_loop_manager_class (main_ppo.py, TaskRunnerV1).
+    config = compose_config("tiny_cpu", [f"recurrent.mode={mode}"])
+    fqn = config.actor_rollout_ref.rollout.agent.agent_loop_manager_class
+    assert fqn == f"verl_ext.agent_loop_manager.{manager}"
+    assert load_class_from_fqn(fqn, "AgentLoopManager").worker_impl is worker
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -62,9 +78,9 @@ async def test_worker_stores_every_turn_of_every_rollout(tmp_path, monkeypatch, 
 
     async def spy(rollout, server, trajectories):
         lockstep_calls.append(len(trajectories))
-        return await run_lockstep(rollout, server, trajectories)
+        return await run_trajectories(rollout, server, trajectories)
 
-    monkeypatch.setattr(agent_loop_manager, "run_lockstep", spy)
+    monkeypatch.setattr(agent_loop_manager, "run_trajectories", spy)
     worker = make_worker(config, tiny_tokenizer, llm_client=tiny_server)
     await worker.generate_sequences(batch)  # returns at once; the lockstep batch runs in the background
     await asyncio.gather(*worker.background_tasks)

@@ -32,13 +32,14 @@ class LocalHandle:
 
 
 def make_worker(config: DictConfig, tokenizer, llm_client=None):
-    """Our agent-loop worker (verl's AgentLoopWorkerTQ underneath) without Ray, wired to a real reward worker."""
+    """The worker of the manager class the config names (verl's AgentLoopWorkerTQ underneath), without Ray, wired
+    to a real reward worker."""
     from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
     from verl.utils.dataset.rl_dataset import RLHFDataset
+    from verl.utils.import_utils import load_class_from_fqn
 
-    from verl_ext.agent_loop_manager import MemoryAgentLoopWorkerImpl
-
-    worker = object.__new__(MemoryAgentLoopWorkerImpl)
+    manager = load_class_from_fqn(config.actor_rollout_ref.rollout.agent.agent_loop_manager_class, "AgentLoopManager")
+    worker = object.__new__(manager.worker_impl)
     worker.config, worker.tokenizer, worker.processor, worker.llm_client = config, tokenizer, None, llm_client
     worker.distillation_enabled, worker.mm_processor_kwargs, worker.background_tasks = False, {}, set()
     worker.tools, worker.hf_model_type, worker.dataset_cls = [], None, RLHFDataset
