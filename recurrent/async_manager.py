@@ -71,15 +71,15 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Future]) -> None:
 
 
 def reduce_timings(timings: Sequence[dict[str, float]]) -> dict[str, float]:
-    """Merge per-sample timings: keys containing "async" are averaged over the samples that have
-    them (per-sample latencies that overlap in time), all others are summed (work totals)."""
+    """Merge per-sample timings: keys ending in ``_mean`` are averaged over the samples that have them
+    (per-sample latencies, which overlap in time), all others are summed (work totals)."""
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     for timing in timings:
         for key, value in timing.items():
             sums[key] = sums.get(key, 0.0) + value
             counts[key] = counts.get(key, 0) + 1
-    return {key: total / counts[key] if "async" in key else total for key, total in sums.items()}
+    return {key: total / counts[key] if key.endswith("_mean") else total for key, total in sums.items()}
 
 
 def check_finished(session: Session) -> None:
@@ -105,7 +105,9 @@ class AsyncRollout:
     final_mask: torch.Tensor  # BoolTensor [rows]: True on each sample's last turn (its answer)
     prompt_tokens: int  # over every reply, failed samples' partial turns included (they were paid for)
     completion_tokens: int
-    timing: dict[str, float] = field(default_factory=dict)  # mt_async_gen (mean per sample), mt_model, mt_wall
+    timing: dict[str, float] = field(
+        default_factory=dict
+    )  # sample_seconds_mean (mean per sample), model_seconds_total, wall_seconds
 
     @property
     def ok(self) -> list[bool]:
@@ -129,7 +131,7 @@ def _collect(sessions: list[Session], seconds: list[float], errors: list[BaseExc
             final_mask.extend([False] * (len(session.history) - 1) + [True])  # a session's last turn is final
     replies = [rec.reply for session in sessions for rec in session.history]
     timings = [
-        {"mt_async_gen": s, "mt_model": sum(rec.reply.seconds for rec in session.history)}
+        {"sample_seconds_mean": s, "model_seconds_total": sum(rec.reply.seconds for rec in session.history)}
         for session, s in zip(sessions, seconds, strict=True)
     ]
     return AsyncRollout(
@@ -187,7 +189,7 @@ class AsyncGenerationManager:
         writer = TraceWriter(self.trace_path) if self.trace_path else None
         bar = tqdm(total=n, desc="sessions", disable=not self.progress)
 
-        async def one(i: int) -> None:
+        async def run_one_sample(i: int) -> None:
             if slots is not None:
                 await slots.acquire()
             start = time.perf_counter()
@@ -208,7 +210,7 @@ class AsyncGenerationManager:
                 raise errors[i]
 
         start = time.perf_counter()
-        tasks = [asyncio.create_task(one(i)) for i in range(n)]
+        tasks = [asyncio.create_task(run_one_sample(i)) for i in range(n)]
         try:
             await asyncio.gather(*tasks)
         finally:
@@ -217,7 +219,7 @@ class AsyncGenerationManager:
             if writer is not None:
                 writer.close()
         rollout = _collect(sessions, seconds, errors)
-        rollout.timing["mt_wall"] = time.perf_counter() - start
+        rollout.timing["wall_seconds"] = time.perf_counter() - start
         return rollout
 
 

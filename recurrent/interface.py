@@ -29,7 +29,7 @@ FinishReason = Literal["stop", "length"]
 
 
 @dataclass
-class RConfig:
+class WorkflowConfig:
     """Base of every workflow config (a dataclass; fields with defaults, so configs need only overrides)."""
 
 
@@ -109,7 +109,7 @@ class ChatClient(Protocol):
 class Workflow(ABC):
     """A workflow implementation: built once per config and tokenizer, it makes one session per sample."""
 
-    def __init__(self, config: RConfig, tokenizer: Any) -> None:
+    def __init__(self, config: WorkflowConfig, tokenizer: Any) -> None:
         self.config = config
         self.tokenizer = tokenizer
 
@@ -119,15 +119,15 @@ class Workflow(ABC):
 
 
 @dataclass(frozen=True)
-class RRegister:
+class WorkflowRegistration:
     """What a workflow implementation exports as ``REGISTER``: its name, config class and workflow class."""
 
     name: str
-    config_cls: type[RConfig]
+    config_cls: type[WorkflowConfig]
     workflow_cls: type[Workflow]
 
 
-def load_register(spec: str, obj_name: str = "REGISTER") -> RRegister:
+def load_register(spec: str, obj_name: str = "REGISTER") -> WorkflowRegistration:
     """Load a workflow by dotted module path (``recurrent.impls.memory``, ``pkg.mod:OBJ``) or by file path
     (``path/to/impl.py`` or ``path/to/impl.py:OBJ``). Errors name the file, module or object at fault."""
     target, _, explicit = spec.partition(":")
@@ -152,6 +152,6 @@ def load_register(spec: str, obj_name: str = "REGISTER") -> RRegister:
     if not hasattr(module, obj_name):
         raise AttributeError(f"{where} has no object {obj_name!r}")
     register = getattr(module, obj_name)
-    if not isinstance(register, RRegister):
-        raise TypeError(f"{where}:{obj_name} is a {type(register).__name__}, expected an RRegister")
+    if not isinstance(register, WorkflowRegistration):
+        raise TypeError(f"{where}:{obj_name} is a {type(register).__name__}, expected a WorkflowRegistration")
     return register

@@ -120,15 +120,15 @@ def bare_run(base_url: str, n: int, limit: int):
         semaphore = asyncio.Semaphore(limit)
         async with httpx2.AsyncClient(limits=limits, timeout=60) as http:
 
-            async def one() -> float:
+            async def timed_request() -> float:
                 async with semaphore:
                     start = time.perf_counter()
                     response = await http.post(base_url + "/chat/completions", json=body)
                     json.loads(response.content)
                     return time.perf_counter() - start
 
-            await one()
-            return list(await asyncio.gather(*(one() for _ in range(n))))
+            await timed_request()
+            return list(await asyncio.gather(*(timed_request() for _ in range(n))))
 
     return run
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recurrent.impls.memory import question_text
-from recurrent.interface import RConfig, Reply, RRegister, Session, Turn, TurnRecord, Workflow
+from recurrent.interface import Reply, Session, Turn, TurnRecord, Workflow, WorkflowConfig, WorkflowRegistration
 
 SYSTEM_PROMPT = (
     "You solve arithmetic problems and may use a calculator. To use it, write exactly\n"
@@ -38,7 +38,7 @@ _OPERATORS = {
 
 
 @dataclass
-class CalculatorConfig(RConfig):
+class CalculatorConfig(WorkflowConfig):
     question_key: str = "prompt"
     max_turns: int = 5  # model calls per sample, tool calls included
     max_tokens_per_turn: int = 256
@@ -139,4 +139,4 @@ class CalculatorSession(Session):
         return {**super().trace(), "tool_calls": self.tool_calls}
 
 
-REGISTER = RRegister(name="calculator", config_cls=CalculatorConfig, workflow_cls=CalculatorWorkflow)
+REGISTER = WorkflowRegistration(name="calculator", config_cls=CalculatorConfig, workflow_cls=CalculatorWorkflow)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from recurrent.interface import RConfig, Reply, RRegister, Session, Turn, TurnRecord, Workflow
+from recurrent.interface import Reply, Session, Turn, TurnRecord, Workflow, WorkflowConfig, WorkflowRegistration
 from recurrent.templating import chat_token_template
 from recurrent.tokens import centre_truncate, encode_long, end_token_ids, num_chunks
 
@@ -81,7 +81,7 @@ _SLOT = re.compile(r"\{([a-zA-Z]+)\}")
 
 
 @dataclass
-class MemoryConfig(RConfig):
+class MemoryConfig(WorkflowConfig):
     """Budgets of the memory agent; the defaults are the paper's (5000-token chunks, 1024-token memory)."""
 
     context_key: str = "context"  # column holding the long document
@@ -352,4 +352,4 @@ class MemorySession(Session):
         return out
 
 
-REGISTER = RRegister(name="memory", config_cls=MemoryConfig, workflow_cls=MemoryWorkflow)
+REGISTER = WorkflowRegistration(name="memory", config_cls=MemoryConfig, workflow_cls=MemoryWorkflow)

@@ -59,7 +59,7 @@ async def run_items(
     slots = asyncio.Semaphore(concurrency)
     start = time.perf_counter()
 
-    async def one(item: dict[str, Any]) -> None:
+    async def run_one_item(item: dict[str, Any]) -> None:
         session: Session | None = None
         error: BaseException | None = None
         began = time.perf_counter()
@@ -93,7 +93,7 @@ async def run_items(
     try:
         for item in items:
             await slots.acquire()  # backpressure: the next item is read only when a slot is free
-            task = asyncio.create_task(one(item))
+            task = asyncio.create_task(run_one_item(item))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         if tasks:

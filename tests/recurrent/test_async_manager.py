@@ -90,12 +90,12 @@ async def client(server):
 
 def test_reduce_timings_averages_async_keys_and_sums_the_rest():
     per_sample = [
-        {"mt_async_gen": 2.0, "mt_model": 1.5},
-        {"mt_async_gen": 4.0, "mt_model": 2.5, "tokenize": 0.25},
-        {"mt_async_gen": 6.0, "mt_model": 1.0},
+        {"sample_seconds_mean": 2.0, "model_seconds_total": 1.5},
+        {"sample_seconds_mean": 4.0, "model_seconds_total": 2.5, "tokenize": 0.25},
+        {"sample_seconds_mean": 6.0, "model_seconds_total": 1.0},
     ]
     # async: (2 + 4 + 6) / 3 = 4; model: 1.5 + 2.5 + 1 = 5; tokenize only in one sample: 0.25
-    assert reduce_timings(per_sample) == {"mt_async_gen": 4.0, "mt_model": 5.0, "tokenize": 0.25}
+    assert reduce_timings(per_sample) == {"sample_seconds_mean": 4.0, "model_seconds_total": 5.0, "tokenize": 0.25}
     assert reduce_timings([]) == {}
 
 
@@ -149,8 +149,8 @@ async def test_rows_masks_usage_and_length(client):
     assert all(r.finish_reason == "length" and r.completion_tokens == 4 and r.prompt_tokens > 0 for r in replies)
     assert rollout.completion_tokens == 7 * 4 == client.stats.completion_tokens
     assert rollout.prompt_tokens == sum(r.prompt_tokens for r in replies) == client.stats.prompt_tokens
-    assert set(rollout.timing) == {"mt_async_gen", "mt_model", "mt_wall"}
-    assert max(rollout.seconds) <= rollout.timing["mt_wall"]
+    assert set(rollout.timing) == {"sample_seconds_mean", "model_seconds_total", "wall_seconds"}
+    assert max(rollout.seconds) <= rollout.timing["wall_seconds"]
 
 
 def test_greedy_runs_are_deterministic_and_traced(server, tmp_path):

@@ -230,7 +230,7 @@ def test_register_loads_by_module_and_by_file(tmp_path):
         load_register(str(tmp_path / "nope.py"))
     with pytest.raises(AttributeError, match="OTHER"):
         load_register("recurrent.impls.memory:OTHER")
-    with pytest.raises(TypeError, match="expected an RRegister"):
+    with pytest.raises(TypeError, match="expected a WorkflowRegistration"):
         load_register("recurrent.impls.memory:MemoryConfig")
     with pytest.raises(ModuleNotFoundError, match="no_such_module"):
         load_register("recurrent.impls.no_such_module")
