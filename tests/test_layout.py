@@ -37,3 +37,68 @@ def test_recurrent_imports_nothing_above_it():
                 continue
             offenders += [f"{path.relative_to(REPO)}: {name}" for name in names if name.split(".")[0] in above]
     assert offenders == []
+
+
+PACKAGES = ("recurrent", "verl_ext", "taskutils")
+SKIP = {".venv", ".cache", ".git", "tests"}
+
+
+def module_name(path: Path, repo: Path) -> str:
+    parts = list(path.relative_to(repo).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path, repo: Path) -> set[str]:
+    """Every module an import statement of ``path`` names (``from a.b import c`` names ``a.b`` and ``a.b.c``)."""
+    package = module_name(path, repo).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def unreached_modules(repo: Path) -> list[str]:
+    """Modules of our packages that no non-test code imports and nothing starts by name (``python -m x.y``,
+    ``pkg://x.y``, a class path ``x.y.Class`` in a config or string): in code, scripts, configs or documents."""
+    files = [p for p in repo.rglob("*") if p.is_file() and not SKIP & set(p.relative_to(repo).parts)]
+    modules = [
+        module_name(p, repo) for name in PACKAGES for p in (repo / name).rglob("*.py") if p.name != "__init__.py"
+    ]
+    imported = set().union(set(), *(imported_modules(p, repo) for p in files if p.suffix == ".py"))
+    suffixes = {".py", ".sh", ".yaml", ".md", ".toml", ""}
+    text = "\n".join(p.read_text(errors="ignore") for p in files if p.suffix in suffixes)
+    return [
+        name
+        for name in sorted(modules)
+        if name not in imported
+        and name.rsplit(".", 1)[-1] != "__main__"
+        and not any(f"{name}{end}" in text for end in ("\n", " ", "`", '"', "'", ":", "."))
+    ]
+
+
+def test_no_module_is_reachable_only_from_tests():
+    assert unreached_modules(REPO) == []
+
+
+def test_the_reachability_check_finds_a_test_only_module(tmp_path):
+    for name, text in {
+        "recurrent/__init__.py": "",
+        "recurrent/used.py": "",
+        "recurrent/started.py": "",
+        "recurrent/relative.py": "",
+        "recurrent/only_tested.py": "",
+        "recurrent/user.py": "from recurrent import used\nfrom .relative import thing\n",
+        "scripts/run.sh": "python -m recurrent.started --help\n",
+        "tests/test_it.py": "from recurrent import only_tested\n",
+    }.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert unreached_modules(tmp_path) == ["recurrent.only_tested", "recurrent.user"]

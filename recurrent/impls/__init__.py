@@ -1,1 +1,2 @@
-"""Workflow implementations: the memory agent (``memory``) and a tool-using calculator agent (``calculator``)."""
+"""Workflow implementations: the memory agent (``memory``). A second, example workflow (a calculator tool
+agent) lives in ``examples/calculator_workflow.py``."""

@@ -1,10 +1,20 @@
-"""The second workflow: a growing conversation with a calculator tool, driven by hand."""
+"""The second workflow (``examples/calculator_workflow.py``): a growing conversation with a calculator tool,
+driven by hand."""
+
+import inspect
+from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
 
-from recurrent.impls.calculator import CalculatorConfig, CalculatorWorkflow, calculate, parse_tool_call
 from recurrent.interface import Reply, load_register
+
+# The example is loaded as a user's workflow file is (recurrent.path=examples/calculator_workflow.py).
+EXAMPLE = Path(__file__).parents[2] / "examples" / "calculator_workflow.py"
+REGISTER = load_register(str(EXAMPLE))
+CalculatorConfig, CalculatorWorkflow = REGISTER.config_cls, REGISTER.workflow_cls
+_module = inspect.getmodule(CalculatorWorkflow)
+calculate, parse_tool_call = _module.calculate, _module.parse_tool_call
 
 
 def test_calculate_and_parse():
@@ -55,4 +65,4 @@ def test_last_allowed_turn_is_flagged_final(workflow):
 
 
 def test_registered():
-    assert load_register("recurrent.impls.calculator").name == "calculator"
+    assert REGISTER.name == "calculator"

@@ -1,8 +1,12 @@
-"""A small tool-using workflow: arithmetic word problems with a calculator tool.
+"""Writing your own workflow: arithmetic word problems with a calculator tool.
 
-It exists to keep the framework general: unlike the memory agent, its conversation *grows* (each turn's
-prompt is the whole conversation so far, tool results included), and whether a turn is the last one is only
-known after the reply (no tool call means the answer is given). Nothing in the managers knows about either.
+A workflow is a file or module holding ``REGISTER = WorkflowRegistration(...)``; ``recurrent.interface.load_register``
+loads it by module or file path, and the async manager and the lockstep driver run it exactly as they run the
+memory agent. (Training with verl builds rows against the memory agent's token budgets, ``verl_ext/rollout.py``;
+another workflow would bring its own budget check.) This one keeps the framework general: unlike the memory
+agent, its conversation *grows* (each turn's prompt is the whole conversation so far, tool results included),
+and whether a turn is the last one is only known after the reply (no tool call means the answer is given).
+Nothing in the drivers knows about either.
 """
 
 from __future__ import annotations
