@@ -3,6 +3,7 @@ imports nothing above it."""
 
 import ast
 import importlib
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -102,3 +103,13 @@ def test_the_reachability_check_finds_a_test_only_module(tmp_path):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     assert unreached_modules(tmp_path) == ["recurrent.only_tested", "recurrent.user"]
+
+
+def test_the_training_walkthrough_reads_in_six_files():
+    # docs/architecture.md follows one training sample through the project in bold-named files; asides are
+    # italic. A newcomer should need at most six files, and each must exist.
+    text = (REPO / "docs" / "architecture.md").read_text()
+    section = text.split("## One training sample, in run order")[1].split("\n## ")[0]
+    files = set(re.findall(r"\*\*`([^`]+\.py)`\*\*", section))
+    assert 4 <= len(files) <= 6, files
+    assert all((REPO / name).is_file() for name in files), files
