@@ -20,3 +20,13 @@ def session_members(sid: int) -> list[int]:
         if int(fields[3]) == sid and fields[0] != "Z":  # fields: state ppid pgrp session ...
             members.append(int(entry))
     return members
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, dead but not yet reaped, counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/status")
+    return not (status.exists() and "zombie" in status.read_text())

@@ -5,7 +5,6 @@ counted); a run killed with SIGKILL and one stopped with SIGTERM, each resumed t
 from __future__ import annotations
 
 import csv
-import os
 import re
 import signal
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from eval_fixtures import hotpotqa_set, read_lines
+from process_helpers import pid_alive
 
 from recurrent.serving import free_port
 from taskutils.memory_eval.run import main as run_main
@@ -34,15 +34,6 @@ def write_table(path: Path, server, broken_port: int | None = None) -> Path:
                        "concurrency": 1, **TINY_BUDGETS})  # fmt: skip
     path.write_text(yaml.safe_dump({"models": models}))
     return path
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    status = Path(f"/proc/{pid}/status")
-    return not (status.exists() and "zombie" in status.read_text())
 
 
 def wait_for_lines(path: Path, n: int, process: subprocess.Popen, timeout: float = 120) -> None:

@@ -4,14 +4,13 @@ against real local servers (the instant server, and a stand-in `vllm` executable
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from openai import OpenAI
+from process_helpers import pid_alive
 
 from recurrent.serving import free_port
 from taskutils.memory_eval.config import ModelEntry
@@ -23,15 +22,6 @@ from taskutils.memory_eval.serve import (
     vllm_command,
     wait_ready,
 )
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    status = Path(f"/proc/{pid}/status")
-    return not (status.exists() and "zombie" in status.read_text())
 
 
 def test_vllm_command_line():
@@ -119,14 +109,14 @@ def test_started_server_is_used_then_stopped_even_on_error(fake_vllm, tiny_model
     entry = ModelEntry(name="tiny-gpu", checkpoint="tiny", tp=1, serve="vllm", max_model_len=4096)
     started = endpoint(entry, log_dir=tmp_path, vllm_bin=str(script), poll_interval=0.1, ready_timeout=60)
     with pytest.raises(KeyError, match="boom"), started as ep:
-        assert ep.kind == "vllm" and ep.model == "tiny" and alive(ep.pid)
+        assert ep.kind == "vllm" and ep.model == "tiny" and pid_alive(ep.pid)
         reply = OpenAI(base_url=ep.base_url, api_key="x").chat.completions.create(
             model=ep.model, messages=[{"role": "user", "content": "hi"}], max_tokens=3
         )
         assert reply.choices[0].message.content == "Therefore, the answer is 42."
         pid = ep.pid
         raise KeyError("boom")
-    assert not alive(pid)
+    assert not pid_alive(pid)
     argv = json.loads(argv_file.read_text())
     assert argv[:2] == ["serve", tiny_model_dir]  # the local folder: vLLM never downloads
     assert argv[argv.index("--served-model-name") + 1] == "tiny" and "--max-model-len" in argv

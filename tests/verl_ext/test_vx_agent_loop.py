@@ -96,16 +96,21 @@ def documents(tiny_tokenizer) -> dict[str, str]:
     return DOCUMENTS
 
 
-async def test_async_agent_loop_rows(tiny_config, tiny_tokenizer, tiny_server, documents):
-    server = RecordingServer(tiny_server)
-    loop = MemoryAgentLoop(
-        trainer_config=DictConfigWrap(tiny_config),
+def memory_agent_loop(config, tokenizer, server) -> MemoryAgentLoop:
+    """Our agent loop, constructed the way verl's agent-loop worker constructs it."""
+    return MemoryAgentLoop(
+        trainer_config=DictConfigWrap(config),
         server_manager=server,
-        tokenizer=tiny_tokenizer,
+        tokenizer=tokenizer,
         processor=None,
         dataset_cls=RLHFDataset,
-        data_config=DictConfigWrap(tiny_config.data),
+        data_config=DictConfigWrap(config.data),
     )
+
+
+async def test_async_agent_loop_rows(tiny_config, tiny_tokenizer, tiny_server, documents):
+    server = RecordingServer(tiny_server)
+    loop = memory_agent_loop(tiny_config, tiny_tokenizer, server)
     rollout = MemoryRollout.get(tiny_config, tiny_tokenizer)
     for name, context in documents.items():
         server.calls.clear()
@@ -138,14 +143,7 @@ async def test_sync_mode_runs_turns_in_lockstep_with_the_same_rows(tiny_config, 
     assert [(uid, cap) for uid, _, cap in server.calls] == expected
 
     # Same sessions, same greedy server: lockstep changes the schedule, not the rows.
-    loop = MemoryAgentLoop(
-        trainer_config=DictConfigWrap(tiny_config),
-        server_manager=tiny_server,
-        tokenizer=tiny_tokenizer,
-        processor=None,
-        dataset_cls=RLHFDataset,
-        data_config=DictConfigWrap(tiny_config.data),
-    )
+    loop = memory_agent_loop(tiny_config, tiny_tokenizer, tiny_server)
     for outputs, trajectory in zip(results, trajectories, strict=True):
         alone = await loop.run(dict(SAMPLING), **trajectory.sample)
         assert [(o.prompt_ids, o.response_ids) for o in alone] == [(o.prompt_ids, o.response_ids) for o in outputs]

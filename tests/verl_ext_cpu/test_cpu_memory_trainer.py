@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
-from trainer_run import REPO, adam_steps, read_jsonl, read_metrics, run_script, tail
+from trainer_run import REPO, STAGES, adam_steps, read_jsonl, read_metrics, run_script, tail
 
 RUN_TIMEOUT_S = 400  # each of the two runs; ~90 s and ~80 s on 2 idle cores
 # The run's sizes, as configs/tiny_cpu.yaml sets them (prompts per step, trajectories per prompt, in validation).
@@ -38,7 +38,6 @@ _CONFIG = OmegaConf.load(REPO / "configs" / "tiny_cpu.yaml")
 BATCH = _CONFIG.data.train_batch_size
 N = _CONFIG.actor_rollout_ref.rollout.n
 VAL_N = _CONFIG.actor_rollout_ref.rollout.val_kwargs.n
-STAGES = ("gen", "old_log_prob", "ref", "adv", "update_actor", "update_weights", "save_checkpoint", "testing", "step")
 SOURCE = "toy_memory"
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

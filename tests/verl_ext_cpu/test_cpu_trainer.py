@@ -19,10 +19,9 @@ import re
 from pathlib import Path
 
 import pytest
-from trainer_run import load_safetensors, read_jsonl, read_metrics, run_script, tail
+from trainer_run import STAGES, load_safetensors, read_jsonl, read_metrics, run_script, tail
 
 RUN_TIMEOUT_S = 300  # ~110 s on 2 idle cores
-STAGES = ("gen", "old_log_prob", "ref", "adv", "update_actor", "update_weights", "save_checkpoint", "testing", "step")
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -14,6 +14,8 @@ from process_helpers import session_members
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "train_tiny_cpu.sh"
+# The stages verl times in every training step (``timing_s/<stage>`` in the metrics).
+STAGES = ("gen", "old_log_prob", "ref", "adv", "update_actor", "update_weights", "save_checkpoint", "testing", "step")
 
 
 def run_script(
