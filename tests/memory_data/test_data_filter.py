@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from taskutils.memory_data import stages
-from taskutils.memory_data.filtering import FILTER_TEMPLATE, FilterSettings, answered_without_context
+from taskutils.memory_data.filtering import FilterSettings, answered_without_context
 from taskutils.memory_data.sources import read_hotpotqa
 
 
@@ -85,7 +85,8 @@ def test_filter_removes_answered_questions_and_resumes(tmp_path, sources, endpoi
     assert rows[0]["context"].startswith("Document 1:\n")  # contexts copied along
     # paper sampling: bare question + boxed instruction, temperature 1.0, top_p 0.7, 512 tokens, 2 samples each
     first = _Handler.requests[0]
-    assert first["messages"][0]["content"] in {FILTER_TEMPLATE.format(prompt=x.question) for x in q[:8]}
+    # the filter prompt written out by hand: the bare question, then the boxed instruction
+    assert first["messages"][0]["content"] in {f"{x.question}\nYour final answer in \\boxed{{}}.\n" for x in q[:8]}
     assert (first["temperature"], first["top_p"], first["max_tokens"]) == (1.0, 0.7, 512)
     assert len(_Handler.requests) == 8 * 2 * 2
 

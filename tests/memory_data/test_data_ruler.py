@@ -126,7 +126,9 @@ def test_cwe_words_are_the_official_sources():
 def test_essay_needles_sit_between_sentences(tiny_tokenizer, ruler_sources):
     task = make_task("niah_multikey_1", 8192, 42, tiny_tokenizer, ruler_sources)
     sample, _ = task.generate(0)
-    for match in re.finditer(r"One of the special magic numbers for \S+ is: \d+\.", sample.context):
+    needles = list(re.finditer(r"One of the special magic numbers for \S+ is: \d+\.", sample.context))
+    assert len(needles) == 4  # niah_multikey_1: 4 keys, one value each (RULER's num_needle_k=4)
+    for match in needles:
         before = sample.context[: match.start()].rstrip()
         assert before == "" or before[-1] in ".!?:\"'"
 

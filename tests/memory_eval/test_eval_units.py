@@ -29,10 +29,13 @@ def test_direct_prompt_is_the_paper_template_when_it_fits(tokenizer):
     workflow = DirectWorkflow(tokenizer, max_input=10_000, max_output=7)
     session = workflow.session({"input": " Who? ", "context": "  some text  "})
     turn = session.next_turn()
-    assert turn.messages == [{"role": "user", "content": TEMPLATE_0SHOT.format(context="some text", question="Who?")}]
+    # The paper's 0-shot layout written out by hand, with the context and question stripped.
+    expected = (
+        "Please read the following text and answer the question below.\n\n<text>\nsome text\n</text>\n\nWho?\n\n"
+        'Format your response as follows: "Therefore, the answer is (insert answer here)".'
+    )
+    assert turn.messages == [{"role": "user", "content": expected}]
     assert turn.max_tokens == 7 and turn.final
-    assert turn.messages[0]["content"].startswith("Please read the following text and answer the question below.")
-    assert turn.messages[0]["content"].endswith('"Therefore, the answer is (insert answer here)".')
     assert not session.truncated
 
 
@@ -108,9 +111,11 @@ def test_task_plans_are_fresh_and_follow_the_paper():
     memory, direct = table["MemoryAgent-7B-5k-1k-infty"], table["R1-7B-120k+10k"]
     tasks = cfg.expand_tasks(None)
     assert tasks[0] == "hotpotqa" and len(tasks) == 12
+    direct_before = list(cfg.plan(direct, tasks, None))  # a copy, planned before any memory model
     first = cfg.plan(memory, tasks, None)
     for _ in range(3):  # planning a memory model never leaks its over-1M lengths into other plans
-        assert cfg.plan(direct, tasks, None) == cfg.plan(direct, tasks, None)
+        assert cfg.plan(direct, tasks, None) == direct_before
+        cfg.plan(memory, tasks, None)
     hqa = [n for t, n in cfg.plan(direct, tasks, None) if t == "hotpotqa"]
     assert hqa == [50, 100, 200, 400, 800, 1600, 3200, 6400]
     assert [n for t, n in first if t == "hotpotqa"][-2:] == [12800, 25600]

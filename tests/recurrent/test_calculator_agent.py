@@ -44,11 +44,17 @@ def test_tool_results_grow_the_conversation(workflow):
     second = session.next_turn()
     assert [m["role"] for m in second.messages] == ["system", "user", "assistant", "user"]
     assert second.messages[-1]["content"] == "<tool_response>42</tool_response>"
-    # The token prompt is the chat template over the whole conversation so far.
-    tokenizer = workflow.tokenizer
-    assert tokenizer.decode(second.prompt_ids) == tokenizer.apply_chat_template(
-        second.messages, tokenize=False, add_generation_prompt=True
+    assert second.messages[2]["content"] == call
+    # The token prompt is the chat template over the whole conversation so far: the tiny model's ChatML, written
+    # out by hand from the four messages.
+    system = second.messages[0]["content"]
+    assert system == first.messages[0]["content"] and system
+    expected = (
+        f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nWhat is 6 times 7?<|im_end|>\n"
+        f"<|im_start|>assistant\n{call}<|im_end|>\n<|im_start|>user\n<tool_response>42</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
     )
+    assert workflow.tokenizer.decode(second.prompt_ids) == expected
     session.record(Reply("So the answer is \\boxed{42}", "stop"))  # no tool call: the session ends here
     assert session.next_turn() is None
     assert len(session.history) == 2 and session.trace()["tool_calls"] == 1

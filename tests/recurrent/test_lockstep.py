@@ -189,6 +189,7 @@ class EarlyFinalSession(ToySession):
 async def test_a_turn_flagged_final_must_be_the_last():
     run = await run_lockstep(toy_sessions([1, 1], cls=EarlyFinalSession), RuleModel())
     assert run.rounds == [[0, 1], [0, 1]]
+    assert len(run.errors) == 2  # one per session
     for error in run.errors:
         assert isinstance(error, RuntimeError) and "flagged final at [0, 1]" in str(error)
 
@@ -225,8 +226,20 @@ async def test_the_memory_is_the_reply_without_any_eos_or_pad(tiny_model_dir):
 
     run = await run_lockstep(sessions, generate)
     assert run.rounds == [[0, 1], [0, 1]] and run.errors == [None, None]
+    # The final prompt by hand: the fork's final message in the tiny model's ChatML, each literal piece encoded on
+    # its own, the question ids and the memory [100 + i, 200 + i] in between.
+    encode = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    head = (
+        encode(
+            "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nYou are presented with a "
+            "problem and a previous memory. Please answer the problem based on the previous memory and put the answer "
+            "in \\boxed{}.\n\n<problem> \n"
+        )
+        + encode("Q?")
+        + encode("\n</problem>\n\n<memory>\n")
+    )
+    tail = encode("\n</memory>\n\nYour answer:\n<|im_end|>\n<|im_start|>assistant\n")
     for i, session in enumerate(sessions):
         final = session.history[-1].turn
         assert final.final
-        assert final.prompt_ids == workflow.final_ids_template.format(prompt=session.question_ids,
-                                                                      memory=[100 + i, 200 + i])  # fmt: skip
+        assert final.prompt_ids == head + [100 + i, 200 + i] + tail

@@ -55,6 +55,22 @@ RELEASED_FINAL_INSTRUCTION = (
 )
 
 
+# The tiny model's chat template around the user message (ChatML, default system prompt), written out by hand.
+CHAT_HEAD = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+CHAT_TAIL = "<|im_end|>\n<|im_start|>assistant\n"
+
+
+def final_prompt_by_hand(tokenizer, instruction: str, question_ids: list[int], memory_ids: list[int]) -> list[int]:
+    """The final turn's token prompt from SPEC_FINAL_LINES: each literal piece encoded on its own, the question and
+    memory ids put in between (the fork's token template)."""
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    return (
+        encode(CHAT_HEAD + instruction + "\n\n<problem> \n") + list(question_ids)
+        + encode("\n</problem>\n\n<memory>\n") + list(memory_ids)
+        + encode("\n</memory>\n\nYour answer:\n" + CHAT_TAIL)
+    )  # fmt: skip
+
+
 def test_training_final_prompt_is_what_the_released_checkpoints_saw(tokenizer):
     assert memory.FINAL_TEMPLATE_BOXED_RELEASED == "\n".join([RELEASED_FINAL_INSTRUCTION, *SPEC_FINAL_LINES[1:]])
     workflow = MemoryWorkflow(MemoryConfig(chunk_size=8, final_prompt="boxed_released"), tokenizer)
@@ -164,7 +180,8 @@ def test_reencoded_memory_uses_the_canonical_ids(tokenizer):
         assert not session.next_turn().final
         session.record(Reply("ou", "stop", token_ids=raw + [tokenizer.eos_token_id]))
         final = session.next_turn()
-        assert final.prompt_ids == workflow.final_ids_template.format(prompt=session.question_ids, memory=expected)
+        question = tokenizer.encode("Q?", add_special_tokens=False)
+        assert final.prompt_ids == final_prompt_by_hand(tokenizer, SPEC_FINAL_LINES[0], question, expected)
 
 
 def test_strip_think_keeps_the_conclusion_as_memory(tokenizer):
@@ -225,7 +242,9 @@ def test_without_kept_prompts_a_session_holds_no_past_chunks(tokenizer):
 def test_register_loads_by_module_and_by_file(tmp_path):
     register = load_register("recurrent.impls.memory")
     assert register.name == "memory" and register.workflow_cls is MemoryWorkflow
-    assert load_register(memory.__file__ + ":REGISTER") is not None
+    by_file = load_register(memory.__file__ + ":REGISTER")  # a fresh module: its own class objects, same names
+    assert by_file.name == "memory" and by_file.workflow_cls.__name__ == "MemoryWorkflow"
+    assert by_file.config_cls.__name__ == "MemoryConfig"
     with pytest.raises(FileNotFoundError, match="nope.py"):
         load_register(str(tmp_path / "nope.py"))
     with pytest.raises(AttributeError, match="OTHER"):

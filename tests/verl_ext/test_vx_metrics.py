@@ -85,9 +85,18 @@ def test_trainer_adds_them_without_the_padding_rows(monkeypatch):
     trainer = object.__new__(trainer_module.RecurrentPPOTrainer)
     trainer.config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"n": 2}}})
     trainer_module.RecurrentPPOTrainer._compute_metrics(trainer, batch, metrics, {}, 1, 0)
-    expected = memagent_metrics_from_rows(keys, list_of_dict_to_tensordict(rows))
-    expected.update({"memagent/rollout/failed_groups": 0, "memagent/rollout/failed_trajectories": 0})
-    assert metrics == pytest.approx(expected)
+    # By hand, from TRAJECTORIES (no shaping; the padding row would add a fifth trajectory of reward 0):
+    # finals uidA_0 1.0 (3 tokens, stop), uidA_1 0.0 (6, length), uidB_0 0.0 (4, stop), uidB_1 1.0 (2, stop);
+    # turns 3, 1, 4, 2; memory turns 8 L, 5, 8 L, 8 L, 2, 7 (L: cut at the cap).
+    assert metrics == pytest.approx({
+        "memagent/final/reward/mean": 0.5, "memagent/final/acc/mean": 0.5,
+        "memagent/final/response_length/mean": (3 + 6 + 4 + 2) / 4, "memagent/final/truncated_ratio": 1 / 4,
+        "memagent/turns_per_sample/mean": (3 + 1 + 4 + 2) / 4, "memagent/turns_per_sample/max": 4,
+        "memagent/turns_per_sample/min": 1, "memagent/num_trajectories": 4,
+        "memagent/memory_length/mean": (8 + 5 + 8 + 8 + 2 + 7) / 6, "memagent/memory_length/max": 8,
+        "memagent/memory_truncated_ratio": 3 / 6,
+        "memagent/rollout/failed_groups": 0, "memagent/rollout/failed_trajectories": 0,
+    })  # fmt: skip
 
 
 @pytest.mark.parametrize("metric", ["acc", "reward"])

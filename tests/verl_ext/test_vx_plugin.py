@@ -45,6 +45,6 @@ def test_install_registers_at_once_when_verl_agent_loops_are_already_imported():
     saved = registry.pop("memory_agent")
     try:
         plugin.install()
-        assert registry["memory_agent"] == saved
+        assert registry["memory_agent"] == {"_target_": "verl_ext.agent_loop.MemoryAgentLoop"}
     finally:
         registry["memory_agent"] = saved

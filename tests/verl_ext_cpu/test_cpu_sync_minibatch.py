@@ -118,6 +118,7 @@ def server_events(folder: Path) -> list[list[dict]]:
 def test_rollout_memory_is_released_while_the_actor_trains(runs):
     # free_cache_engine=true (the default): after every rollout verl sleeps the replicas and the server holds no
     # weights until verl's worker resumes it for the weight sync; then generation starts again.
+    assert runs["events_first"], "no rollout server wrote events"
     for events in runs["events_first"].values():
         names = [e["event"] for e in events]
         assert names.count("sleep") >= 3  # at start-up and after each rollout (two steps, one validation)
@@ -130,7 +131,9 @@ def test_rollout_memory_is_released_while_the_actor_trains(runs):
                 if i + 1 < len(names):
                     assert names[i + 1] == "sleep"  # nothing else happens to the server before it sleeps
     # free_cache_engine=false: verl's sleep is a no-op and its worker never resumes: the weights stay throughout.
-    for events in server_events(runs["rows_out"] / "events"):
+    kept_events = server_events(runs["rows_out"] / "events")
+    assert kept_events, "no rollout server wrote events"
+    for events in kept_events:
         names = {e["event"] for e in events}
         assert "sleep:kept" in names and not any(name.startswith("wake_up") for name in names)
         assert "sleep" not in names and all(e["held_parameter_bytes"] > 0 for e in events)
