@@ -12,3 +12,4 @@ test:
 
 lint:
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .

@@ -7,12 +7,15 @@ import random
 import textwrap
 from pathlib import Path
 
+# fmt: off
 PEOPLE = [
     "the old miller", "a young weaver", "the baker's daughter", "the village priest", "a travelling merchant",
     "the blacksmith", "two fishermen", "the schoolteacher", "a shepherd boy", "the mayor", "the innkeeper",
     "an elderly widow", "the ferryman", "a group of children", "the carpenter", "the midwife", "a tinker",
     "the miller's wife", "a retired sailor", "the postman", "a painter from the city", "the gardener",
-]  # fmt: skip
+]
+# fmt: on
+# fmt: off
 ACTIONS = [
     "mended a torn net", "counted sacks of flour", "repaired the chapel roof", "sold ribbons and buttons",
     "taught the alphabet to six pupils", "carried water up the hill", "painted the harbour at sunrise",
@@ -21,24 +24,31 @@ ACTIONS = [
     "tuned the church organ", "caught an eel as long as an arm", "baked bread for the wedding",
     "chased a goat through the orchard", "wrote the names of the dead in a ledger", "lit the lanterns on the pier",
     "traded a lamb for a copper kettle", "swept the steps of the town hall", "watched the herons in the reeds",
-]  # fmt: skip
+]
+# fmt: on
+# fmt: off
 PLACES = [
     "by the river", "near the stone bridge", "in the market square", "behind the chapel", "by the mill pond",
     "under the great oak", "at the edge of the forest", "on the harbour wall", "in the crowded inn",
     "beside the old well", "in a narrow lane", "on the windy hill", "at the crossroads",
-]  # fmt: skip
+]
+# fmt: on
+# fmt: off
 TIMES = [
     "before dawn", "one grey afternoon", "late in the evening", "on market day", "during the first snow",
     "after the harvest", "while the bells rang", "as the fog rolled in", "at midsummer", "on a quiet Sunday",
     "in the spring of the flood", "the week the comet was seen",
-]  # fmt: skip
+]
+# fmt: on
+# fmt: off
 REMARKS = [
     "Nobody thought much of it at the time.", "People still talk about it.", "It rained for three days afterwards.",
     "The dogs would not stop barking.", "Everyone agreed it was a strange year.",
     "The story changed with every telling.", "The smell of smoke hung over the roofs.",
     "A cold wind came down from the hills.", "Later that night the river rose.", "Few remember it now.",
     "It was written down in the parish book.", "The children made a song about it.",
-]  # fmt: skip
+]
+# fmt: on
 FACT = (
     "That winter the innkeeper told a traveller the secret the village had kept for years: the magic number is "
     "7481. She made him promise never to repeat it."

@@ -42,8 +42,11 @@ from verl_ext.rollout import MemoryRollout
 QUESTION = "What is the magic number?"
 CONTEXT = "The river city was born in the year of the film. " * 6 + "The magic number is 42. " + "It rained. " * 20
 ANSWER = "42"
-BUDGETS = ["recurrent.config.chunk_size=32", "recurrent.config.max_memorization_length=12",
-           "recurrent.config.max_final_response_length=8"]  # fmt: skip
+BUDGETS = [
+    "recurrent.config.chunk_size=32",
+    "recurrent.config.max_memorization_length=12",
+    "recurrent.config.max_final_response_length=8",
+]
 
 
 def token_log_probs(model: torch.nn.Module, rows: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:

@@ -59,8 +59,17 @@ def post(url: str, body: dict | None = None) -> dict:
 class InstantServerProcess:
     def __init__(self, delay: float) -> None:
         self.port = free_port()
-        cmd = [sys.executable, "-m", "taskutils.memory_eval.instant_server", "--port", str(self.port),
-               "--served-model-name", "instant", "--delay", str(delay)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "taskutils.memory_eval.instant_server",
+            "--port",
+            str(self.port),
+            "--served-model-name",
+            "instant",
+            "--delay",
+            str(delay),
+        ]
         self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, cwd=REPO)
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self.root = f"http://127.0.0.1:{self.port}"
@@ -141,15 +150,32 @@ def harness_run(base_url: str, n: int, limit: int, tokenizer, out_dir: Path):
     from taskutils.memory_eval.runner import run_items
 
     workflow = DirectWorkflow(tokenizer, max_input=4096, max_output=16)
-    items = [{"index": i, "input": "What is the magic number?", "context": "The magic number is 42. " * 10,
-              "answers": ["42"]} for i in range(n)]  # fmt: skip
+    items = [
+        {
+            "index": i,
+            "input": "What is the magic number?",
+            "context": "The magic number is 42. " * 10,
+            "answers": ["42"],
+        }
+        for i in range(n)
+    ]
 
     def make_record(item, session, error, seconds):
         gold = scoring.golds(item)
         text = session.history[-1].reply.text if error is None else ""
         scores = scoring.score("hotpotqa", "answer_is", text, gold) if error is None else scoring.failed("hotpotqa")
-        return item_record(item=item, task="hotpotqa", length=1, model="instant", method="direct", session=session,
-                           error=error, seconds=seconds, scores=scores, gold=gold)  # fmt: skip
+        return item_record(
+            item=item,
+            task="hotpotqa",
+            length=1,
+            model="instant",
+            method="direct",
+            session=session,
+            error=error,
+            seconds=seconds,
+            scores=scores,
+            gold=gold,
+        )
 
     async def run() -> list[float]:
         client = OpenAIChatClient(base_url, "instant", max_concurrency=limit, timeout=60, max_retries=0)
@@ -190,8 +216,10 @@ def transformers_side_by_side(n: int) -> None:
 
         harness, bare = asyncio.run(run())
     h, b = 1000 * statistics.median(harness), 1000 * statistics.median(bare)
-    print(f"\ntransformers serve (tiny model), {n} requests each, concurrency 1, medians: harness client {h:.1f} ms, "
-          f"bare urllib {b:.1f} ms, difference {h - b:+.1f} ms ({(h - b) / b:+.1%} of a real model call)")  # fmt: skip
+    print(
+        f"\ntransformers serve (tiny model), {n} requests each, concurrency 1, medians: harness client {h:.1f} ms, "
+        f"bare urllib {b:.1f} ms, difference {h - b:+.1f} ms ({(h - b) / b:+.1%} of a real model call)"
+    )
 
 
 def main() -> None:
@@ -228,15 +256,19 @@ def main() -> None:
 
     print("instant server (its own process; server ms: its handling time per request; at concurrency 32 the latency")
     print("is mostly queueing behind the other requests in the one client event loop: see req/s and CPU ms/req)")
-    print(f"{'path':8} {'conc':>5} {'requests':>8} {'req/s':>8} {'latency ms':>11} {'server ms':>10} "
-          f"{'added ms':>9} {'CPU ms/req':>11}")  # fmt: skip
+    print(
+        f"{'path':8} {'conc':>5} {'requests':>8} {'req/s':>8} {'latency ms':>11} {'server ms':>10} "
+        f"{'added ms':>9} {'CPU ms/req':>11}"
+    )
     for r in rows:
         cells = f"{r['path']:8} {r['concurrency']:5d} {r['requests']:8d} {r['req_per_s']:8.0f} {r['latency_ms']:11.3f}"
         print(f"{cells} {r['server_ms']:10.3f} {r['added_ms']:9.3f} {r['cpu_ms_per_req']:11.3f}")
     ok = limit_row["max_in_flight"] <= args.concurrency
-    print(f"\nconcurrency limit {args.concurrency}, server time {1000 * args.delay:.0f} ms, {n} requests: "
-          f"max in flight seen by the server {limit_row['max_in_flight']} ({'respected' if ok else 'EXCEEDED'}); "
-          f"{limit_row['req_per_s']:.0f} req/s (ideal {args.concurrency / args.delay:.0f})")  # fmt: skip
+    print(
+        f"\nconcurrency limit {args.concurrency}, server time {1000 * args.delay:.0f} ms, {n} requests: "
+        f"max in flight seen by the server {limit_row['max_in_flight']} ({'respected' if ok else 'EXCEEDED'}); "
+        f"{limit_row['req_per_s']:.0f} req/s (ideal {args.concurrency / args.delay:.0f})"
+    )
     one = {r["path"]: r for r in rows if r["concurrency"] == 1}
     print(
         f"added latency at concurrency 1 (latency - server time): client {one['client']['added_ms']:.3f} ms, "

@@ -113,13 +113,20 @@ def main() -> int:
         common = ["--base-url", server.base_url, "--model-name", server.model, "--model-dir", model_dir]
         common += ["--chunk", str(args.chunk), "--max-new", str(args.max_new)]
         # Warm the server (first request loads kernels) so it does not count against the short run.
-        subprocess.run([sys.executable, __file__, "--one-pass", "--tokens", str(args.chunk), *common], check=True,
-                       capture_output=True)  # fmt: skip
+        subprocess.run(
+            [sys.executable, __file__, "--one-pass", "--tokens", str(args.chunk), *common],
+            check=True,
+            capture_output=True,
+        )
         # Alternate the lengths and keep each one's fastest run: other load on the machine only slows runs down.
         for _ in range(args.repeats):
             for label, tokens in (("N", args.tokens), (f"{args.factor}N", args.factor * args.tokens)):
-                out = subprocess.run([sys.executable, __file__, "--one-pass", "--tokens", str(tokens), *common],
-                                     check=True, capture_output=True, text=True)  # fmt: skip
+                out = subprocess.run(
+                    [sys.executable, __file__, "--one-pass", "--tokens", str(tokens), *common],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                )
                 run = json.loads(out.stdout.strip().splitlines()[-1])
                 if label not in results or run["wall_s"] < results[label]["wall_s"]:
                     results[label] = run
@@ -135,10 +142,14 @@ def main() -> int:
     ratio = long["wall_s"] / short["wall_s"]
     turn_ratio = (long["turns"]) / short["turns"]
     print(f"wall-time ratio {args.factor}N/N: {ratio:.2f} (linear: {args.factor}; turns ratio {turn_ratio:.2f})")
-    print(f"time outside model calls: {100 * short['outside_share']:.2f}% at N, {100 * long['outside_share']:.2f}% at "
-          f"{args.factor}N (target < 2%)")  # fmt: skip
-    print(f"peak Python memory: {short['tracemalloc_peak_mb']:.2f} MB at N, {long['tracemalloc_peak_mb']:.2f} MB at "
-          f"{args.factor}N; token ids at {args.factor}N: {4 * long['tokens'] / 2**20:.2f} MB")  # fmt: skip
+    print(
+        f"time outside model calls: {100 * short['outside_share']:.2f}% at N, {100 * long['outside_share']:.2f}% at "
+        f"{args.factor}N (target < 2%)"
+    )
+    print(
+        f"peak Python memory: {short['tracemalloc_peak_mb']:.2f} MB at N, {long['tracemalloc_peak_mb']:.2f} MB at "
+        f"{args.factor}N; token ids at {args.factor}N: {4 * long['tokens'] / 2**20:.2f} MB"
+    )
     return 0
 
 

@@ -18,8 +18,18 @@ import sys
 from pathlib import Path
 
 # verl 0.9.1's V1 trainer phases (marked_timer names), in the order a step runs them.
-PHASES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights", "testing",
-          "save_checkpoint", "step")  # fmt: skip
+PHASES = (
+    "gen",
+    "reward",
+    "old_log_prob",
+    "ref",
+    "adv",
+    "update_actor",
+    "update_weights",
+    "testing",
+    "save_checkpoint",
+    "step",
+)
 MEMORY_METRICS = ("actor/perf/max_memory_allocated_gb", "actor/perf/max_memory_reserved_gb")
 MEMORY_LINE = re.compile(
     r"([A-Za-z][A-Za-z0-9_/ -]*), memory allocated \(GB\): ([\d.]+), memory reserved \(GB\): ([\d.]+), "

@@ -265,8 +265,14 @@ def plan_jobs(
                 scanned[data] = (evalsets.scan(data, args.limit, pool, questions), questions)
             ids, questions = scanned[data]
             out = results.results_path(args.results_dir, task, length, entry.name, method)
-            info = {"expected": len(ids), "data_file": str(data), "model": entry.name, "task": task, "length": length,
-                    "sampling_applied": sampling_note(entry, args)}  # fmt: skip
+            info = {
+                "expected": len(ids),
+                "data_file": str(data),
+                "model": entry.name,
+                "task": task,
+                "length": length,
+                "sampling_applied": sampling_note(entry, args),
+            }
             done = results.prepare(out, settings_of(entry, method, sampling), info, args.retry_failed, args.overwrite)
             pending = [i for i in ids if i not in done]
             jobs.append(Job(task, length, method, data, out, ids, pending, {i: questions[i] for i in pending}))

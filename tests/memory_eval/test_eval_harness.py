@@ -27,11 +27,26 @@ TINY_BUDGETS = {
 
 
 def write_table(path: Path, server, broken_port: int | None = None) -> Path:
-    models = [{"name": "tiny", "checkpoint": "tiny", "url": server.base_url, "served_name": server.model,
-               "concurrency": 1, **TINY_BUDGETS}]  # fmt: skip
+    models = [
+        {
+            "name": "tiny",
+            "checkpoint": "tiny",
+            "url": server.base_url,
+            "served_name": server.model,
+            "concurrency": 1,
+            **TINY_BUDGETS,
+        }
+    ]
     if broken_port:
-        models.append({"name": "broken", "checkpoint": "tiny", "url": f"http://127.0.0.1:{broken_port}/v1",
-                       "concurrency": 1, **TINY_BUDGETS})  # fmt: skip
+        models.append(
+            {
+                "name": "broken",
+                "checkpoint": "tiny",
+                "url": f"http://127.0.0.1:{broken_port}/v1",
+                "concurrency": 1,
+                **TINY_BUDGETS,
+            }
+        )
     path.write_text(yaml.safe_dump({"models": models}))
     return path
 
@@ -50,10 +65,12 @@ def wait_for_lines(path: Path, n: int, process: subprocess.Popen, timeout: float
 def test_harness_runs_both_methods_at_two_lengths_and_counts_failures(tiny_server, eval_data, tmp_path, capsys):
     table = write_table(tmp_path / "table.yaml", tiny_server, broken_port=free_port())
     out = tmp_path / "results"
+    # fmt: off
     argv = ["--table", str(table), "--models", "tiny,broken", "--method", "memory,direct",
             "--tasks", "hotpotqa,niah_single_1", "--lengths", "2,4,256,512", "--data-dir", str(eval_data),
             "--results-dir", str(out), "--trace", "--max-retries", "1", "--backoff", "0.01", "--timeout", "60",
-            "--quiet"]  # fmt: skip
+            "--quiet"]
+    # fmt: on
     assert run_main(argv) == 1  # the broken model's items failed: the run says so
     err = capsys.readouterr().err
     assert "error: 8 results file(s) incomplete:" in err
@@ -100,8 +117,24 @@ def test_sigkilled_run_resumes_to_one_line_per_item(tiny_server, tmp_path):
     hotpotqa_set(data, 4, items=10, seed=1)
     table = write_table(tmp_path / "table.yaml", tiny_server)
     out = tmp_path / "results"
-    argv = ["--table", str(table), "--models", "tiny", "--tasks", "hotpotqa", "--lengths", "4", "--concurrency", "1",
-            "--data-dir", str(data), "--results-dir", str(out), "--no-report", "--quiet"]  # fmt: skip
+    argv = [
+        "--table",
+        str(table),
+        "--models",
+        "tiny",
+        "--tasks",
+        "hotpotqa",
+        "--lengths",
+        "4",
+        "--concurrency",
+        "1",
+        "--data-dir",
+        str(data),
+        "--results-dir",
+        str(out),
+        "--no-report",
+        "--quiet",
+    ]
     path = out / "hotpotqa_4" / "tiny__memory.jsonl"
     process = subprocess.Popen([sys.executable, "-m", "taskutils.memory_eval.run", *argv], stderr=subprocess.DEVNULL)
     try:
@@ -123,8 +156,18 @@ def test_sigterm_stops_the_harness_server_and_the_run_resumes(tiny_server, tmp_p
     data.mkdir()
     hotpotqa_set(data, 4, items=8, seed=2)
     out = tmp_path / "results"
-    common = ["--tasks", "hotpotqa", "--lengths", "4", "--data-dir", str(data), "--results-dir", str(out),
-              "--no-report", "--quiet"]  # fmt: skip
+    common = [
+        "--tasks",
+        "hotpotqa",
+        "--lengths",
+        "4",
+        "--data-dir",
+        str(data),
+        "--results-dir",
+        str(out),
+        "--no-report",
+        "--quiet",
+    ]
     path = out / "hotpotqa_4" / "tiny__memory.jsonl"
     log = tmp_path / "harness.log"
     with log.open("w") as stderr:  # the table's own `tiny` entry: the harness starts transformers serve itself
@@ -155,12 +198,33 @@ def test_smollm2_memory_agent_end_to_end(smollm2_dir, tmp_path):
     data.mkdir()
     hotpotqa_set(data, 2, items=1)
     table = tmp_path / "table.yaml"
-    entry = {"name": "smollm2", "checkpoint": smollm2_dir, "serve": "transformers", "concurrency": 1,
-             "memory": {"chunk_size": 512, "max_new": 24, "final_max_new": 24}}  # fmt: skip
+    entry = {
+        "name": "smollm2",
+        "checkpoint": smollm2_dir,
+        "serve": "transformers",
+        "concurrency": 1,
+        "memory": {"chunk_size": 512, "max_new": 24, "final_max_new": 24},
+    }
     table.write_text(yaml.safe_dump({"models": [entry]}))
     out = tmp_path / "results"
-    argv = ["--table", str(table), "--models", "smollm2", "--method", "memory-boxed", "--tasks", "hotpotqa",
-            "--lengths", "2", "--data-dir", str(data), "--results-dir", str(out), "--trace", "--quiet"]  # fmt: skip
+    argv = [
+        "--table",
+        str(table),
+        "--models",
+        "smollm2",
+        "--method",
+        "memory-boxed",
+        "--tasks",
+        "hotpotqa",
+        "--lengths",
+        "2",
+        "--data-dir",
+        str(data),
+        "--results-dir",
+        str(out),
+        "--trace",
+        "--quiet",
+    ]
     assert run_main(argv) == 0
     (line,) = read_lines(out / "hotpotqa_2" / "smollm2__memory-boxed.jsonl")
     assert line["error"] is None and line["num_chunks"] == 1 and len(line["memories"]) == 1

@@ -92,8 +92,24 @@ def test_a_server_that_dies_mid_run_stops_the_run(tmp_path):
     hotpotqa_set(data, 4, items=8, seed=3)
     out = tmp_path / "results"
     # A backoff of 10 minutes: were the dead server not noticed, the run would sit in its retries, not exit.
-    argv = ["--models", "tiny", "--tasks", "hotpotqa", "--lengths", "4", "--concurrency", "1", "--data-dir",
-            str(data), "--results-dir", str(out), "--no-report", "--quiet", "--backoff", "600"]  # fmt: skip
+    argv = [
+        "--models",
+        "tiny",
+        "--tasks",
+        "hotpotqa",
+        "--lengths",
+        "4",
+        "--concurrency",
+        "1",
+        "--data-dir",
+        str(data),
+        "--results-dir",
+        str(out),
+        "--no-report",
+        "--quiet",
+        "--backoff",
+        "600",
+    ]
     harness = subprocess.Popen(
         [sys.executable, "-u", "-m", "taskutils.memory_eval.run", *argv],
         stderr=subprocess.PIPE,
@@ -122,8 +138,22 @@ def test_a_server_that_dies_mid_run_stops_the_run(tmp_path):
 def test_a_second_run_into_one_results_folder_is_refused(tmp_path, capsys):
     hotpotqa_set(tmp_path, 2, items=1)
     out = tmp_path / "results"
-    argv = ["--models", "tiny", "--url", f"http://127.0.0.1:{free_port()}/v1", "--tasks", "hotpotqa", "--lengths",
-            "2", "--data-dir", str(tmp_path), "--results-dir", str(out), "--quiet", "--no-report"]  # fmt: skip
+    argv = [
+        "--models",
+        "tiny",
+        "--url",
+        f"http://127.0.0.1:{free_port()}/v1",
+        "--tasks",
+        "hotpotqa",
+        "--lengths",
+        "2",
+        "--data-dir",
+        str(tmp_path),
+        "--results-dir",
+        str(out),
+        "--quiet",
+        "--no-report",
+    ]
     with results.locked(out):  # the first run, still going
         assert run_main(argv) == 2
     err = capsys.readouterr().err
@@ -150,7 +180,7 @@ def test_quickstart_stops_its_server_on_sigterm(tmp_path):
             str(document),
             "--server-log",
             str(log),
-        ],  # fmt: skip
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

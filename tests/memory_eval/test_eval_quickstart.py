@@ -47,16 +47,22 @@ def test_quickstart_with_the_tiny_model(tmp_path):
 
 def test_quickstart_against_a_url_never_prints_the_key(tiny_server):
     run = quickstart(
-        "--model", tiny_server.model, "--chunk", "300", "--max-new", "8",
+        "--model",
+        tiny_server.model,
+        "--chunk",
+        "300",
+        "--max-new",
+        "8",
         env={"URL": tiny_server.base_url, "API_KEY": SECRET},
-    )  # fmt: skip
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert f"endpoint: {tiny_server.base_url}" in run.stdout and "\nAnswer: " in run.stdout
     assert "starting transformers serve" not in run.stdout
     assert SECRET not in run.stdout + run.stderr
     # A dead endpoint: a one-line error after the retries, still without the key.
-    dead = quickstart("--model", "m", "--tokenizer", "tiny", env={"URL": f"http://127.0.0.1:{free_port()}/v1",
-                                                                   "API_KEY": SECRET})  # fmt: skip
+    dead = quickstart(
+        "--model", "m", "--tokenizer", "tiny", env={"URL": f"http://127.0.0.1:{free_port()}/v1", "API_KEY": SECRET}
+    )
     assert dead.returncode == 1 and "error: chat request to" in dead.stderr
     assert SECRET not in dead.stdout + dead.stderr
 

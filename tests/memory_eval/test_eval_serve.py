@@ -26,14 +26,34 @@ from taskutils.memory_eval.serve import (
 
 def test_vllm_command_line():
     cmd = vllm_command(
-        "/m/RL-MemoryAgent-14B", "BytedTsinghua-SIA/RL-MemoryAgent-14B", 8123, tp=2, replicas=4,
-        max_model_len=131072, extra_args=["--hf-overrides", "{}"], vllm_bin="vllm",
-    )  # fmt: skip
+        "/m/RL-MemoryAgent-14B",
+        "BytedTsinghua-SIA/RL-MemoryAgent-14B",
+        8123,
+        tp=2,
+        replicas=4,
+        max_model_len=131072,
+        extra_args=["--hf-overrides", "{}"],
+        vllm_bin="vllm",
+    )
     assert cmd == [
-        "vllm", "serve", "/m/RL-MemoryAgent-14B", "--served-model-name", "BytedTsinghua-SIA/RL-MemoryAgent-14B",
-        "--host", "127.0.0.1", "--port", "8123", "--tensor-parallel-size", "2", "--data-parallel-size", "4",
-        "--max-model-len", "131072", "--hf-overrides", "{}",
-    ]  # fmt: skip
+        "vllm",
+        "serve",
+        "/m/RL-MemoryAgent-14B",
+        "--served-model-name",
+        "BytedTsinghua-SIA/RL-MemoryAgent-14B",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8123",
+        "--tensor-parallel-size",
+        "2",
+        "--data-parallel-size",
+        "4",
+        "--max-model-len",
+        "131072",
+        "--hf-overrides",
+        "{}",
+    ]
     single = vllm_command("m", "m", 1, vllm_bin="vllm")
     assert "--data-parallel-size" not in single and "--max-model-len" not in single
     assert replicas_for(tp=2, gpus=8) == 4 and replicas_for(tp=4, gpus=2) == 1 and replicas_for(2, 8, 3) == 3

@@ -141,9 +141,20 @@ def test_items_stream_with_limit_and_ids(tmp_path):
 
 
 def _line(i, error=None, sub_em=1, pred="a"):
-    return {"id": i, "model": "m", "method": "memory", "sub_em": sub_em, "strict": 0.0, "em": sub_em, "f1": sub_em,
-            "error": error, "prompt_tokens": 10, "completion_tokens": 2, "seconds": 1.0,
-            "pred": None if error else pred}  # fmt: skip
+    return {
+        "id": i,
+        "model": "m",
+        "method": "memory",
+        "sub_em": sub_em,
+        "strict": 0.0,
+        "em": sub_em,
+        "f1": sub_em,
+        "error": error,
+        "prompt_tokens": 10,
+        "completion_tokens": 2,
+        "seconds": 1.0,
+        "pred": None if error else pred,
+    }
 
 
 def test_resume_cuts_a_half_written_line_and_skips_finished_ids(tmp_path):
@@ -228,8 +239,21 @@ def test_a_model_that_cannot_be_served_is_skipped_and_reported(tmp_path, caplog,
     hotpotqa_set(tmp_path, 2, items=1)
     table = tmp_path / "table.yaml"
     table.write_text("models:\n  - {name: missing, checkpoint: no-such-org/no-such-model}\n")
-    argv = ["--table", str(table), "--models", "missing", "--tasks", "hotpotqa", "--lengths", "2",
-            "--data-dir", str(tmp_path), "--results-dir", str(tmp_path / "out"), "--quiet"]  # fmt: skip
+    argv = [
+        "--table",
+        str(table),
+        "--models",
+        "missing",
+        "--tasks",
+        "hotpotqa",
+        "--lengths",
+        "2",
+        "--data-dir",
+        str(tmp_path),
+        "--results-dir",
+        str(tmp_path / "out"),
+        "--quiet",
+    ]
     assert run_main(argv) == 1
     assert "missing: skipped" in caplog.text
     err = capsys.readouterr().err

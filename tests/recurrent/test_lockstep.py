@@ -76,15 +76,25 @@ async def test_rounds_are_turn_major_with_all_answers_last():
     assert run.errors == [None] * 4 and run.num_failed == 0
     # Every call, in order, with the turn's own budget: memory turns 6 tokens, answers 4.
     assert model.calls == [
-        (0, 0, 6), (1, 0, 6), (2, 0, 6), (3, 0, 6),
-        (0, 1, 6), (2, 1, 6),
+        (0, 0, 6),
+        (1, 0, 6),
+        (2, 0, 6),
+        (3, 0, 6),
+        (0, 1, 6),
+        (2, 1, 6),
         (2, 2, 6),
-        (0, 2, 4), (1, 1, 4), (2, 3, 4), (3, 1, 4),
-    ]  # fmt: skip
+        (0, 2, 4),
+        (1, 1, 4),
+        (2, 3, 4),
+        (3, 1, 4),
+    ]
     assert [len(s.history) for s in sessions] == [3, 2, 4, 2]
     assert [[r.turn.final for r in s.history] for s in sessions] == [
-        [False, False, True], [False, True], [False, False, False, True], [False, True]
-    ]  # fmt: skip
+        [False, False, True],
+        [False, True],
+        [False, False, False, True],
+        [False, True],
+    ]
 
 
 async def test_each_reply_goes_to_its_own_session_and_turn():
@@ -111,11 +121,29 @@ async def test_a_round_waits_for_all_its_calls():
 
     await run_lockstep(toy_sessions(), slow_first)
     assert events == [
-        "S0", "S1", "S2", "S3", "E3", "E2", "E1", "E0",  # round 1: nobody starts turn 2 before s0 is back
-        "S0", "S2", "E2", "E0",
-        "S2", "E2",
-        "S0", "S1", "S2", "S3", "E3", "E2", "E1", "E0",  # the answers
-    ]  # fmt: skip
+        "S0",
+        "S1",
+        "S2",
+        "S3",
+        "E3",
+        "E2",
+        "E1",
+        "E0",  # round 1: nobody starts turn 2 before s0 is back
+        "S0",
+        "S2",
+        "E2",
+        "E0",
+        "S2",
+        "E2",
+        "S0",
+        "S1",
+        "S2",
+        "S3",
+        "E3",
+        "E2",
+        "E1",
+        "E0",  # the answers
+    ]
 
 
 async def test_no_sessions_no_rounds():

@@ -18,13 +18,31 @@ INSTRUCTION = (
     "information that helps to answer the problem. Be sure to retain all relevant details from the previous "
     "memory while adding any new, useful information."
 )
-SPEC_MEMORY_LINES = [INSTRUCTION, "", "<problem> ", "{prompt}", "</problem>", "", "<memory>", "{memory}",
-                     "</memory>", "", "<section>", "{chunk}", "</section>", "", "Updated memory:", ""]  # fmt: skip
+SPEC_MEMORY_LINES = [
+    INSTRUCTION,
+    "",
+    "<problem> ",
+    "{prompt}",
+    "</problem>",
+    "",
+    "<memory>",
+    "{memory}",
+    "</memory>",
+    "",
+    "<section>",
+    "{chunk}",
+    "</section>",
+    "",
+    "Updated memory:",
+    "",
+]
+# fmt: off
 SPEC_FINAL_LINES = [
     "You are presented with a problem and a previous memory. Please answer the problem based on the previous "
     "memory and put the answer in \\boxed{}.",
     "", "<problem> ", "{prompt}", "</problem>", "", "<memory>", "{memory}", "</memory>", "", "Your answer:", "",
-]  # fmt: skip
+]
+# fmt: on
 
 
 @pytest.fixture(scope="module")
@@ -65,10 +83,12 @@ def final_prompt_by_hand(tokenizer, instruction: str, question_ids: list[int], m
     memory ids put in between (the fork's token template)."""
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
     return (
-        encode(CHAT_HEAD + instruction + "\n\n<problem> \n") + list(question_ids)
-        + encode("\n</problem>\n\n<memory>\n") + list(memory_ids)
+        encode(CHAT_HEAD + instruction + "\n\n<problem> \n")
+        + list(question_ids)
+        + encode("\n</problem>\n\n<memory>\n")
+        + list(memory_ids)
         + encode("\n</memory>\n\nYour answer:\n" + CHAT_TAIL)
-    )  # fmt: skip
+    )
 
 
 def test_training_final_prompt_is_what_the_released_checkpoints_saw(tokenizer):
@@ -83,8 +103,11 @@ def test_training_final_prompt_is_what_the_released_checkpoints_saw(tokenizer):
         [{"role": "user", "content": "SLOT"}], tokenize=False, add_generation_prompt=True
     )
     head, tail = chat.split("SLOT")
-    pieces = [head + RELEASED_FINAL_INSTRUCTION + "\n\n<problem> \n", "\n</problem>\n\n<memory>\n",
-              "\n</memory>\n\nYour answer:\n" + tail]  # fmt: skip
+    pieces = [
+        head + RELEASED_FINAL_INSTRUCTION + "\n\n<problem> \n",
+        "\n</problem>\n\n<memory>\n",
+        "\n</memory>\n\nYour answer:\n" + tail,
+    ]
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
     expected = encode(pieces[0]) + encode("Who won?") + encode(pieces[1]) + encode("No previous memory")
     expected += encode(pieces[2])
@@ -106,8 +129,9 @@ def test_paper_budgets_are_the_defaults():
 def test_rendered_turns_fill_the_spec_prompt(tokenizer):
     workflow = MemoryWorkflow(MemoryConfig(chunk_size=50), tokenizer)
     context = "The magic number is 42. " * 20
-    session = workflow.session({"prompt": [{"role": "user", "content": "What is {the} magic number?"}],
-                                "context": context})  # fmt: skip
+    session = workflow.session(
+        {"prompt": [{"role": "user", "content": "What is {the} magic number?"}], "context": context}
+    )
     turn = session.next_turn()
     chunk_text = tokenizer.decode(tokenizer.encode(context, add_special_tokens=False)[:50])
     expected = "\n".join(SPEC_MEMORY_LINES)

@@ -63,9 +63,13 @@ def batch():
 def greedy_ids(model, tokenizer, prompt_ids: list[int], max_tokens: int) -> list[int]:
     """One unpadded greedy generate: the new ids, up to and including the first eos."""
     config = GenerationConfig(
-        max_new_tokens=max_tokens, do_sample=False, num_beams=1, repetition_penalty=1.0,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
+        max_new_tokens=max_tokens,
+        do_sample=False,
+        num_beams=1,
+        repetition_penalty=1.0,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     ids = torch.tensor([prompt_ids])
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)

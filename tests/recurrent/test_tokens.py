@@ -11,8 +11,19 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from recurrent.tokens import centre_truncate, encode_long, end_token_ids, iter_chunks, num_chunks
 
-PIECES = ["Document 12:\n", "the magic number is 40213. ", "  spaced   out\n\n", "Brountalian ", "naïve café — 東京 ",
-          "\t", "x" * 30, "1234567 ", "\n", "don't ", "“quoted” "]  # fmt: skip
+PIECES = [
+    "Document 12:\n",
+    "the magic number is 40213. ",
+    "  spaced   out\n\n",
+    "Brountalian ",
+    "naïve café — 東京 ",
+    "\t",
+    "x" * 30,
+    "1234567 ",
+    "\n",
+    "don't ",
+    "“quoted” ",
+]
 
 
 def messy_text(seed: int, pieces: int) -> str:
@@ -35,8 +46,10 @@ def test_disagreeing_seams_fall_back_to_one_encode(caplog):
     raw = Tokenizer(models.BPE(unk_token="[UNK]"))
     raw.normalizer = normalizers.Prepend("#")
     raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    raw.train_from_iterator([messy_text(s, 50) for s in range(50)], trainers.BpeTrainer(vocab_size=300,
-                            special_tokens=["[UNK]"], show_progress=False))  # fmt: skip
+    raw.train_from_iterator(
+        [messy_text(s, 50) for s in range(50)],
+        trainers.BpeTrainer(vocab_size=300, special_tokens=["[UNK]"], show_progress=False),
+    )
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]")
     text = messy_text(seed=4, pieces=800)
     with caplog.at_level(logging.WARNING, logger="recurrent.tokens"):

@@ -54,16 +54,30 @@ def test_sample_record_holds_turns_error_seconds_and_token_totals():
     assert record == {
         "id": "q-7",
         "turns": [
-            {"step": 0, "final": False, "response": "memory: Paris", "finish_reason": "length", "prompt_tokens": 100,
-             "completion_tokens": 8, "seconds": 0.25},
-            {"step": 1, "final": True, "response": "\\boxed{Paris}", "finish_reason": "stop", "prompt_tokens": 40,
-             "completion_tokens": 5, "seconds": 0.125},
+            {
+                "step": 0,
+                "final": False,
+                "response": "memory: Paris",
+                "finish_reason": "length",
+                "prompt_tokens": 100,
+                "completion_tokens": 8,
+                "seconds": 0.25,
+            },
+            {
+                "step": 1,
+                "final": True,
+                "response": "\\boxed{Paris}",
+                "finish_reason": "stop",
+                "prompt_tokens": 40,
+                "completion_tokens": 5,
+                "seconds": 0.125,
+            },
         ],
         "error": None,
         "seconds": 1.5,
         "prompt_tokens": 140,
         "completion_tokens": 13,
-    }  # fmt: skip
+    }
     failed = sample_record(3, finished(MEMO), error=TimeoutError("no answer"))
     assert failed["error"] == "TimeoutError: no answer"
 

@@ -35,12 +35,22 @@ PADDING = [(PAD_UID, 0, 0.0, [1]), (PAD_UID, 1, 0.0, [1])]  # verl's upsampling 
 # (as in the fork: its advantage is the raw reward).
 # Unbiased stds: A sqrt(((1/3)^2 + (2/3)^2 + (1/3)^2) / 2) = sqrt(1/3); B sqrt((1/2)^2 * 2 / 1) = sqrt(1/2).
 EPS = 1e-6
-NO_STD = {("uidA", 0): 1 / 3, ("uidA", 1): -2 / 3, ("uidA", 2): 1 / 3, ("uidB", 0): 0.5, ("uidB", 1): -0.5,
-          ("uidC", 0): 1.0, (PAD_UID, 0): 0.0, (PAD_UID, 1): 0.0}  # fmt: skip
+NO_STD = {
+    ("uidA", 0): 1 / 3,
+    ("uidA", 1): -2 / 3,
+    ("uidA", 2): 1 / 3,
+    ("uidB", 0): 0.5,
+    ("uidB", 1): -0.5,
+    ("uidC", 0): 1.0,
+    (PAD_UID, 0): 0.0,
+    (PAD_UID, 1): 0.0,
+}
+# fmt: off
 WITH_STD = {("uidA", 0): (1 / 3) / (math.sqrt(1 / 3) + EPS), ("uidA", 1): (-2 / 3) / (math.sqrt(1 / 3) + EPS),
             ("uidA", 2): (1 / 3) / (math.sqrt(1 / 3) + EPS), ("uidB", 0): 0.5 / (math.sqrt(0.5) + EPS),
             ("uidB", 1): -0.5 / (math.sqrt(0.5) + EPS), ("uidC", 0): 1.0 / (1.0 + EPS),
-            (PAD_UID, 0): 0.0, (PAD_UID, 1): 0.0}  # fmt: skip
+            (PAD_UID, 0): 0.0, (PAD_UID, 1): 0.0}
+# fmt: on
 
 
 def build_rows(seed: int = 0) -> tuple[DataProto, list[str], list[tuple[str, int]]]:

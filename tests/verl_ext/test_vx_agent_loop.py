@@ -39,9 +39,17 @@ def sample(uid: str, context: str) -> dict:
     """A dataset row as verl's worker hands it to an agent loop (every column, plus uid and session id)."""
     chat = [{"role": "user", "content": QUESTION}]
     return {
-        "uid": uid, "session_id": 0, "global_steps": 1, "index": 0, "prompt": chat, "raw_prompt": chat,
-        "context": context, "data_source": "hotpotqa", "reward_model": {"ground_truth": "42"}, "extra_info": {},
-    }  # fmt: skip
+        "uid": uid,
+        "session_id": 0,
+        "global_steps": 1,
+        "index": 0,
+        "prompt": chat,
+        "raw_prompt": chat,
+        "context": context,
+        "data_source": "hotpotqa",
+        "reward_model": {"ground_truth": "42"},
+        "extra_info": {},
+    }
 
 
 def expected_prompt_ids(rollout: MemoryRollout, tokenizer, context: str, responses: list[list[int]]) -> list[list[int]]:
@@ -79,8 +87,9 @@ def check_rows(outputs, rollout: MemoryRollout, tokenizer, context: str) -> None
         assert output.response_mask == [1] * len(output.response_ids)  # every generated token is trained on
         assert len(output.response_logprobs) == len(output.response_ids)
         stopped = output.response_ids[-1] in (tokenizer.eos_token_id, tokenizer.pad_token_id)
-        assert output.extra_fields["finish_reason"] == ("length" if len(output.response_ids) == cap and not stopped
-                                                        else "stop")  # fmt: skip
+        assert output.extra_fields["finish_reason"] == (
+            "length" if len(output.response_ids) == cap and not stopped else "stop"
+        )
         assert output.num_turns == chunks + 1
         assert output.extra_fields["global_steps"] == 0 == output.extra_fields["min_global_steps"]
 

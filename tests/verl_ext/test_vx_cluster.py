@@ -86,14 +86,21 @@ def make_run_files(tmp_path):
 
 def test_paths_seen_from_this_node(tmp_path):
     data, model = make_run_files(tmp_path)
-    config = paper_7b(f"data.train_files={data}", f"data.val_files={data}", f"actor_rollout_ref.model.path={model}",
-                      f"trainer.default_local_dir={tmp_path}/runs/7B")  # fmt: skip
+    config = paper_7b(
+        f"data.train_files={data}",
+        f"data.val_files={data}",
+        f"actor_rollout_ref.model.path={model}",
+        f"trainer.default_local_dir={tmp_path}/runs/7B",
+    )
     assert path_problems(config) == []  # runs/7B does not exist yet, but tmp_path is writable
 
     missing = tmp_path / "elsewhere" / "dev.parquet"
-    config = paper_7b(f"data.train_files={data}", f"data.val_files=[{missing},hdfs://cluster/dev.parquet]",
-                      f"actor_rollout_ref.model.path={tmp_path / 'not-here'}",
-                      f"trainer.default_local_dir={data}/checkpoints")  # fmt: skip
+    config = paper_7b(
+        f"data.train_files={data}",
+        f"data.val_files=[{missing},hdfs://cluster/dev.parquet]",
+        f"actor_rollout_ref.model.path={tmp_path / 'not-here'}",
+        f"trainer.default_local_dir={data}/checkpoints",
+    )
     assert path_problems(config) == [
         f"data.val_files: {missing} is not a readable file here",
         f"actor_rollout_ref.model.path: {tmp_path / 'not-here'} is not a model folder here (no config.json); the "
@@ -104,9 +111,12 @@ def test_paths_seen_from_this_node(tmp_path):
 
 def test_the_error_names_the_node_and_lists_everything(tmp_path):
     data, _ = make_run_files(tmp_path)
-    config = paper_7b(f"data.train_files={data}", f"data.val_files={data}",
-                      f"actor_rollout_ref.model.path={tmp_path / 'missing-model'}",
-                      f"trainer.default_local_dir={tmp_path}/runs")  # fmt: skip
+    config = paper_7b(
+        f"data.train_files={data}",
+        f"data.val_files={data}",
+        f"actor_rollout_ref.model.path={tmp_path / 'missing-model'}",
+        f"trainer.default_local_dir={tmp_path}/runs",
+    )
     with pytest.raises(PreflightError) as err:
         check_task_runner_node(config, resources={"CPU": 2.0})
     message = str(err.value)
@@ -159,9 +169,12 @@ def test_the_other_nodes_are_asked_by_a_task_pinned_to_each(tmp_path):
     import ray
 
     data, _ = make_run_files(tmp_path)
-    config = paper_7b(f"data.train_files={data}", f"data.val_files={data}",
-                      f"actor_rollout_ref.model.path={tmp_path / 'on-the-head-node-only'}",
-                      f"trainer.default_local_dir={tmp_path}/runs")  # fmt: skip
+    config = paper_7b(
+        f"data.train_files={data}",
+        f"data.val_files={data}",
+        f"actor_rollout_ref.model.path={tmp_path / 'on-the-head-node-only'}",
+        f"trainer.default_local_dir={tmp_path}/runs",
+    )
     ray_tmp = tempfile.mkdtemp(prefix="rc")  # Ray's Unix sockets need a short path
     ray.init(num_cpus=1, include_dashboard=False, _temp_dir=ray_tmp, log_to_driver=False)
     try:

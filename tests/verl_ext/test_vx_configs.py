@@ -21,6 +21,7 @@ from verl_ext.rollout import Budgets, build_workflow, check_budgets, recurrent_s
 
 AR = "actor_rollout_ref"
 # (verl 0.9.1 key, 7B, 14B, source / note)
+# fmt: off
 PAPER = [
     (f"{AR}.model.path", "Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-14B-Instruct", "script: model"),
     ("trainer.nnodes", 4, 16, "script: nodes x GPUs"),
@@ -111,7 +112,8 @@ PAPER = [
     (f"{AR}.rollout.agent.default_agent_loop", "memory_agent", "memory_agent", "our agent loop"),
     (f"{AR}.rollout.agent.agent_loop_manager_class", "verl_ext.agent_loop_manager.MemoryAgentLoopManager",
      "verl_ext.agent_loop_manager.MemoryAgentLoopManager", "sync/async switch, memory statistics"),
-]  # fmt: skip
+]
+# fmt: on
 
 
 @pytest.fixture(scope="module")
@@ -166,8 +168,10 @@ def test_tiny_cpu_config_composes_and_fits(tiny_model_dir, tiny_tokenizer):
     config = compose_config("tiny_cpu", [f"actor_rollout_ref.model.path={tiny_model_dir}"])
     OmegaConf.resolve(config)
     rollout = config.actor_rollout_ref.rollout
-    check_budgets(build_workflow(recurrent_section(config), tiny_tokenizer),
-                  Budgets(rollout.prompt_length, rollout.response_length))  # fmt: skip
+    check_budgets(
+        build_workflow(recurrent_section(config), tiny_tokenizer),
+        Budgets(rollout.prompt_length, rollout.response_length),
+    )
     assert rollout.max_model_len == rollout.prompt_length + rollout.response_length
     assert (config.trainer.device, rollout.name, config.trainer.v1.trainer_mode) == ("cpu", "hf_cpu", "sync")
     validate_config(config, use_reference_policy=True, use_critic=False)

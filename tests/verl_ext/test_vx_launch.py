@@ -18,8 +18,9 @@ from process_helpers import session_members
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize(("script", "size", "batch", "tp"), [("run_memory_7B.sh", "7B", 128, 1),
-                                                             ("run_memory_14B.sh", "14B", 256, 2)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("script", "size", "batch", "tp"), [("run_memory_7B.sh", "7B", 128, 1), ("run_memory_14B.sh", "14B", 256, 2)]
+)
 def test_dry_run_prints_command_and_config(tmp_path, script, size, batch, tp):
     env = {
         **os.environ,
@@ -31,16 +32,29 @@ def test_dry_run_prints_command_and_config(tmp_path, script, size, batch, tp):
         "DUMP_ROLLOUTS": "1",
         "WANDB_OFFLINE": "1",
     }
-    result = subprocess.run(["bash", str(REPO / script), "trainer.total_epochs=1"], capture_output=True, text=True,
-                            env=env, cwd=tmp_path, timeout=300)  # fmt: skip
+    result = subprocess.run(
+        ["bash", str(REPO / script), "trainer.total_epochs=1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
     command = next(line for line in out.splitlines() if line.startswith("[memagent] command:"))
     run_dir = tmp_path / "runs" / "memory_agent" / size
-    for part in ("-m verl_ext.main", f"--config-name memagent_{size.lower()}", "recurrent.mode=sync",
-                 f"data.train_files={tmp_path}/data/hotpotqa/hotpotqa_train_32k.parquet",
-                 f"trainer.default_local_dir={run_dir}", f"trainer.rollout_data_dir={run_dir}/rollouts",
-                 "trainer.resume_mode=auto", "trainer.total_epochs=1", "WANDB_MODE=offline"):  # fmt: skip
+    for part in (
+        "-m verl_ext.main",
+        f"--config-name memagent_{size.lower()}",
+        "recurrent.mode=sync",
+        f"data.train_files={tmp_path}/data/hotpotqa/hotpotqa_train_32k.parquet",
+        f"trainer.default_local_dir={run_dir}",
+        f"trainer.rollout_data_dir={run_dir}/rollouts",
+        "trainer.resume_mode=auto",
+        "trainer.total_epochs=1",
+        "WANDB_MODE=offline",
+    ):
         assert part in command, part
     for line in (
         f"train_batch_size: {batch}",
@@ -59,13 +73,19 @@ def test_dry_run_prints_command_and_config(tmp_path, script, size, batch, tp):
 @pytest.mark.parametrize("proj_root", [None, "shared"])
 def test_on_a_cluster_an_unset_proj_root_is_pointed_out(tmp_path, proj_root):
     """With RAY_ADDRESS, checkpoints under the repository mean the repository must be on shared storage: said."""
-    env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "RAY_ADDRESS": "auto",
-           "DATASET_ROOT": str(tmp_path / "data")}  # fmt: skip
+    env = {
+        **os.environ,
+        "DRY_RUN": "1",
+        "PYTHON": sys.executable,
+        "RAY_ADDRESS": "auto",
+        "DATASET_ROOT": str(tmp_path / "data"),
+    }
     env.pop("PROJ_ROOT", None)
     if proj_root:
         env["PROJ_ROOT"] = str(tmp_path / proj_root)
-    result = subprocess.run(["bash", str(REPO / "run_memory_7B.sh")], capture_output=True, text=True, env=env,
-                            cwd=tmp_path, timeout=300)  # fmt: skip
+    result = subprocess.run(
+        ["bash", str(REPO / "run_memory_7B.sh")], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     note = f"[memagent] note: PROJ_ROOT is not set; checkpoints go under the repository ({REPO}/checkpoints/"
     assert (note in result.stdout) == (proj_root is None)
@@ -83,14 +103,24 @@ def test_a_real_launch_without_gpus_stops_with_what_is_missing(tmp_path, tiny_mo
     shutil.copy(files["train"], data / "hotpotqa_train_32k.parquet")
     shutil.copy(files["dev"], data / "hotpotqa_dev.parquet")
     ray_tmp = tempfile.mkdtemp(prefix="rc")  # Ray's Unix sockets need a short path
-    env = {**os.environ, "PYTHON": sys.executable, "PROJ_ROOT": str(tmp_path / "runs"),
-           "DATASET_ROOT": str(tmp_path / "data"), "MODEL_PATH": tiny_model_dir, "LOGGER": "console"}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "PROJ_ROOT": str(tmp_path / "runs"),
+        "DATASET_ROOT": str(tmp_path / "data"),
+        "MODEL_PATH": tiny_model_dir,
+        "LOGGER": "console",
+    }
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen(
         ["bash", str(REPO / "run_memory_7B.sh"), f"++ray_kwargs.ray_init._temp_dir={ray_tmp}"],
-        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         start_new_session=True,
-    )  # fmt: skip
+    )
     try:
         output, _ = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:

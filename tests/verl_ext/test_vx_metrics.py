@@ -32,11 +32,17 @@ def stored_rows(trajectories, shaping: float = 0.0) -> tuple[list[str], list[dic
             rm = torch.zeros(length)
             rm[-1] = reward
             keys.append(f"{uid}_{session}_{index}")
-            rows.append({
-                "responses": torch.arange(length), "rm_scores": rm,
-                "extra_fields": {"turn_kind": kind, "finish_reason": finish,
-                                 "reward_extra_info": {"acc": acc, "memory_turns": len(turns) - 1}},
-            })  # fmt: skip
+            rows.append(
+                {
+                    "responses": torch.arange(length),
+                    "rm_scores": rm,
+                    "extra_fields": {
+                        "turn_kind": kind,
+                        "finish_reason": finish,
+                        "reward_extra_info": {"acc": acc, "memory_turns": len(turns) - 1},
+                    },
+                }
+            )
     return keys, rows
 
 
@@ -56,9 +62,12 @@ def test_metrics_by_hand():
     assert metrics["memagent/num_trajectories"] == 4
     # Row order does not matter (rows are balanced across ranks, never in session order).
     order = [5, 0, 9, 2, 7, 1, 4, 8, 3, 6]
-    shuffled = memagent_metrics([keys[i] for i in order], [len(rows[i]["responses"]) for i in order],
-                                [float(rows[i]["rm_scores"].sum()) for i in order],
-                                [rows[i]["extra_fields"] for i in order])  # fmt: skip
+    shuffled = memagent_metrics(
+        [keys[i] for i in order],
+        [len(rows[i]["responses"]) for i in order],
+        [float(rows[i]["rm_scores"].sum()) for i in order],
+        [rows[i]["extra_fields"] for i in order],
+    )
     assert shuffled == pytest.approx(metrics)
 
 
@@ -88,25 +97,35 @@ def test_trainer_adds_them_without_the_padding_rows(monkeypatch):
     # By hand, from TRAJECTORIES (no shaping; the padding row would add a fifth trajectory of reward 0):
     # finals uidA_0 1.0 (3 tokens, stop), uidA_1 0.0 (6, length), uidB_0 0.0 (4, stop), uidB_1 1.0 (2, stop);
     # turns 3, 1, 4, 2; memory turns 8 L, 5, 8 L, 8 L, 2, 7 (L: cut at the cap).
-    assert metrics == pytest.approx({
-        "memagent/final/reward/mean": 0.5, "memagent/final/acc/mean": 0.5,
-        "memagent/final/response_length/mean": (3 + 6 + 4 + 2) / 4, "memagent/final/truncated_ratio": 1 / 4,
-        "memagent/turns_per_sample/mean": (3 + 1 + 4 + 2) / 4, "memagent/turns_per_sample/max": 4,
-        "memagent/turns_per_sample/min": 1, "memagent/num_trajectories": 4,
-        "memagent/memory_length/mean": (8 + 5 + 8 + 8 + 2 + 7) / 6, "memagent/memory_length/max": 8,
-        "memagent/memory_truncated_ratio": 3 / 6,
-        "memagent/rollout/failed_groups": 0, "memagent/rollout/failed_trajectories": 0,
-    })  # fmt: skip
+    assert metrics == pytest.approx(
+        {
+            "memagent/final/reward/mean": 0.5,
+            "memagent/final/acc/mean": 0.5,
+            "memagent/final/response_length/mean": (3 + 6 + 4 + 2) / 4,
+            "memagent/final/truncated_ratio": 1 / 4,
+            "memagent/turns_per_sample/mean": (3 + 1 + 4 + 2) / 4,
+            "memagent/turns_per_sample/max": 4,
+            "memagent/turns_per_sample/min": 1,
+            "memagent/num_trajectories": 4,
+            "memagent/memory_length/mean": (8 + 5 + 8 + 8 + 2 + 7) / 6,
+            "memagent/memory_length/max": 8,
+            "memagent/memory_truncated_ratio": 3 / 6,
+            "memagent/rollout/failed_groups": 0,
+            "memagent/rollout/failed_trajectories": 0,
+        }
+    )
 
 
 @pytest.mark.parametrize("metric", ["acc", "reward"])
 def test_dapo_filters_whole_trajectory_groups(monkeypatch, metric):
     # uidA: rewards 1, 0 (signal: kept); uidS: all solved; uidN: none solved (no signal: evicted and refilled).
+    # fmt: off
     trajectories = [*TRAJECTORIES[:2],
                     ("uidS", 0, 1.0, [("memory", 3, "stop"), ("final", 2, "stop")]),
                     ("uidS", 1, 1.0, [("memory", 3, "stop"), ("memory", 3, "stop"), ("final", 2, "stop")]),
                     ("uidN", 0, 0.0, [("final", 2, "stop")]),
-                    ("uidN", 1, 0.0, [("memory", 4, "stop"), ("final", 2, "stop")])]  # fmt: skip
+                    ("uidN", 1, 0.0, [("memory", 4, "stop"), ("final", 2, "stop")])]
+    # fmt: on
     keys, rows = stored_rows(trajectories)
     store = dict(zip(keys, rows, strict=True))
 
@@ -115,9 +134,16 @@ def test_dapo_filters_whole_trajectory_groups(monkeypatch, metric):
 
     monkeypatch.setattr(rb_module.tq, "kv_batch_get", kv_batch_get)
     buffer = rb_module.ReplayBuffer(
-        trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop",
-        sampler_kwargs={}, refill_fn=lambda n: None, filter_groups_metric=metric, train_batch_size=3, gen_batch_size=1,
-    )  # fmt: skip
+        trainer_mode="sync",
+        trainer_config={},
+        max_off_policy_threshold=None,
+        max_off_policy_strategy="drop",
+        sampler_kwargs={},
+        refill_fn=lambda n: None,
+        filter_groups_metric=metric,
+        train_batch_size=3,
+        gen_batch_size=1,
+    )
     buffer.partitions["train"] = {key: {"status": "success"} for key in keys}
     buffer.finished_keys["train"] = {"uidA", "uidS", "uidN"}
     evicted, counts = buffer._dapo_filtered_keys("train")

@@ -12,12 +12,14 @@ from omegaconf import OmegaConf
 
 from verl_ext.minibatch import Row, minibatch_mode, plan_minibatches, spread_over_ranks, updates_per_step
 
+# fmt: off
 LENGTHS = {
     "a_0_0": 10, "a_0_1": 20, "a_0_2": 5,
     "a_1_0": 30, "a_1_1": 8,
     "b_0_0": 7, "b_0_1": 9,
     "b_1_0": 40, "b_1_1": 11, "b_1_2": 12, "b_1_3": 6,
-}  # fmt: skip
+}
+# fmt: on
 ARRIVAL = ["b_1_2", "a_0_0", "a_1_1", "b_0_0", "a_0_2", "b_1_0", "a_1_0", "b_0_1", "a_0_1", "b_1_3", "b_1_1"]
 ROWS = [Row(key, LENGTHS[key]) for key in ARRIVAL]
 
@@ -44,11 +46,19 @@ def test_trajectory_mode_by_hand():
     # Slots of 3 rows; shares keep arrival order; rank 0's update-1 share gets one padding row.
     assert plan.num_minibatches == 2 and plan.slot_rows == 3 and plan.minibatch_rows == 6
     assert keys(plan.order) == [
-        "b_1_0", "b_0_1", "b_1_3",  # rank 0, update 0
-        "a_1_1", "a_1_0", None,  # rank 0, update 1
-        "b_1_2", "b_0_0", "b_1_1",  # rank 1, update 0
-        "a_0_0", "a_0_2", "a_0_1",  # rank 1, update 1
-    ]  # fmt: skip
+        "b_1_0",
+        "b_0_1",
+        "b_1_3",  # rank 0, update 0
+        "a_1_1",
+        "a_1_0",
+        None,  # rank 0, update 1
+        "b_1_2",
+        "b_0_0",
+        "b_1_1",  # rank 1, update 0
+        "a_0_0",
+        "a_0_2",
+        "a_0_1",  # rank 1, update 1
+    ]
     assert plan.num_padding == 1
     by_key = {ARRIVAL[p]: g for p, g in plan.minibatch_of.items()}
     assert {k for k, g in by_key.items() if g == 0} == {"b_0_0", "b_0_1", "b_1_0", "b_1_1", "b_1_2", "b_1_3"}
@@ -61,11 +71,19 @@ def test_turn_major_mode_is_the_forks_cut():
     # a_0_1), turn 2 (b_1_2), then the answers (b_0_1, b_1_3, a_0_2, a_1_1). 11 rows over 2 ranks: 6 + 5;
     # rank 0's 6 in two updates of 3, rank 1's 5 in 3 + 2 (+1 padding row).
     assert keys(plan.order) == [
-        "b_0_0", "b_1_0", "a_0_0",  # rank 0, update 0
-        "a_1_0", "b_1_1", "a_0_1",  # rank 0, update 1
-        "b_1_2", "b_0_1", "b_1_3",  # rank 1, update 0
-        "a_0_2", "a_1_1", None,  # rank 1, update 1
-    ]  # fmt: skip
+        "b_0_0",
+        "b_1_0",
+        "a_0_0",  # rank 0, update 0
+        "a_1_0",
+        "b_1_1",
+        "a_0_1",  # rank 0, update 1
+        "b_1_2",
+        "b_0_1",
+        "b_1_3",  # rank 1, update 0
+        "a_0_2",
+        "a_1_1",
+        None,  # rank 1, update 1
+    ]
     assert plan.slot_rows == 3 and plan.num_padding == 1
 
 
@@ -127,8 +145,13 @@ def test_plan_of_the_paper_runs(name, prompts, mini):
     assert (plan.minibatch, plan.updates, plan.rows_per_update) == ("trajectory", 16, mini * 16 * 7)
     assert plan.verl_row_updates == 112  # verl's count: rows / (mini x 16) = 7 x 16
     # vLLM takes 0.6 x 80 GiB while generating and for the weight sync, nothing while the actor trains.
-    assert plan.rollout_gib_by_phase == {"generation": 48.0, "old_log_prob": 0.0, "ref": 0.0,
-                                         "update_actor": 0.0, "update_weights": 48.0}  # fmt: skip
+    assert plan.rollout_gib_by_phase == {
+        "generation": 48.0,
+        "old_log_prob": 0.0,
+        "ref": 0.0,
+        "update_actor": 0.0,
+        "update_weights": 48.0,
+    }
     kept = plan_step(compose(name, ["actor_rollout_ref.rollout.free_cache_engine=false"]), 28_000, 80)
     assert set(kept.rollout_gib_by_phase.values()) == {48.0}
 

@@ -9,8 +9,13 @@ from vx_helpers import load_example
 def test_one_step_walkthrough(capsys):
     result = load_example("one_step").main(["--n", "4", "--seed", "0"])
     printed = capsys.readouterr().out
-    for stage in ("[1] config tiny_cpu", "[2] trajectory 3:", "[3] prompt0_3: reward", "[4] row prompt0_0_0:",
-                  "[5] loss"):  # fmt: skip
+    for stage in (
+        "[1] config tiny_cpu",
+        "[2] trajectory 3:",
+        "[3] prompt0_3: reward",
+        "[4] row prompt0_0_0:",
+        "[5] loss",
+    ):
         assert stage in printed, stage
     rewards = result["rewards"]
     assert len(rewards) == 4 and len(set(rewards.values())) > 1  # the dense reward differs within the group

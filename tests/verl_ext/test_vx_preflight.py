@@ -23,9 +23,15 @@ def write(path, rows) -> str:
 
 def config_for(train: str, val: str, model: str, *extra: str):
     return compose_config(
-        "tiny_cpu", [*TINY_BUDGETS, f"data.train_files={train}", f"data.val_files={val}",
-                     f"actor_rollout_ref.model.path={model}", *extra],
-    )  # fmt: skip
+        "tiny_cpu",
+        [
+            *TINY_BUDGETS,
+            f"data.train_files={train}",
+            f"data.val_files={val}",
+            f"actor_rollout_ref.model.path={model}",
+            *extra,
+        ],
+    )
 
 
 def test_a_good_run_passes_and_gets_the_local_model_folder(tmp_path, tiny_model_dir):
@@ -38,8 +44,13 @@ def test_a_good_run_passes_and_gets_the_local_model_folder(tmp_path, tiny_model_
 def test_every_problem_is_listed_at_once(tmp_path):
     no_context = write(tmp_path / "no_context.parquet", [{k: v for k, v in ROW.items() if k != "context"}])
     no_answer = write(tmp_path / "no_answer.parquet", [{**ROW, "reward_model": {"style": "rule"}}])
-    config = config_for(no_context, f"[{no_answer},{tmp_path / 'missing.parquet'}]", "org/not-a-cached-model",
-                        "algorithm.adv_estimator=rloo", "algorithm.use_kl_in_reward=true")  # fmt: skip
+    config = config_for(
+        no_context,
+        f"[{no_answer},{tmp_path / 'missing.parquet'}]",
+        "org/not-a-cached-model",
+        "algorithm.adv_estimator=rloo",
+        "algorithm.use_kl_in_reward=true",
+    )
     with pytest.raises(PreflightError) as err:
         preflight(config)
     message = str(err.value)

@@ -27,9 +27,13 @@ async def test_agent_loop_through_verls_llm_server_client(local_ray, tiny_config
     balancer = ray.remote(GlobalRequestLoadBalancer).options(num_cpus=0).remote(servers={"hf_cpu_server_0": server})
     client = LLMServerClient(tiny_config, load_balancer_handle=balancer)
     loop = MemoryAgentLoop(
-        trainer_config=DictConfigWrap(tiny_config), server_manager=client, tokenizer=tiny_tokenizer,
-        processor=None, dataset_cls=RLHFDataset, data_config=DictConfigWrap(tiny_config.data),
-    )  # fmt: skip
+        trainer_config=DictConfigWrap(tiny_config),
+        server_manager=client,
+        tokenizer=tiny_tokenizer,
+        processor=None,
+        dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(tiny_config.data),
+    )
     chat = [{"role": "user", "content": "What is the magic number?"}]
     context = "The river city was born in the year of the film. " * 3 + "The magic number is 42."
     sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}

@@ -29,8 +29,9 @@ class ScriptedServer:
         cap = sampling_params["max_tokens"]
         text = self.answer if cap == FINAL_CAP else MEMORY_ANSWER
         ids = self.tokenizer.encode(text, add_special_tokens=False)[: cap - 1] + [self.tokenizer.eos_token_id]
-        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason="completed",
-                           extra_fields={"global_steps": 3})  # fmt: skip
+        return TokenOutput(
+            token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason="completed", extra_fields={"global_steps": 3}
+        )
 
 
 # tiny_cpu trains with a dense test reward (verl_ext.cpu.toy_reward) and answers of 8 tokens; these tests are
@@ -46,9 +47,13 @@ STRICT_REWARD = [
 def config(tiny_model_dir):
     return compose_config(
         "tiny_cpu",
-        [*TINY_BUDGETS, *STRICT_REWARD, f"recurrent.config.max_final_response_length={FINAL_CAP}",
-         f"actor_rollout_ref.model.path={tiny_model_dir}"],
-    )  # fmt: skip
+        [
+            *TINY_BUDGETS,
+            *STRICT_REWARD,
+            f"recurrent.config.max_final_response_length={FINAL_CAP}",
+            f"actor_rollout_ref.model.path={tiny_model_dir}",
+        ],
+    )
 
 
 @pytest.fixture
@@ -58,9 +63,18 @@ def stored(monkeypatch):
 
 def row(uid: str, context: str, ground_truth: str) -> dict:
     chat = [{"role": "user", "content": "What is the magic number?"}]
-    return {"uid": uid, "session_id": 0, "global_steps": 3, "index": 0, "prompt": chat, "raw_prompt": chat,
-            "context": context, "data_source": "hotpotqa", "reward_model": {"ground_truth": ground_truth},
-            "extra_info": {}}  # fmt: skip
+    return {
+        "uid": uid,
+        "session_id": 0,
+        "global_steps": 3,
+        "index": 0,
+        "prompt": chat,
+        "raw_prompt": chat,
+        "context": context,
+        "data_source": "hotpotqa",
+        "reward_model": {"ground_truth": ground_truth},
+        "extra_info": {},
+    }
 
 
 def test_reward_function_is_the_strict_verifier_loaded_by_verl():
@@ -76,9 +90,13 @@ async def trajectory(config, tokenizer, answer: str) -> tuple[dict, list]:
     """A sample with a document of several chunks and its rows, the final answer being ``answer``."""
     context = "The river city was born in the year of the film. " * 4 + "The magic number is 42."
     loop = MemoryAgentLoop(
-        trainer_config=DictConfigWrap(config), server_manager=ScriptedServer(tokenizer, answer),
-        tokenizer=tokenizer, processor=None, dataset_cls=RLHFDataset, data_config=DictConfigWrap(config.data),
-    )  # fmt: skip
+        trainer_config=DictConfigWrap(config),
+        server_manager=ScriptedServer(tokenizer, answer),
+        tokenizer=tokenizer,
+        processor=None,
+        dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(config.data),
+    )
     sample = row("uidA", context, "42")
     return sample, await loop.run({"temperature": 1.0, "logprobs": True}, **sample)
 
@@ -127,10 +145,14 @@ async def test_overlong_shaping_switch_penalises_the_final_answer_only(tiny_mode
     overlong = ["enable=true", "len=16", "penalty_factor=1.0", "log=true"]
     config = compose_config(
         "tiny_cpu",
-        [*TINY_BUDGETS, *STRICT_REWARD, f"recurrent.config.max_final_response_length={FINAL_CAP}",
-         f"actor_rollout_ref.model.path={tiny_model_dir}",
-         *[f"reward.reward_kwargs.overlong_buffer_cfg.{kv}" for kv in overlong]],
-    )  # fmt: skip
+        [
+            *TINY_BUDGETS,
+            *STRICT_REWARD,
+            f"recurrent.config.max_final_response_length={FINAL_CAP}",
+            f"actor_rollout_ref.model.path={tiny_model_dir}",
+            *[f"reward.reward_kwargs.overlong_buffer_cfg.{kv}" for kv in overlong],
+        ],
+    )
     answer = "It is \\boxed{42}"
     assert len(tiny_tokenizer.encode(answer, add_special_tokens=False)) + 1 == 9
     sample, outputs = await trajectory(config, tiny_tokenizer, answer)

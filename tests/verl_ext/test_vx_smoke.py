@@ -85,9 +85,20 @@ def test_dry_run_prints_the_command_and_config_and_starts_nothing(tmp_path, tiny
     for part in script_overrides(tiny_model_dir, tmp_path / "out" / "data", tmp_path / "out", ngpus=4)[:-1]:
         assert part in command, part
     assert "--config-name smoke_gpu" in command and "VERL_LOGGING_LEVEL=\\'DEBUG\\'" in command
-    for line in ("chunk_size: 5000", "max_memorization_length: 1024", "max_chunks: 8", "max_model_len: 9216",
-                 "n_gpus_per_node: 4", "total_training_steps: 2", "val_before_train: true", "test_freq: 2",
-                 "save_freq: 2", "TQ_NUM_THREADS: '1'", "VERL_LOGGING_LEVEL: DEBUG", "address: local"):  # fmt: skip
+    for line in (
+        "chunk_size: 5000",
+        "max_memorization_length: 1024",
+        "max_chunks: 8",
+        "max_model_len: 9216",
+        "n_gpus_per_node: 4",
+        "total_training_steps: 2",
+        "val_before_train: true",
+        "test_freq: 2",
+        "save_freq: 2",
+        "TQ_NUM_THREADS: '1'",
+        "VERL_LOGGING_LEVEL: DEBUG",
+        "address: local",
+    ):
         assert line in out, line
     assert not (tmp_path / "out").exists()  # no data generated, nothing ran
 
@@ -115,14 +126,33 @@ LOG = """\
 
 def test_report_tables_and_a_complete_run(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
-    metrics.write_text("\n".join([
-        metric_line(0, {"val-core/toy_memory/acc/mean@2": 0.0}),
-        metric_line(1, {"timing_s/gen": 61.04, "timing_s/update_actor": 20.0, "timing_s/step": 90.0,
-                        "actor/perf/max_memory_allocated_gb": 10.5}),
-        metric_line(2, {"timing_s/gen": 50.0, "timing_s/save_checkpoint": 12.0, "timing_s/step": 80.0,
-                        "timing_s/testing": 30.0, "actor/perf/max_memory_allocated_gb": 11.25,
-                        "val-core/toy_memory/acc/mean@2": 0.25}),
-    ]))  # fmt: skip
+    metrics.write_text(
+        "\n".join(
+            [
+                metric_line(0, {"val-core/toy_memory/acc/mean@2": 0.0}),
+                metric_line(
+                    1,
+                    {
+                        "timing_s/gen": 61.04,
+                        "timing_s/update_actor": 20.0,
+                        "timing_s/step": 90.0,
+                        "actor/perf/max_memory_allocated_gb": 10.5,
+                    },
+                ),
+                metric_line(
+                    2,
+                    {
+                        "timing_s/gen": 50.0,
+                        "timing_s/save_checkpoint": 12.0,
+                        "timing_s/step": 80.0,
+                        "timing_s/testing": 30.0,
+                        "actor/perf/max_memory_allocated_gb": 11.25,
+                        "val-core/toy_memory/acc/mean@2": 0.25,
+                    },
+                ),
+            ]
+        )
+    )
     (tmp_path / "ckpt" / "global_step_2").mkdir(parents=True)
     steps = smoke_report.read_metrics(metrics)
     memory = smoke_report.memory_by_phase(LOG)

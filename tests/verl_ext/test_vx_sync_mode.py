@@ -44,14 +44,26 @@ class FailingServer:
 
 def make_batch(tmp_path, tokenizer, questions, mode, extra=()):
     rows = [
-        {"prompt": [{"role": "user", "content": q}], "context": CONTEXT, "data_source": "hotpotqa",
-         "reward_model": {"ground_truth": "42"}}
+        {
+            "prompt": [{"role": "user", "content": q}],
+            "context": CONTEXT,
+            "data_source": "hotpotqa",
+            "reward_model": {"ground_truth": "42"},
+        }
         for q in questions
-    ]  # fmt: skip
+    ]
     path = tmp_path / f"train_{mode}.parquet"
     pd.DataFrame(rows).to_parquet(path)
-    config = compose_config("tiny_cpu", [*TINY_BUDGETS, f"recurrent.mode={mode}", f"data.train_files={path}",
-                                         "data.filter_overlong_prompts=false", *extra])  # fmt: skip
+    config = compose_config(
+        "tiny_cpu",
+        [
+            *TINY_BUDGETS,
+            f"recurrent.mode={mode}",
+            f"data.train_files={path}",
+            "data.filter_overlong_prompts=false",
+            *extra,
+        ],
+    )
     dataset = create_rl_dataset(config.data.train_files, config.data, tokenizer, None, is_train=True)
     batch_dict = next(iter(StatefulDataLoader(dataset, batch_size=len(rows), collate_fn=collate_fn)))
     return config, batch_dict
@@ -85,15 +97,18 @@ def trajectories_per_uid(stored):
     return counts
 
 
-async def test_sync_and_async_store_identical_rows_under_greedy(tmp_path, monkeypatch, tiny_model_dir,
-                                                                tiny_tokenizer, tiny_server):  # fmt: skip
+async def test_sync_and_async_store_identical_rows_under_greedy(
+    tmp_path, monkeypatch, tiny_model_dir, tiny_tokenizer, tiny_server
+):
     uids = [uuid.uuid4().hex for _ in QUESTIONS[:2]]
     results = {}
     for mode in ("sync", "async"):
-        config, batch_dict = make_batch(tmp_path, tiny_tokenizer, QUESTIONS[:2], mode,
-                                        ["actor_rollout_ref.rollout.temperature=0"])  # fmt: skip
-        results[mode] = await run_worker(config, batch_dict, uids, tiny_tokenizer, tiny_server, monkeypatch,
-                                         tiny_model_dir)  # fmt: skip
+        config, batch_dict = make_batch(
+            tmp_path, tiny_tokenizer, QUESTIONS[:2], mode, ["actor_rollout_ref.rollout.temperature=0"]
+        )
+        results[mode] = await run_worker(
+            config, batch_dict, uids, tiny_tokenizer, tiny_server, monkeypatch, tiny_model_dir
+        )
     (sync_rows, sync_status), (async_rows, async_status) = results["sync"], results["async"]
     n = config.actor_rollout_ref.rollout.n
     assert len(sync_rows) > 2 * n  # memory turns and answers of every trajectory
@@ -111,13 +126,13 @@ async def test_a_failed_request_and_an_oversize_question_lose_only_their_traject
     config, batch_dict = make_batch(tmp_path, tiny_tokenizer, QUESTIONS, mode)
     server = FailingServer(tiny_server, request_id=flaky, fail_at=2)  # one request of one trajectory fails
     with caplog.at_level(logging.ERROR):
-        stored, statuses = await run_worker(config, batch_dict, uids, tiny_tokenizer, server, monkeypatch,
-                                            tiny_model_dir)  # fmt: skip
+        stored, statuses = await run_worker(
+            config, batch_dict, uids, tiny_tokenizer, server, monkeypatch, tiny_model_dir
+        )
     n = config.actor_rollout_ref.rollout.n
     # The good prompt keeps all n trajectories, the flaky one n - 1, the oversize question none.
     assert trajectories_per_uid(stored) == Counter({good: n, flaky: n - 1})
-    assert statuses == {good: ["running", "finished"], flaky: ["running", "failure"],
-                        oversize: ["running", "failure"]}  # fmt: skip
+    assert statuses == {good: ["running", "finished"], flaky: ["running", "failure"], oversize: ["running", "failure"]}
     # Every stored trajectory is complete: its turns are 0..last with no gap.
     turns: dict[str, list[int]] = {}
     for key in stored:

@@ -45,8 +45,9 @@ def test_recurrent_mode_names_the_manager_class_verl_builds(mode, manager, worke
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-async def test_worker_stores_every_turn_of_every_rollout(tmp_path, monkeypatch, tiny_model_dir, tiny_tokenizer,
-                                                         tiny_server, mode):  # fmt: skip
+async def test_worker_stores_every_turn_of_every_rollout(
+    tmp_path, monkeypatch, tiny_model_dir, tiny_tokenizer, tiny_server, mode
+):
     rows = [
         {
             "prompt": [{"role": "user", "content": f"What is magic number {i}?"}],

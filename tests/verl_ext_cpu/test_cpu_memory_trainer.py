@@ -92,9 +92,18 @@ def test_two_steps_with_validation_log_finite_metrics(runs):
         assert 0.0 <= metrics[step][f"val-core/{SOURCE}/acc/mean@{VAL_N}"] <= 1.0
     for step in (1, 2):
         data = metrics[step]
-        for key in ("actor/kl_loss", "actor/pg_loss", "actor/grad_norm", "critic/score/mean", "critic/advantages/mean",
-                    "critic/advantages/max", "critic/advantages/min", "memagent/final/reward/mean",
-                    "memagent/final/acc/mean", "memagent/turns_per_sample/mean"):  # fmt: skip
+        for key in (
+            "actor/kl_loss",
+            "actor/pg_loss",
+            "actor/grad_norm",
+            "critic/score/mean",
+            "critic/advantages/mean",
+            "critic/advantages/max",
+            "critic/advantages/min",
+            "memagent/final/reward/mean",
+            "memagent/final/acc/mean",
+            "memagent/turns_per_sample/mean",
+        ):
             assert key in data and math.isfinite(data[key]), (step, key, data.get(key))
         assert data["actor/kl_coef"] == pytest.approx(0.001)
         assert data["actor/kl_loss"] >= 0.0  # low_var_kl is non-negative
@@ -188,10 +197,24 @@ def test_weights_changed_and_the_checkpoint_loads_as_a_hugging_face_model(runs, 
     merged = tmp_path / "merged"
     env = {key: value for key, value in os.environ.items() if key != "VERL_PLATFORM"}
     result = subprocess.run(
-        [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
-         "--local_dir", str(ckpt / "global_step_2" / "actor"), "--target_dir", str(merged)],
-        capture_output=True, text=True, timeout=180, cwd=REPO, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "verl.model_merger",
+            "merge",
+            "--backend",
+            "fsdp",
+            "--local_dir",
+            str(ckpt / "global_step_2" / "actor"),
+            "--target_dir",
+            str(merged),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=REPO,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     from_merger = weights(merged)
     for name, tensor in exported[2].items():

@@ -345,8 +345,14 @@ async def test_update_weights_changes_outputs_and_the_weight_version(server):
 
 
 async def test_server_lifecycle_calls_are_no_ops(server):
-    for call in (server.clear_kv_cache, server.release_kv_cache, server.resume_kv_cache, server.resume_generation,
-                 server.wait_for_requests_to_drain, server.stop_profile):  # fmt: skip
+    for call in (
+        server.clear_kv_cache,
+        server.release_kv_cache,
+        server.resume_kv_cache,
+        server.resume_generation,
+        server.wait_for_requests_to_drain,
+        server.stop_profile,
+    ):
         assert await call() is None
     assert (await server.abort_all_requests())["aborted_count"] == 0
 

@@ -43,14 +43,31 @@ def runs(tmp_path_factory):
 
     rows_out = tmp_path_factory.mktemp("rows_minibatch")
     (rows_out / "events").mkdir()
-    rows_overrides = ("recurrent.minibatch=rows", "actor_rollout_ref.rollout.free_cache_engine=false",
-                      "recurrent.credit=final", "trainer.val_before_train=false", "trainer.test_freq=-1",
-                      *SIZES)  # fmt: skip
-    rows_run = run_script(rows_out, steps=1, task="memory", timeout_s=RUN_TIMEOUT_S, overrides=rows_overrides,
-                          extra_env={"MEMAGENT_ROLLOUT_EVENTS": str(rows_out / "events")})  # fmt: skip
+    rows_overrides = (
+        "recurrent.minibatch=rows",
+        "actor_rollout_ref.rollout.free_cache_engine=false",
+        "recurrent.credit=final",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        *SIZES,
+    )
+    rows_run = run_script(
+        rows_out,
+        steps=1,
+        task="memory",
+        timeout_s=RUN_TIMEOUT_S,
+        overrides=rows_overrides,
+        extra_env={"MEMAGENT_ROLLOUT_EVENTS": str(rows_out / "events")},
+    )
     assert rows_run[0] == 0, tail(rows_run[1])
-    return {"out": out, "first": first, "metrics_first": metrics_first,
-            "events_first": events_first, "rows_out": rows_out, "rows_run": rows_run}  # fmt: skip
+    return {
+        "out": out,
+        "first": first,
+        "metrics_first": metrics_first,
+        "events_first": events_first,
+        "rows_out": rows_out,
+        "rows_run": rows_run,
+    }
 
 
 def by_trajectory(rows: list[dict]) -> dict[str, list[dict]]:

@@ -44,8 +44,16 @@ def test_two_steps_with_validation_log_metrics(runs):
         assert "val-aux/toy_copy/reward/mean@1" in metrics[step]
     for step in (1, 2):
         data = metrics[step]
-        for key in ("actor/kl_loss", "actor/pg_loss", "actor/grad_norm", "critic/score/mean", "critic/rewards/mean",
-                    "critic/advantages/mean", "critic/advantages/max", "critic/advantages/min"):  # fmt: skip
+        for key in (
+            "actor/kl_loss",
+            "actor/pg_loss",
+            "actor/grad_norm",
+            "critic/score/mean",
+            "critic/rewards/mean",
+            "critic/advantages/mean",
+            "critic/advantages/max",
+            "critic/advantages/min",
+        ):
             assert key in data and math.isfinite(data[key]), (step, key, data.get(key))
         # the dense toy reward differs within GRPO groups, so advantages are not all zero
         assert data["critic/advantages/max"] > 0 > data["critic/advantages/min"]

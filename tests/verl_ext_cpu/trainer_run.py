@@ -34,8 +34,9 @@ def run_script(
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(["bash", str(SCRIPT), *overrides], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            ["bash", str(SCRIPT), *overrides], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:

@@ -167,9 +167,12 @@ class HFCPUServer:
         return self.engine.global_steps
 
     async def stats(self) -> dict[str, int]:
-        return {"requests": self.engine.requests, "weight_updates": self.weight_updates,
-                "global_steps": self.engine.global_steps,
-                "held_parameter_bytes": self.held_parameter_bytes()}  # fmt: skip
+        return {
+            "requests": self.engine.requests,
+            "weight_updates": self.weight_updates,
+            "global_steps": self.engine.global_steps,
+            "held_parameter_bytes": self.held_parameter_bytes(),
+        }
 
     def held_parameter_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.engine.model.parameters())
