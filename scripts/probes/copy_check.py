@@ -6,16 +6,16 @@ A sequence of 60 random word tokens is repeated; the NLL on the second copy vs t
 
 from __future__ import annotations
 
-import os
 import random
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from recurrent.models import models_dir
+
 torch.set_num_threads(1)
-SRC = Path(os.environ.get("MEMAGENT_MODELS_DIR", "/work/main/.cache/models")) / "smollm2-135m-instruct"
+SRC = models_dir() / "smollm2-135m-instruct"  # the offline model cache (MEMAGENT_MODELS_DIR)
 tok = AutoTokenizer.from_pretrained(SRC)
 model = AutoModelForCausalLM.from_pretrained(SRC, dtype=torch.float32).eval()
 layers = model.model.layers

@@ -10,7 +10,6 @@ probe remaps ids in tensors; a shipped model would need a rebuilt tokenizer).
 from __future__ import annotations
 
 import json
-import os
 import random
 import sys
 from pathlib import Path
@@ -18,10 +17,12 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
+from recurrent.models import models_dir
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from niah_data import encode_turn, make_doc, teacher_turns, vocab_ids  # noqa: E402
 
-SRC = Path(os.environ.get("MEMAGENT_MODELS_DIR", "/work/main/.cache/models")) / "smollm2-135m-instruct"
+SRC = models_dir() / "smollm2-135m-instruct"  # the offline model cache (MEMAGENT_MODELS_DIR)
 
 
 def task_vocab(tok, docs: int = 300) -> list[int]:
