@@ -68,3 +68,10 @@ def niah_set(folder: Path, length: int, items: int = 4, seed: int = 0, task: str
 
 def read_lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def harness_argv(data: Path, results: Path, length: int, *options: str) -> list[str]:
+    """The harness command line the tests run: HotpotQA at one length, from ``data`` into ``results``, quiet and
+    without the final report, plus ``options`` (the model, the server, retries...)."""
+    return ["--tasks", "hotpotqa", "--lengths", str(length), "--data-dir", str(data), "--results-dir", str(results),
+            "--no-report", "--quiet", *options]  # fmt: skip

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from eval_fixtures import hotpotqa_set, read_lines
+from eval_fixtures import harness_argv, hotpotqa_set, read_lines
 from process_helpers import pid_alive
 
 from recurrent.serving import free_port
@@ -117,24 +117,7 @@ def test_sigkilled_run_resumes_to_one_line_per_item(tiny_server, tmp_path):
     hotpotqa_set(data, 4, items=10, seed=1)
     table = write_table(tmp_path / "table.yaml", tiny_server)
     out = tmp_path / "results"
-    argv = [
-        "--table",
-        str(table),
-        "--models",
-        "tiny",
-        "--tasks",
-        "hotpotqa",
-        "--lengths",
-        "4",
-        "--concurrency",
-        "1",
-        "--data-dir",
-        str(data),
-        "--results-dir",
-        str(out),
-        "--no-report",
-        "--quiet",
-    ]
+    argv = harness_argv(data, out, 4, "--table", str(table), "--models", "tiny", "--concurrency", "1")
     path = out / "hotpotqa_4" / "tiny__memory.jsonl"
     process = subprocess.Popen([sys.executable, "-m", "taskutils.memory_eval.run", *argv], stderr=subprocess.DEVNULL)
     try:
@@ -156,18 +139,7 @@ def test_sigterm_stops_the_harness_server_and_the_run_resumes(tiny_server, tmp_p
     data.mkdir()
     hotpotqa_set(data, 4, items=8, seed=2)
     out = tmp_path / "results"
-    common = [
-        "--tasks",
-        "hotpotqa",
-        "--lengths",
-        "4",
-        "--data-dir",
-        str(data),
-        "--results-dir",
-        str(out),
-        "--no-report",
-        "--quiet",
-    ]
+    common = harness_argv(data, out, 4)
     path = out / "hotpotqa_4" / "tiny__memory.jsonl"
     log = tmp_path / "harness.log"
     with log.open("w") as stderr:  # the table's own `tiny` entry: the harness starts transformers serve itself

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from eval_fixtures import harness_argv
 
 from recurrent.serving import free_port
 from taskutils.memory_eval import evalsets
@@ -89,26 +90,8 @@ def test_pool_found_under_sources_or_given(tmp_path, released):
 def test_released_index_set_runs_end_to_end(released, tiny_server, tmp_path):
     """The released 12,800-document form through the harness: every item runs and has a result."""
     out = tmp_path / "results"
-    argv = [
-        "--models",
-        "tiny",
-        "--url",
-        tiny_server.base_url,
-        "--served-model",
-        tiny_server.model,
-        "--tasks",
-        "hotpotqa",
-        "--lengths",
-        "12800",
-        "--data-dir",
-        str(released),
-        "--results-dir",
-        str(out),
-        "--no-report",
-        "--quiet",
-        "--max-retries",
-        "0",
-    ]
+    server = ("--url", tiny_server.base_url, "--served-model", tiny_server.model)
+    argv = harness_argv(released, out, 12800, "--models", "tiny", *server, "--max-retries", "0")
     assert run_main(argv) == 0
     lines = [json.loads(x) for x in (out / "hotpotqa_12800" / "tiny__memory.jsonl").read_text().splitlines()]
     assert sorted(r["id"] for r in lines) == [7, 9] and all(r["error"] is None for r in lines)
@@ -130,23 +113,7 @@ def _bad_run(tmp_path: Path, text: str | None, name: str = "eval_2.jsonl", extra
         (data / name).write_text(text)
     out = tmp_path / "results"
     # A closed port: were any request sent, the run would fail with a connection error, not exit 2.
-    argv = [
-        "--models",
-        "tiny",
-        "--url",
-        f"http://127.0.0.1:{free_port()}/v1",
-        "--tasks",
-        "hotpotqa",
-        "--lengths",
-        "2",
-        "--data-dir",
-        str(data),
-        "--results-dir",
-        str(out),
-        "--quiet",
-        "--no-report",
-        *(extra or []),
-    ]
+    argv = harness_argv(data, out, 2, "--models", "tiny", "--url", f"http://127.0.0.1:{free_port()}/v1", *(extra or []))
     code = run_main(argv)
     return code, data / name, out
 

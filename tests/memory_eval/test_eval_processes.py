@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from eval_fixtures import hotpotqa_set, read_lines
+from eval_fixtures import harness_argv, hotpotqa_set, read_lines
 
 from recurrent.serving import free_port
 from taskutils.memory_eval import results
@@ -92,24 +92,7 @@ def test_a_server_that_dies_mid_run_stops_the_run(tmp_path):
     hotpotqa_set(data, 4, items=8, seed=3)
     out = tmp_path / "results"
     # A backoff of 10 minutes: were the dead server not noticed, the run would sit in its retries, not exit.
-    argv = [
-        "--models",
-        "tiny",
-        "--tasks",
-        "hotpotqa",
-        "--lengths",
-        "4",
-        "--concurrency",
-        "1",
-        "--data-dir",
-        str(data),
-        "--results-dir",
-        str(out),
-        "--no-report",
-        "--quiet",
-        "--backoff",
-        "600",
-    ]
+    argv = harness_argv(data, out, 4, "--models", "tiny", "--concurrency", "1", "--backoff", "600")
     harness = subprocess.Popen(
         [sys.executable, "-u", "-m", "taskutils.memory_eval.run", *argv],
         stderr=subprocess.PIPE,
@@ -138,22 +121,7 @@ def test_a_server_that_dies_mid_run_stops_the_run(tmp_path):
 def test_a_second_run_into_one_results_folder_is_refused(tmp_path, capsys):
     hotpotqa_set(tmp_path, 2, items=1)
     out = tmp_path / "results"
-    argv = [
-        "--models",
-        "tiny",
-        "--url",
-        f"http://127.0.0.1:{free_port()}/v1",
-        "--tasks",
-        "hotpotqa",
-        "--lengths",
-        "2",
-        "--data-dir",
-        str(tmp_path),
-        "--results-dir",
-        str(out),
-        "--quiet",
-        "--no-report",
-    ]
+    argv = harness_argv(tmp_path, out, 2, "--models", "tiny", "--url", f"http://127.0.0.1:{free_port()}/v1")
     with results.locked(out):  # the first run, still going
         assert run_main(argv) == 2
     err = capsys.readouterr().err
