@@ -393,6 +393,12 @@ def evaluate(
         wall = time.perf_counter() - t0
         scores = [strict_score(s.answer or "", [d["value"]]) for s, d in zip(sessions, documents, strict=True)]
         final_memory = [(s.memory_trace[-1] if s.memory_trace else "") for s in sessions]
+        # The memory written on the needle's own chunk: did the reader copy the needle when it saw it?
+        written = [
+            d["needle"] in s.memory_trace[d["needle_chunk"]]
+            for s, d in zip(sessions, documents, strict=True)
+            if len(s.memory_trace) > d["needle_chunk"]
+        ]
         results[n] = {
             "docs": docs,
             "strict": round(sum(scores) / docs, 3),
@@ -402,6 +408,7 @@ def evaluate(
             "number_in_memory": round(
                 sum(d["value"] in m for d, m in zip(documents, final_memory, strict=True)) / docs, 3
             ),
+            "needle_written": round(sum(written) / docs, 3),
             "boxed": round(sum("\\boxed{" in (s.answer or "") for s in sessions) / docs, 3),
             "failed": run.num_failed,
             "wall_s": round(wall, 1),

@@ -141,3 +141,19 @@ def test_the_naive_teacher_writes_the_papers_prompt_format(tokenizer):
     turns = teacher_transcript(workflow, doc, random.Random(0), p_needle=0.0)
     assert turns[0][2] == "The farmer painted a tall tree."
     assert turns[1][2].startswith("\\boxed{") and turns[1][2] != "\\boxed{4711}"
+
+
+def test_the_evaluation_drives_real_sessions_with_a_tiny_reader(tokenizer, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from taskutils.replication.warm_start import evaluate
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(reader_config(tokenizer, hidden=32, layers=1, heads=2, kv_heads=1))
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    result = evaluate(tmp_path, docs=2, chunks=(1, 2))
+    for n in (1, 2):
+        row = result["lengths"][n]
+        assert row["failed"] == 0 and 0.0 <= row["strict"] <= 1.0
+        assert len(row["example"]["memories"]) == n  # one memory per chunk, then the answer
