@@ -20,6 +20,7 @@ import os
 import random
 import sys
 from pathlib import Path
+from typing import Any
 
 from recurrent.atomic import atomic_path
 
@@ -121,23 +122,28 @@ def _english_like_corpus(seed: int, lines: int = 2000) -> list[str]:
     return corpus
 
 
-def build_tiny(dest: Path, seed: int = TINY_SEED) -> Path:
-    """Write the tiny model + tokenizer to ``dest`` (atomically). Same seed, same bytes."""
-    import torch
+def train_bpe_tokenizer(corpus: list[str], vocab_size: int, individual_digits: bool = False) -> Any:
+    """A byte-level BPE tokenizer trained on ``corpus`` with the Qwen-style chat template and special tokens
+    (``<|im_end|>`` is eos, ``<|endoftext|>`` pad). ``individual_digits`` splits every digit into its own token
+    (as Qwen's pre-tokenizer does). Deterministic for a corpus."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
+    from transformers import PreTrainedTokenizerFast
 
     bpe = Tokenizer(models.BPE(unk_token=None))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if individual_digits:
+        bpe.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    else:
+        bpe.pre_tokenizer = byte_level
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=4096,
+        vocab_size=vocab_size,
         special_tokens=TINY_SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    bpe.train_from_iterator(_english_like_corpus(seed), trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
+    bpe.train_from_iterator(corpus, trainer=trainer)
+    return PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
@@ -146,6 +152,14 @@ def build_tiny(dest: Path, seed: int = TINY_SEED) -> Path:
         model_max_length=131072,
         clean_up_tokenization_spaces=False,
     )
+
+
+def build_tiny(dest: Path, seed: int = TINY_SEED) -> Path:
+    """Write the tiny model + tokenizer to ``dest`` (atomically). Same seed, same bytes."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    tokenizer = train_bpe_tokenizer(_english_like_corpus(seed), vocab_size=4096)
 
     config = Qwen2Config(
         vocab_size=len(tokenizer),

@@ -1,0 +1,9 @@
+"""A CPU-scale replication of MemAgent's needle-in-a-haystack result (docs/replication_cpu.md).
+
+- :mod:`taskutils.replication.needle`: the needle task, with train / validation / test splits that share no
+  needle, written as verl parquet rows and eval-set JSON lines.
+- :mod:`taskutils.replication.reader`: the reader's tokenizer (byte-level BPE trained on the task's text,
+  one token per digit) and its ~1M-parameter Qwen2 configuration.
+- :mod:`taskutils.replication.warm_start`: the supervised warm start (copy curriculum, then naive-teacher
+  transcripts) and its measurement with the real memory agent.
+"""

@@ -1,0 +1,257 @@
+"""The needle task of the CPU replication, with train / validation / test splits that share no needle.
+
+A document is filler sentences ("The baker painted a tall tree after lunch.") holding one needle
+"The special magic number for KEY is NNNN." The question asks for KEY's number; the answer is NNNN.
+
+Disjoint splits. KEY is two words joined by a hyphen, ``ADJ[a]-NOUN[n]``; NNNN is 1000-9999. A key belongs to
+split ``(a + n) % 3`` and a number to split ``NNNN % 3`` (0 train, 1 validation, 2 test), so no key and no
+number of one split occurs in another, and no needle sentence is shared. The words themselves are shared (a key
+of the test split is a new *pair* of known words), so the reader has seen every token in training and a test
+needle is new only as a whole.
+
+Exact length. The context of an ``N``-chunk document has between ``64 (N - 1) + 1`` and ``64 N`` tokens of the
+reader tokenizer (:mod:`taskutils.replication.reader`), so ``MemoryConfig(chunk_size=64)`` splits it into
+exactly ``N`` chunks; the needle lies whole inside one chunk (its decoded text contains the needle sentence) and
+its chunk is drawn uniformly.
+
+    python -m taskutils.replication.needle --out DIR [--train 2000] [--validation 32] [--test 32]
+        [--train-chunks 1 4] [--eval-chunks 1 2 4] [--seed 0] [--tokenizer DIR]
+
+writes ``DIR/train.parquet`` (train split, 1-4 chunks), ``DIR/validation.parquet`` and ``DIR/test.parquet``
+(verl rows, every eval length), and ``DIR/eval/{split}/eval_needle_{N}.jsonl`` (eval-set JSON lines,
+``taskutils.memory_eval.evalsets``: ``index``, ``input``, ``context``, ``answers``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from recurrent.tokens import encode_long
+
+SPLITS = ("train", "validation", "test")
+DATA_SOURCE = "replication_needle"
+CHUNK_SIZE = 64
+
+ADJ = (
+    "brave calm dark eager fancy gentle happy icy jolly kind lazy mighty noisy odd proud quick rapid shy "
+    "silly tall vast warm young zany bold bright cold dry early fair"
+).split()
+NOUN = (
+    "otter heron falcon tiger lemon river castle garden pencil rocket violin wizard anchor badger candle "
+    "dragon engine forest glacier harbor island jungle kettle ladder meadow orchard planet"
+).split()
+SUBJ = (
+    "The farmer|The old man|A young girl|The teacher|My neighbor|The doctor|A small dog|The captain|"
+    "The baker|Her brother|The children|The mayor|A tired student|The pilot|Our guide"
+).split("|")
+VERB = (
+    "walked to|looked at|painted|carried|talked about|found|visited|cleaned|bought|forgot|repaired|"
+    "watched|opened|remembered|described"
+).split("|")
+OBJ = (
+    "the red barn|a quiet lake|the long road|an empty box|the wooden table|a tall tree|the city market|"
+    "the blue house|a broken clock|the stone bridge|a warm coat|the green field|an old map|the school|"
+    "a heavy bag|the morning train"
+).split("|")
+TAIL = (
+    "|in the morning|after lunch|before the rain|with great care|for a long time|on Sunday|near the hill|"
+    "without a word|again and again|at noon"
+).split("|")
+
+NEEDLE = "The special magic number for {key} is {value}."
+QUESTION = "What is the special magic number for {key} mentioned in the provided text?"
+NEEDLE_RE = re.compile(r"The special magic number for (\S+) is (\d{4})\.")
+SENTENCE_RE = re.compile(r"[A-Z][^.]*\.")
+
+
+def split_id(split: str) -> int:
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; one of {SPLITS}")
+    return SPLITS.index(split)
+
+
+def split_keys(split: str) -> list[str]:
+    """The keys of a split: ``ADJ[a]-NOUN[n]`` with ``(a + n) % 3`` the split's id."""
+    sid = split_id(split)
+    return [f"{a}-{n}" for i, a in enumerate(ADJ) for j, n in enumerate(NOUN) if (i + j) % 3 == sid]
+
+
+def split_numbers(split: str) -> list[int]:
+    """The numbers of a split: the 4-digit numbers ``v`` with ``v % 3`` the split's id."""
+    sid = split_id(split)
+    return [v for v in range(1000, 10000) if v % 3 == sid]
+
+
+def filler_sentence(rng: random.Random) -> str:
+    tail = rng.choice(TAIL)
+    return f"{rng.choice(SUBJ)} {rng.choice(VERB)} {rng.choice(OBJ)}{' ' + tail if tail else ''}."
+
+
+def corpus_lines(seed: int = 0, count: int = 3000) -> list[str]:
+    """Text of the task for training the reader's tokenizer: filler, needles and questions of every split."""
+    rng = random.Random(f"corpus-{seed}")
+    keys = [k for s in SPLITS for k in split_keys(s)]
+    lines = []
+    for _ in range(count):
+        key, value = rng.choice(keys), rng.randint(1000, 9999)
+        lines.append(" ".join(filler_sentence(rng) for _ in range(3)))
+        lines.append(NEEDLE.format(key=key, value=value) + " " + QUESTION.format(key=key))
+        lines.append(f"\\boxed{{{value}}}")
+    return lines
+
+
+def chunk_texts(context_ids: np.ndarray, tokenizer: Any, chunk_size: int = CHUNK_SIZE) -> list[str]:
+    """The decoded chunks as the memory agent shows them (token slices of the context, decoded)."""
+    return [
+        tokenizer.decode(context_ids[i : i + chunk_size], skip_special_tokens=True)
+        for i in range(0, len(context_ids), chunk_size)
+    ]
+
+
+def make_document(
+    rng: random.Random, tokenizer: Any, n_chunks: int, split: str, chunk_size: int = CHUNK_SIZE
+) -> dict[str, Any]:
+    """One document of exactly ``n_chunks`` chunks of ``chunk_size`` reader tokens, with one needle of ``split``
+    lying whole inside a chunk drawn uniformly (see the module docstring)."""
+    if n_chunks < 1:
+        raise ValueError("n_chunks must be >= 1")
+    key, value = rng.choice(split_keys(split)), str(rng.choice(split_numbers(split)))
+    needle = NEEDLE.format(key=key, value=value)
+    lo, hi = chunk_size * (n_chunks - 1) + 1, chunk_size * n_chunks
+    for _attempt in range(100):
+        # Fill to at most hi tokens (needle included), then place the needle in a uniformly drawn chunk.
+        sentences: list[str] = []
+        while True:
+            candidate = [*sentences, filler_sentence(rng)]
+            if len(encode_long(" ".join([needle, *candidate]), tokenizer)) > hi:
+                break
+            sentences = candidate
+        target = rng.randrange(n_chunks)
+        positions = list(range(len(sentences) + 1))
+        rng.shuffle(positions)
+        for pos in positions:
+            context = " ".join([*sentences[:pos], needle, *sentences[pos:]])
+            ids = encode_long(context, tokenizer)
+            if not lo <= len(ids) <= hi:
+                continue
+            holding = [c for c, text in enumerate(chunk_texts(ids, tokenizer, chunk_size)) if needle in text]
+            if holding == [target]:
+                return {
+                    "key": key,
+                    "value": value,
+                    "needle": needle,
+                    "needle_chunk": target,
+                    "num_chunks": n_chunks,
+                    "question": QUESTION.format(key=key),
+                    "context": context,
+                    "num_tokens": len(ids),
+                }
+    raise RuntimeError(f"could not place a needle in a {n_chunks}-chunk document")
+
+
+def make_documents(
+    tokenizer: Any, split: str, count: int, chunks: tuple[int, ...] | list[int], seed: int = 0
+) -> list[dict[str, Any]]:
+    """``count`` documents of ``split``; the i-th has ``chunks[i % len(chunks)]`` chunks."""
+    rng = random.Random(f"{seed}-{split}")
+    return [make_document(rng, tokenizer, chunks[i % len(chunks)], split) for i in range(count)]
+
+
+def verl_row(doc: dict[str, Any], split: str, index: int) -> dict[str, Any]:
+    """A verl RL row (``verl_ext/cpu/toy_data.py`` columns) of one document."""
+    return {
+        "prompt": [{"role": "user", "content": doc["question"]}],
+        "context": doc["context"],
+        "data_source": DATA_SOURCE,
+        "reward_model": {"style": "rule", "ground_truth": doc["value"]},
+        "extra_info": {
+            "split": split,
+            "index": index,
+            "num_chunks": doc["num_chunks"],
+            "needle_chunk": doc["needle_chunk"],
+            "key": doc["key"],
+        },
+    }
+
+
+def eval_item(doc: dict[str, Any], index: int) -> dict[str, Any]:
+    """An eval-set item (``taskutils.memory_eval.evalsets``), ``index`` first."""
+    return {"index": index, "input": doc["question"], "context": doc["context"], "answers": [doc["value"]]}
+
+
+def write(
+    out: str | Path,
+    tokenizer: Any,
+    train: int = 2000,
+    validation: int = 32,
+    test: int = 32,
+    train_chunks: tuple[int, int] = (1, 4),
+    eval_chunks: tuple[int, ...] = (1, 2, 4),
+    seed: int = 0,
+) -> dict[str, Path]:
+    """Write the parquet rows and eval-set files under ``out``; returns the paths.
+    ``validation`` and ``test`` are counts per eval length."""
+    import pandas as pd
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+    train_docs = make_documents(tokenizer, "train", train, list(range(train_chunks[0], train_chunks[1] + 1)), seed)
+    paths["train"] = out / "train.parquet"
+    pd.DataFrame([verl_row(d, "train", i) for i, d in enumerate(train_docs)]).to_parquet(paths["train"])
+    for split, count in (("validation", validation), ("test", test)):
+        rows = []
+        for n in eval_chunks:
+            docs = make_documents(tokenizer, split, count, [n], seed=seed * 1000 + n)
+            folder = out / "eval" / split
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"eval_needle_{n}.jsonl"
+            with path.open("w") as f:
+                for i, d in enumerate(docs):
+                    f.write(json.dumps(eval_item(d, i)) + "\n")
+            paths[f"{split}_{n}"] = path
+            rows += [verl_row(d, split, len(rows) + i) for i, d in enumerate(docs)]
+        paths[split] = out / f"{split}.parquet"
+        pd.DataFrame(rows).to_parquet(paths[split])
+    return paths
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m taskutils.replication.needle", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--train", type=int, default=2000)
+    parser.add_argument("--validation", type=int, default=32, help="documents per eval length")
+    parser.add_argument("--test", type=int, default=32, help="documents per eval length")
+    parser.add_argument("--train-chunks", type=int, nargs=2, default=[1, 4], metavar=("MIN", "MAX"))
+    parser.add_argument("--eval-chunks", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tokenizer", type=Path, default=None, help="reader tokenizer folder (default: build it)")
+    args = parser.parse_args(argv)
+    from taskutils.replication.reader import load_or_build_tokenizer
+
+    tokenizer = load_or_build_tokenizer(args.tokenizer)
+    paths = write(
+        args.out,
+        tokenizer,
+        args.train,
+        args.validation,
+        args.test,
+        tuple(args.train_chunks),
+        tuple(args.eval_chunks),
+        args.seed,
+    )
+    for name, path in paths.items():
+        print(f"{name}: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""The replication's needle task, reader tokenizer, SFT step and naive teacher (CPU, seconds)."""
+
+import random
+
+import pytest
+import torch
+
+from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
+from recurrent.interface import Reply
+from taskutils.replication.needle import (
+    NEEDLE,
+    SPLITS,
+    make_document,
+    make_documents,
+    split_keys,
+    split_numbers,
+)
+from taskutils.replication.reader import build_tokenizer, reader_config
+from taskutils.replication.warm_start import agent_config, batch_loss, paper_rows, teacher_transcript
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+def test_splits_share_no_needle(tokenizer):
+    # Hand-checked: key ADJ[a]-NOUN[n] goes to split (a + n) % 3, number v to v % 3.
+    assert "brave-otter" in split_keys("train")  # (0 + 0) % 3 = 0
+    assert "brave-heron" in split_keys("validation")  # (0 + 1) % 3 = 1
+    assert "calm-heron" in split_keys("test")  # (1 + 1) % 3 = 2
+    assert 1002 in split_numbers("train") and 1000 in split_numbers("validation") and 1001 in split_numbers("test")
+    keys = {s: set(split_keys(s)) for s in SPLITS}
+    numbers = {s: set(split_numbers(s)) for s in SPLITS}
+    for a in SPLITS:
+        for b in SPLITS:
+            if a < b:
+                assert not keys[a] & keys[b] and not numbers[a] & numbers[b]
+    docs = {s: make_documents(tokenizer, s, 12, [1, 2], seed=3) for s in SPLITS}
+    needles = {s: {d["needle"] for d in docs[s]} for s in SPLITS}
+    for s in SPLITS:
+        assert all(d["key"] in keys[s] and int(d["value"]) in numbers[s] for d in docs[s])
+    assert not needles["train"] & needles["validation"]
+    assert not needles["train"] & needles["test"]
+    assert not needles["validation"] & needles["test"]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_a_document_of_n_chunks_has_n_chunks(tokenizer, n):
+    workflow = MemoryWorkflow(MemoryConfig(chunk_size=64, max_chunks=None), tokenizer)
+    rng = random.Random(n)
+    for _ in range(3):
+        doc = make_document(rng, tokenizer, n, "validation")
+        session = workflow.session({"context": doc["context"], "prompt": doc["question"]})
+        assert session.num_chunks == n
+        texts = [tokenizer.decode(session.context_ids[i * 64 : (i + 1) * 64]) for i in range(n)]
+        assert [doc["needle"] in t for t in texts] == [i == doc["needle_chunk"] for i in range(n)]
+
+
+def test_digits_are_single_tokens_and_prompts_round_trip(tokenizer):
+    from recurrent.impls.memory import FINAL_TEMPLATE_BOXED, MEMORY_TEMPLATE
+
+    ids = tokenizer.encode("is 90817 and 3", add_special_tokens=False)
+    digits = [tokenizer.decode([i]) for i in ids if tokenizer.decode([i]).strip().isdigit()]
+    assert digits == ["9", "0", "8", "1", "7", "3"]
+    for text in (MEMORY_TEMPLATE, FINAL_TEMPLATE_BOXED, NEEDLE.format(key="odd-tiger", value="4711")):
+        assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+    assert len(tokenizer) == 512
+
+
+def test_a_memory_turn_with_a_full_chunk_and_memory_is_200_to_340_tokens(tokenizer):
+    workflow = MemoryWorkflow(agent_config(), tokenizer)
+    doc = make_document(random.Random(0), tokenizer, 3, "train")
+    session = workflow.session({"context": doc["context"], "prompt": doc["question"]})
+    session.next_turn()
+
+    memory = tokenizer.encode(" ".join([doc["needle"]] * 2), add_special_tokens=False)[:32]
+    session.record(Reply(tokenizer.decode(memory), "length", memory))
+    turn = session.next_turn()  # the middle chunk of 3 has exactly 64 tokens; the memory has 32
+    assert turn.meta["chunk_tokens"] == 64 and len(memory) == 32
+    assert 200 <= len(turn.prompt_ids) <= 340
+
+
+def test_three_sft_steps_lower_the_loss_on_a_fixed_batch(tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = reader_config(tokenizer, hidden=32, layers=1, heads=2, kv_heads=1)
+    model = AutoModelForCausalLM.from_config(config)
+    rows = paper_rows(MemoryWorkflow(agent_config(), tokenizer), random.Random(0), 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(3):
+        loss, *_ = batch_loss(model, rows, tokenizer.pad_token_id)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    final, *_ = batch_loss(model, rows, tokenizer.pad_token_id)
+    assert final.item() < losses[0]
+
+
+HAND_MEMORY_PROMPT = (
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+    "You are presented with a problem, a section of an article that may contain the answer to the problem, "
+    "and a previous memory. Please read the provided section carefully and update the memory with the new "
+    "information that helps to answer the problem. Be sure to retain all relevant details from the previous "
+    "memory while adding any new, useful information.\n\n"
+    "<problem> \nWhat is the special magic number for odd-tiger mentioned in the provided text?\n</problem>\n\n"
+    "<memory>\nNo previous memory\n</memory>\n\n"
+    "<section>\nThe farmer painted a tall tree. The special magic number for odd-tiger is 4711. "
+    "A small dog found the school.\n</section>\n\n"
+    "Updated memory:\n<|im_end|>\n<|im_start|>assistant\n"
+)
+HAND_FINAL_PROMPT = (
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+    "You are presented with a problem and a previous memory. Please answer the problem based on the previous "
+    "memory and put the answer in \\boxed{}.\n\n"
+    "<problem> \nWhat is the special magic number for odd-tiger mentioned in the provided text?\n</problem>\n\n"
+    "<memory>\nThe special magic number for odd-tiger is 4711.\n</memory>\n\n"
+    "Your answer:\n<|im_end|>\n<|im_start|>assistant\n"
+)
+
+
+def test_the_naive_teacher_writes_the_papers_prompt_format(tokenizer):
+    needle = "The special magic number for odd-tiger is 4711."
+    doc = {
+        "context": f"The farmer painted a tall tree. {needle} A small dog found the school.",
+        "question": "What is the special magic number for odd-tiger mentioned in the provided text?",
+        "needle": needle,
+    }
+    workflow = MemoryWorkflow(agent_config(), tokenizer)
+    turns = teacher_transcript(workflow, doc, random.Random(0), p_needle=1.0)
+    assert [kind for kind, _, _ in turns] == ["memory", "final"]
+    (_, (prompt, target), text), (_, (final_prompt, final_target), final_text) = turns
+    assert tokenizer.decode(prompt) == HAND_MEMORY_PROMPT
+    assert text == needle and tokenizer.decode(target) == needle + "<|im_end|>"
+    assert tokenizer.decode(final_prompt) == HAND_FINAL_PROMPT
+    assert final_text == "\\boxed{4711}" and final_target[-1] == tokenizer.eos_token_id
+    # Without the needle copied, the teacher writes the chunk's first complete sentence and guesses.
+    turns = teacher_transcript(workflow, doc, random.Random(0), p_needle=0.0)
+    assert turns[0][2] == "The farmer painted a tall tree."
+    assert turns[1][2].startswith("\\boxed{") and turns[1][2] != "\\boxed{4711}"
+
+
+def test_the_evaluation_drives_real_sessions_with_a_tiny_reader(tokenizer, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from taskutils.replication.warm_start import evaluate
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(reader_config(tokenizer, hidden=32, layers=1, heads=2, kv_heads=1))
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    result = evaluate(tmp_path, docs=2, chunks=(1, 2))
+    for n in (1, 2):
+        row = result["lengths"][n]
+        assert row["failed"] == 0 and 0.0 <= row["strict"] <= 1.0
+        assert len(row["example"]["memories"]) == n  # one memory per chunk, then the answer
