@@ -6,7 +6,7 @@ needles and questions of every split. Vocabulary 512 (256 bytes, 3 special token
 is its own token. A memory turn of the paper's prompt with a 64-token chunk and a 32-token memory is ~230 tokens.
 
 The model: Qwen2, hidden 128, 4 layers, 8 attention heads / 4 KV heads, intermediate 512, tied embeddings
-(1.03M parameters with this vocabulary), the size measured in scripts/probes/README.md.
+(1.03M parameters with this vocabulary), the size measured in docs/replication_probes.md.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Build (AdamW, loss on target tokens only, one CPU thread), four stages, each sto
 
 1. ``synth``: 64 random tokens holding ``{ x1..xk }`` and ending with ``{ x1..xk }`` again, k = 24-30, so half
    the row is supervised copy (lr 3e-3, 100 warm-up steps, batch 32; stop at per-token accuracy 0.9). A dense
-   copy signal forms copying in ~250 steps; spans of 4-12 tokens stall (scripts/probes/README.md).
+   copy signal forms copying in ~250 steps; spans of 4-12 tokens stall (docs/replication_probes.md).
 2. ``needle``: a 1-chunk train document + "\\nmemory:" -> " " + needle sentence (stop at 0.9 exact).
 3. ``paper``: the paper's memory prompt of a 1-chunk train document, built by
    :class:`recurrent.impls.memory.MemoryWorkflow` -> needle sentence (lr 1e-3, 20 warm-up; stop at 0.9 exact).
