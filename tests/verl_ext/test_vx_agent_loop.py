@@ -4,12 +4,11 @@ several chunks, in async mode (one verl agent loop per trajectory) and sync mode
 from __future__ import annotations
 
 import pytest
-from verl.experimental.agent_loop.agent_loop import DictConfigWrap, _agent_loop_registry
-from verl.utils.dataset.rl_dataset import RLHFDataset
+from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+from vx_helpers import memory_agent_loop
 
 from recurrent.impls.memory import NO_MEMORY
 from recurrent.tokens import encode_long, num_chunks
-from verl_ext.agent_loop import MemoryAgentLoop
 from verl_ext.lockstep import Trajectory, run_trajectories
 from verl_ext.rollout import MemoryRollout
 
@@ -103,18 +102,6 @@ def documents(tiny_tokenizer) -> dict[str, str]:
     chunks = {name: num_chunks(len(encode_long(text, tiny_tokenizer)), 16) for name, text in DOCUMENTS.items()}
     assert chunks["empty"] == 0 and chunks["short"] == 1 and chunks["long"] >= 3, chunks
     return DOCUMENTS
-
-
-def memory_agent_loop(config, tokenizer, server) -> MemoryAgentLoop:
-    """Our agent loop, constructed the way verl's agent-loop worker constructs it."""
-    return MemoryAgentLoop(
-        trainer_config=DictConfigWrap(config),
-        server_manager=server,
-        tokenizer=tokenizer,
-        processor=None,
-        dataset_cls=RLHFDataset,
-        data_config=DictConfigWrap(config.data),
-    )
 
 
 async def test_async_agent_loop_rows(tiny_config, tiny_tokenizer, tiny_server, documents):

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import pytest
 import ray
-from verl.experimental.agent_loop.agent_loop import DictConfigWrap
-from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.router import GlobalRequestLoadBalancer
+from vx_helpers import memory_agent_loop
 
-from verl_ext.agent_loop import MemoryAgentLoop
 from verl_ext.cpu.hf_server import HFTokenServer
 
 
@@ -26,14 +24,7 @@ async def test_agent_loop_through_verls_llm_server_client(local_ray, tiny_config
     server = ray.remote(HFTokenServer).options(num_cpus=0).remote(tiny_model_dir)
     balancer = ray.remote(GlobalRequestLoadBalancer).options(num_cpus=0).remote(servers={"hf_cpu_server_0": server})
     client = LLMServerClient(tiny_config, load_balancer_handle=balancer)
-    loop = MemoryAgentLoop(
-        trainer_config=DictConfigWrap(tiny_config),
-        server_manager=client,
-        tokenizer=tiny_tokenizer,
-        processor=None,
-        dataset_cls=RLHFDataset,
-        data_config=DictConfigWrap(tiny_config.data),
-    )
+    loop = memory_agent_loop(tiny_config, tiny_tokenizer, client)
     chat = [{"role": "user", "content": "What is the magic number?"}]
     context = "The river city was born in the year of the film. " * 3 + "The magic number is 42."
     sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}

@@ -73,3 +73,20 @@ def load_example(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def memory_agent_loop(config, tokenizer, server):
+    """Our agent loop (verl_ext/agent_loop.py), constructed the way verl's agent-loop worker constructs it."""
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from verl_ext.agent_loop import MemoryAgentLoop
+
+    return MemoryAgentLoop(
+        trainer_config=DictConfigWrap(config),
+        server_manager=server,
+        tokenizer=tokenizer,
+        processor=None,
+        dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(config.data),
+    )
