@@ -73,5 +73,5 @@ def read_lines(path: Path) -> list[dict]:
 def harness_argv(data: Path, results: Path, length: int, *options: str) -> list[str]:
     """The harness command line the tests run: HotpotQA at one length, from ``data`` into ``results``, quiet and
     without the final report, plus ``options`` (the model, the server, retries...)."""
-    return ["--tasks", "hotpotqa", "--lengths", str(length), "--data-dir", str(data), "--results-dir", str(results),
-            "--no-report", "--quiet", *options]  # fmt: skip
+    paths = ("--data-dir", str(data), "--results-dir", str(results))
+    return ["--tasks", "hotpotqa", "--lengths", str(length), *paths, "--no-report", "--quiet", *options]
