@@ -45,20 +45,14 @@ def test_trajectory_mode_by_hand():
     #   update 1: a_1_0(30)->r0, a_0_1(20)->r1, a_0_0(10)->r1 (20 < 30), a_1_1(8)->r0, a_0_2(5)->r1 (30 < 38)
     # Slots of 3 rows; shares keep arrival order; rank 0's update-1 share gets one padding row.
     assert plan.num_minibatches == 2 and plan.slot_rows == 3 and plan.minibatch_rows == 6
+    # fmt: off
     assert keys(plan.order) == [
-        "b_1_0",
-        "b_0_1",
-        "b_1_3",  # rank 0, update 0
-        "a_1_1",
-        "a_1_0",
-        None,  # rank 0, update 1
-        "b_1_2",
-        "b_0_0",
-        "b_1_1",  # rank 1, update 0
-        "a_0_0",
-        "a_0_2",
-        "a_0_1",  # rank 1, update 1
+        "b_1_0", "b_0_1", "b_1_3",  # rank 0, update 0
+        "a_1_1", "a_1_0", None,     # rank 0, update 1
+        "b_1_2", "b_0_0", "b_1_1",  # rank 1, update 0
+        "a_0_0", "a_0_2", "a_0_1",  # rank 1, update 1
     ]
+    # fmt: on
     assert plan.num_padding == 1
     by_key = {ARRIVAL[p]: g for p, g in plan.minibatch_of.items()}
     assert {k for k, g in by_key.items() if g == 0} == {"b_0_0", "b_0_1", "b_1_0", "b_1_1", "b_1_2", "b_1_3"}
@@ -70,20 +64,14 @@ def test_turn_major_mode_is_the_forks_cut():
     # Trajectory order b_0, b_1, a_0, a_1. Rounds: memory turn 0 (b_0_0, b_1_0, a_0_0, a_1_0), turn 1 (b_1_1,
     # a_0_1), turn 2 (b_1_2), then the answers (b_0_1, b_1_3, a_0_2, a_1_1). 11 rows over 2 ranks: 6 + 5;
     # rank 0's 6 in two updates of 3, rank 1's 5 in 3 + 2 (+1 padding row).
+    # fmt: off
     assert keys(plan.order) == [
-        "b_0_0",
-        "b_1_0",
-        "a_0_0",  # rank 0, update 0
-        "a_1_0",
-        "b_1_1",
-        "a_0_1",  # rank 0, update 1
-        "b_1_2",
-        "b_0_1",
-        "b_1_3",  # rank 1, update 0
-        "a_0_2",
-        "a_1_1",
-        None,  # rank 1, update 1
+        "b_0_0", "b_1_0", "a_0_0",  # rank 0, update 0
+        "a_1_0", "b_1_1", "a_0_1",  # rank 0, update 1
+        "b_1_2", "b_0_1", "b_1_3",  # rank 1, update 0
+        "a_0_2", "a_1_1", None,     # rank 1, update 1
     ]
+    # fmt: on
     assert plan.slot_rows == 3 and plan.num_padding == 1
 
 
