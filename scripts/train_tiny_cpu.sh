@@ -11,7 +11,10 @@
 # TASK=toy: verl's stock `python -m verl.trainer.main_ppo` (trainer.use_v1=True, trainer.v1.trainer_mode=sync) with
 #   the stock `single_turn_agent` loop on a generated copy task (verl_ext/cpu/toy_data.py) and a dense reward
 #   (verl_ext/cpu/toy_reward.py); verl's own config, so the CPU values are passed below.
-# Both: GRPO (memory n=4, toy n=2), KL loss against the ref policy, NGPUS FSDP2 ranks on gloo (fake Ray GPUs), the
+# TASK=needle: our trainer with configs/replicate_cpu.yaml, the RL run of the CPU replication (docs/replication_cpu.md):
+#   needle documents of 1-4 chunks (taskutils/replication/needle.py), the strict reward; MODEL must be the warm
+#   start (python -m taskutils.replication.warm_start). scripts/replicate_cpu.sh calls it this way.
+# All: GRPO (memory n=4, toy n=2), KL loss against the ref policy, NGPUS FSDP2 ranks on gloo (fake Ray GPUs), the
 # `hf_cpu` transformers rollout, validation before training and after every step, a checkpoint every step
 # (resume_mode=auto; with the Hugging Face model), console + JSONL metrics, rollout and validation dumps. The CPU
 # adaptations are verl_ext/cpu (README.md there); they load in every Ray process through
@@ -22,7 +25,7 @@
 #   STEPS=2          total training steps (a rerun with a larger STEPS in the same OUT_DIR resumes)
 #   OUT_DIR=...      everything the run writes: data/, checkpoints/, metrics.jsonl (this run; earlier runs
 #                    metrics.N.jsonl), rollout/, validation/, hydra/, train.log (appended across runs), training.png
-#   TASK=memory      memory | toy (see above)
+#   TASK=memory      memory | toy | needle (see above)
 #   MODEL=...        model folder (default: the tiny offline model, materialized if missing)
 #   NGPUS=2          FSDP ranks (= fake Ray GPUs)
 #   PYTHON=...       interpreter (default: the repo's .venv)
@@ -60,16 +63,26 @@ fi
 # Ray's Unix sockets live under its temp dir: keep the path short (108-byte limit), and unique per run.
 RAY_TMP="$(mktemp -d -t rc.XXXXXX)"  # $TMPDIR or /tmp: short enough for Unix sockets
 
+if [[ "$TASK" == needle && -z "${MODEL:-}" ]]; then
+  echo "TASK=needle needs MODEL=<warm-start folder> (python -m taskutils.replication.warm_start --out DIR)" >&2
+  exit 2
+fi
 MODEL="${MODEL:-$("$PYTHON" -c 'from recurrent.models import TINY, materialize; print(materialize(TINY))')}"
 DATA="$OUT_DIR/data"
 case "$TASK" in
   toy) data_args=(--task copy --train 32 --val 4) ;;
   # 256 training questions: 64 steps of 4 before the data repeats (the run goes on: total_epochs 1000); 4 to validate.
   memory) data_args=(--task memory --train 256 --val 4) ;;
-  *) echo "TASK must be toy or memory, got '$TASK'" >&2; exit 2 ;;
+  # 2,000 training documents of 1-4 chunks; 8 validation documents at each of 1, 2 and 4 chunks.
+  needle) data_args=(--train 2000 --validation 8 --test 0 --eval-chunks 1 2 4 --tokenizer "$MODEL") ;;
+  *) echo "TASK must be toy, memory or needle, got '$TASK'" >&2; exit 2 ;;
 esac
 # Made once per OUT_DIR (deterministic for the seed): a resumed run reads the same files.
-if [[ ! -f "$DATA/train.parquet" || ! -f "$DATA/val.parquet" ]]; then
+if [[ "$TASK" == needle ]]; then
+  if [[ ! -f "$DATA/train.parquet" || ! -f "$DATA/validation.parquet" ]]; then
+    "$PYTHON" -m taskutils.replication.needle "${data_args[@]}" --out "$DATA" >/dev/null
+  fi
+elif [[ ! -f "$DATA/train.parquet" || ! -f "$DATA/val.parquet" ]]; then
   "$PYTHON" -m verl_ext.cpu.toy_data "${data_args[@]}" --out "$DATA" >/dev/null
 fi
 
@@ -87,7 +100,14 @@ machine_args=(
 )
 
 # --- the task -----------------------------------------------------------------------------------------------
-if [[ "$TASK" == memory ]]; then
+if [[ "$TASK" == needle ]]; then
+  # configs/replicate_cpu.yaml: tiny_cpu's CPU platform values plus the replication's budgets, reward and step shape.
+  entry=(-m verl_ext.main --config-name replicate_cpu)
+  task_args=(
+    data.train_files="$DATA/train.parquet"
+    data.val_files="$DATA/validation.parquet"
+  )
+elif [[ "$TASK" == memory ]]; then
   # configs/tiny_cpu.yaml: the CPU platform values, the budgets, the reward, validation/checkpoint cadence.
   entry=(-m verl_ext.main --config-name tiny_cpu)
   task_args=(
