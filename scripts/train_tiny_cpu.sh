@@ -28,6 +28,7 @@
 #   TASK=memory      memory | toy | needle (see above)
 #   MODEL=...        model folder (default: the tiny offline model, materialized if missing)
 #   NGPUS=2          FSDP ranks (= fake Ray GPUs)
+#   DATA_DIR=...     the task's data files (default OUT_DIR/data; made there when missing)
 #   PYTHON=...       interpreter (default: the repo's .venv)
 # Extra arguments are passed to the trainer as hydra overrides (they come last, so they win), e.g.
 # 'trainer.logger=[console,file,wandb]' (wandb runs offline: WANDB_MODE=offline, files under OUT_DIR/wandb).
@@ -68,7 +69,7 @@ if [[ "$TASK" == needle && -z "${MODEL:-}" ]]; then
   exit 2
 fi
 MODEL="${MODEL:-$("$PYTHON" -c 'from recurrent.models import TINY, materialize; print(materialize(TINY))')}"
-DATA="$OUT_DIR/data"
+DATA="${DATA_DIR:-$OUT_DIR/data}"
 case "$TASK" in
   toy) data_args=(--task copy --train 32 --val 4) ;;
   # 256 training questions: 64 steps of 4 before the data repeats (the run goes on: total_epochs 1000); 4 to validate.

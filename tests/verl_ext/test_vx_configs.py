@@ -175,3 +175,39 @@ def test_tiny_cpu_config_composes_and_fits(tiny_model_dir, tiny_tokenizer):
     assert rollout.max_model_len == rollout.prompt_length + rollout.response_length
     assert (config.trainer.device, rollout.name, config.trainer.v1.trainer_mode) == ("cpu", "hf_cpu", "sync")
     validate_config(config, use_reference_policy=True, use_critic=False)
+
+
+def test_the_replication_run_is_the_papers_algorithm_at_cpu_scale():
+    """configs/replicate_cpu.yaml (docs/replication_cpu.md): the paper's algorithm, the issue's step shape, the
+    strict reward, and budgets that hold the reader's longest memory turn."""
+    from taskutils.replication.reader import build_tokenizer
+    from verl_ext.minibatch import updates_per_step
+
+    config = compose_config("replicate_cpu")
+    OmegaConf.resolve(config)
+    actor, rollout = config[AR].actor, config[AR].rollout
+    # the paper's algorithm: GRPO without std division, KL loss, every turn credited, trajectory mini-batches
+    assert config.algorithm.adv_estimator == "grpo" and config.algorithm.norm_adv_by_std_in_grpo is False
+    assert (actor.use_kl_loss, actor.kl_loss_type, actor.kl_loss_coef) == (True, "low_var_kl", 0.001)
+    assert (config.recurrent.credit, config.recurrent.minibatch, actor.loss_agg_mode) == (
+        "all",
+        "trajectory",
+        "token-mean",
+    )
+    # the issue's step: GRPO n >= 4, 16 optimizer updates per step (the paper's 128 / 8)
+    assert rollout.n >= 4 and rollout.temperature == 1.0
+    assert updates_per_step(config.data.train_batch_size, actor.ppo_mini_batch_size) == 16
+    # the strict verifier as the reward (not tiny_cpu's dense test reward), greedy validation
+    assert (config.reward.custom_reward_function.path, config.reward.custom_reward_function.name) == (
+        "pkg://verl_ext.reward",
+        "compute_score",
+    )
+    assert (rollout.val_kwargs.temperature, rollout.val_kwargs.n) == (0, 1)
+    # fp32 compute on CPU (bf16 autocast is emulated on CPUs without bf16 instructions)
+    for fsdp in (actor.fsdp_config, config[AR].ref.fsdp_config):
+        assert fsdp.mixed_precision.param_dtype == "fp32"
+    # budgets: the reader's memory turn (template + question + 64-token chunk + 32-token memory) fits
+    section = recurrent_section(config)
+    assert (section["config"]["chunk_size"], section["config"]["max_memorization_length"]) == (64, 32)
+    check_budgets(build_workflow(section, build_tokenizer()), Budgets(rollout.prompt_length, rollout.response_length))
+    assert rollout.max_model_len >= rollout.prompt_length + rollout.response_length

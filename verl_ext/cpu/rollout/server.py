@@ -83,6 +83,9 @@ class HFCPUServer:
         self.config: RolloutConfig = omega_conf_to_dataclass(config)
         self.model_config: HFModelConfig = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
         self.replica_rank = replica_rank
+        # vLLM's engine seed (vllm_async_server.py:343): rollout.seed + replica rank, so that a run's sampling
+        # follows rollout.seed (the replication's RL seeds) and replicas draw different samples.
+        torch.manual_seed(self.config.seed + replica_rank)
         model = AutoModelForCausalLM.from_pretrained(
             self.model_config.local_path,
             dtype=DTYPES[dtype],

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# The CPU replication of MemAgent's headline result (docs/replication_cpu.md), in one command:
+#
+#   bash scripts/replicate_cpu.sh            # warm start (cached), RL x 2 seeds, ablation, evaluation, table + plot
+#   QUICK=1 bash scripts/replicate_cpu.sh    # the same pipeline at toy size (CI: artefacts, not accuracy)
+#
+# Stages, each resumable (run the same command again after a kill: finished stages are skipped, an RL run resumes
+# from its last checkpoint, the evaluation from its last finished item):
+#   1. warm start   python -m taskutils.replication.warm_start --cache: built once into the models cache
+#                   (~15 min on 1 thread; reused afterwards, like the other offline models); never committed
+#   2. data         needle documents: training (1-4 chunks), validation (1, 2, 4 chunks), test (every eval length)
+#   3. RL           for each seed of SEEDS: scripts/train_tiny_cpu.sh TASK=needle (configs/replicate_cpu.yaml:
+#                   our trainer, the memory agent, strict reward, GRPO n=4, KL loss, 16 updates per step)
+#   4. ablation     the same run with recurrent.credit=final (memory turns carry no advantage), ABLATION_SEEDS
+#   5. evaluation   python -m taskutils.memory_eval.run through `transformers serve` of each policy's exported
+#                   checkpoint, on the test split at LENGTHS chunks, EVAL_DOCS documents each, greedy; the memory
+#                   agent (memory-boxed) for every policy, the full-context baseline (direct-boxed) for the warm
+#                   start and RL seed 0
+#   6. report       python -m taskutils.replication.report: replication.md / .csv / .png (accuracy by length x policy)
+#
+# Environment (defaults in brackets; QUICK=1 changes the ones marked Q):
+#   OUT_DIR         everything the run writes [.cache/replicate_cpu; Q: .cache/replicate_cpu_quick]
+#   STEPS           RL steps per run [30; Q: 2]
+#   SEEDS           RL seeds (actor_rollout_ref.rollout.seed) ["0 1"; Q: "0"]
+#   ABLATION_SEEDS  seeds of the final-credit ablation ["0"; Q: "0"]
+#   ABLATION_STEPS  steps of the ablation [STEPS; Q: 1]
+#   LENGTHS         evaluation lengths in chunks of 64 tokens ["1 2 4 8 16 32 64"; Q: "1 2"]
+#   EVAL_DOCS       test documents per length [64; Q: 2]
+#   NGPUS           FSDP ranks of each RL run (fake Ray GPUs) [2]
+#   PYTHON          interpreter [the repo's .venv]
+# Extra arguments go to every RL run as hydra overrides.
+#
+# Output: OUT_DIR/{data,eval_data}, OUT_DIR/runs/<policy>/ (train.log, metrics.jsonl, training.png, checkpoints),
+# OUT_DIR/policies.yaml (the evaluation's model table), OUT_DIR/results/ (the harness's per-item results and
+# summary), OUT_DIR/results/replication.{md,csv,png}, OUT_DIR/timing.jsonl (wall seconds of every stage run).
+# Exit status: 0 when every stage finished and every results file is complete; otherwise the failing stage's.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
+QUICK="${QUICK:-0}"
+if [[ "$QUICK" == 1 ]]; then
+  OUT_DIR="${OUT_DIR:-$REPO/.cache/replicate_cpu_quick}"
+  STEPS="${STEPS:-2}" SEEDS="${SEEDS:-0}" ABLATION_SEEDS="${ABLATION_SEEDS-0}" ABLATION_STEPS="${ABLATION_STEPS:-1}"
+  LENGTHS="${LENGTHS:-1 2}" EVAL_DOCS="${EVAL_DOCS:-2}" TRAIN_DOCS=64 VAL_DOCS=2 warm_args=(--cache --quick)
+else
+  OUT_DIR="${OUT_DIR:-$REPO/.cache/replicate_cpu}"
+  STEPS="${STEPS:-30}" SEEDS="${SEEDS:-0 1}" ABLATION_SEEDS="${ABLATION_SEEDS-0}" ABLATION_STEPS="${ABLATION_STEPS:-$STEPS}"
+  LENGTHS="${LENGTHS:-1 2 4 8 16 32 64}" EVAL_DOCS="${EVAL_DOCS:-64}" TRAIN_DOCS=2000 VAL_DOCS=8 warm_args=(--cache)
+fi
+NGPUS="${NGPUS:-2}"
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+mkdir -p "$OUT_DIR/runs"
+OUT_DIR="$(cd "$OUT_DIR" && pwd)"
+cd "$REPO"
+
+say() { echo "[replicate_cpu $(date +%H:%M:%S)] $*"; }
+# timed NAME CMD...: run a stage, append its wall seconds and exit status to timing.jsonl.
+timed() {
+  local name="$1" start rc
+  shift
+  start=$(date +%s)
+  set +e
+  "$@"
+  rc=$?
+  set -e
+  printf '{"stage": "%s", "seconds": %d, "rc": %d}\n' "$name" $(($(date +%s) - start)) "$rc" >> "$OUT_DIR/timing.jsonl"
+  if [[ "$rc" != 0 ]]; then say "stage '$name' failed (exit $rc); run the same command again to resume"; exit "$rc"; fi
+}
+# The last checkpointed step of a run folder (0 if none).
+last_step() { cat "$1/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null || echo 0; }
+
+say "out=$OUT_DIR steps=$STEPS seeds=[$SEEDS] ablation=[$ABLATION_SEEDS]x$ABLATION_STEPS lengths=[$LENGTHS] docs=$EVAL_DOCS"
+
+# ---- 1. warm start (cached) --------------------------------------------------------------------------------------
+say "1/6 warm start (${warm_args[*]}): built once, then reused"
+timed warm_start "$PYTHON" -m taskutils.replication.warm_start "${warm_args[@]}" | tee "$OUT_DIR/warm_start.log"
+WARM="$(tail -n 1 "$OUT_DIR/warm_start.log")"
+[[ -f "$WARM/config.json" ]] || { say "the warm start did not print its folder (got '$WARM')"; exit 1; }
+
+# ---- 2. data -------------------------------------------------------------------------------------------------------
+say "2/6 data"
+if [[ ! -f "$OUT_DIR/data/validation.parquet" ]]; then
+  timed data_train "$PYTHON" -m taskutils.replication.needle --out "$OUT_DIR/data" --tokenizer "$WARM" \
+    --train "$TRAIN_DOCS" --validation "$VAL_DOCS" --test 0 --eval-chunks 1 2 4 > /dev/null
+fi
+# shellcheck disable=SC2086  # LENGTHS is a list
+if [[ ! -f "$OUT_DIR/eval_data/test.parquet" ]]; then
+  timed data_test "$PYTHON" -m taskutils.replication.needle --out "$OUT_DIR/eval_data" --tokenizer "$WARM" \
+    --train 0 --validation 0 --test "$EVAL_DOCS" --eval-chunks $LENGTHS > /dev/null
+fi
+
+# ---- 3-4. RL and the ablation ----------------------------------------------------------------------------------------
+# rl_run NAME STEPS [overrides...]: one RL run in runs/NAME, resumed from its last checkpoint, skipped when done.
+rl_run() {
+  local name="$1" steps="$2" dir="$OUT_DIR/runs/$1"
+  shift 2
+  if [[ "$(last_step "$dir")" -ge "$steps" ]]; then say "   $name: done ($steps steps)"; return; fi
+  say "   $name: $steps steps (from step $(last_step "$dir")); log: $dir/train.log"
+  timed "rl:$name" env TASK=needle MODEL="$WARM" DATA_DIR="$OUT_DIR/data" OUT_DIR="$dir" STEPS="$steps" NGPUS="$NGPUS" \
+    PYTHON="$PYTHON" bash "$REPO/scripts/train_tiny_cpu.sh" "$@" "${EXTRA[@]}" > "$dir.launcher.log" 2>&1 \
+    || { tail -n 20 "$dir.launcher.log"; exit 1; }
+  grep -E "^step |^ +[0-9]+ " "$dir.launcher.log" | tail -n 3 || true
+}
+EXTRA=("$@")
+say "3/6 RL: seeds [$SEEDS], $STEPS steps each"
+for seed in $SEEDS; do rl_run "rl-seed$seed" "$STEPS" "actor_rollout_ref.rollout.seed=$seed"; done
+say "4/6 ablation (recurrent.credit=final): seeds [$ABLATION_SEEDS], $ABLATION_STEPS steps each"
+for seed in $ABLATION_SEEDS; do
+  rl_run "ablation-seed$seed" "$ABLATION_STEPS" "actor_rollout_ref.rollout.seed=$seed" recurrent.credit=final
+done
+
+# ---- 5. evaluation through the harness -----------------------------------------------------------------------------
+say "5/6 evaluation: test split, lengths [$LENGTHS], $EVAL_DOCS documents each, greedy"
+# The policies' exported checkpoints (the last step's Hugging Face folder of each run) in a model table.
+policies=("warm-start=$WARM")
+for seed in $SEEDS; do policies+=("rl-seed$seed=$OUT_DIR/runs/rl-seed$seed/checkpoints/global_step_$STEPS/actor/huggingface"); done
+for seed in $ABLATION_SEEDS; do
+  policies+=("ablation-seed$seed=$OUT_DIR/runs/ablation-seed$seed/checkpoints/global_step_$ABLATION_STEPS/actor/huggingface")
+done
+"$PYTHON" -m taskutils.replication.policies "${policies[@]}" --out "$OUT_DIR/policies.yaml"
+memory_models="$(IFS=,; echo "${policies[*]%%=*}" | tr ' ' ',')"
+first_rl="rl-seed${SEEDS%% *}"
+eval_common=(--table "$OUT_DIR/policies.yaml" --tasks needle --lengths "$(echo $LENGTHS | tr ' ' ',')"
+  --limit "$EVAL_DOCS" --data-dir "$OUT_DIR/eval_data/eval/test" --results-dir "$OUT_DIR/results" --temperature 0
+  --no-report)
+timed eval_memory "$PYTHON" -m taskutils.memory_eval.run "${eval_common[@]}" --models "$memory_models" --method memory-boxed
+timed eval_direct "$PYTHON" -m taskutils.memory_eval.run "${eval_common[@]}" --models "warm-start,$first_rl" \
+  --method direct-boxed
+
+# ---- 6. report --------------------------------------------------------------------------------------------------------
+say "6/6 report"
+"$PYTHON" -m taskutils.memory_eval.report "$OUT_DIR/results" > /dev/null
+timed report "$PYTHON" -m taskutils.replication.report "$OUT_DIR/results"
+for run in "$OUT_DIR"/runs/*/; do say "training curve: ${run}training.png"; done
+say "done: $OUT_DIR/results/replication.md, replication.png; stage times: $OUT_DIR/timing.jsonl"

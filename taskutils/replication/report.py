@@ -1,0 +1,186 @@
+"""The replication's table and figure: accuracy by document length x policy (the paper's Table 2 in miniature).
+
+    python -m taskutils.replication.report RESULTS_DIR [--out DIR] [--task needle]
+
+reads the evaluation harness's results files (``RESULTS_DIR/needle_{N}/<model>__<method>.jsonl``, through
+:func:`taskutils.memory_eval.report.collect`, the harness's own reader) and writes into ``--out`` (default
+``RESULTS_DIR``):
+
+- ``replication.md``: strict and lenient (``sub_em``) accuracy in %, one row per policy, one column per length;
+- ``replication.csv``: the same numbers, one line per (policy, model, method, length), the seeds' own rows included;
+- ``replication.png``: strict accuracy against document length (log scale), one line per policy.
+
+A policy is a model name without its ``-seed<k>`` suffix, with its method: ``rl-seed0`` and ``rl-seed1`` (memory
+agent) are the policy ``rl``, reported as the mean of the seeds; a ``direct-boxed`` file is that model's
+full-context baseline. Lengths are chunk counts of 64 tokens. A results file with fewer items than its eval set,
+or with failed items, is flagged in the table (``*``) and makes :func:`main` exit with 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from taskutils.memory_eval.report import Row, collect
+
+TASK = "needle"
+CHUNK_TOKENS = 64
+_SEED = re.compile(r"-seed(\d+)$")
+# Display order and names of the policies the replication script evaluates; others follow in name order.
+POLICY_NAMES = {
+    ("warm-start", "memory-boxed"): "warm start (SFT)",
+    ("rl", "memory-boxed"): "RL (mean of seeds)",
+    ("ablation", "memory-boxed"): "ablation: final-turn credit only",
+    ("warm-start", "direct-boxed"): "warm start, full context",
+    ("rl", "direct-boxed"): "RL, full context",
+}
+
+
+@dataclass
+class Cell:
+    """One policy at one length: the mean over its seeds of each seed's mean score (in %)."""
+
+    policy: tuple[str, str]
+    length: int
+    seeds: dict[str, Row]
+
+    def mean(self, metric: str) -> float | None:
+        values = [getattr(row, metric) for row in self.seeds.values()]
+        if not values or any(v is None for v in values):
+            return None
+        return round(sum(values) / len(values), 2)
+
+    @property
+    def complete(self) -> bool:
+        return all(not row.incomplete and not row.failed for row in self.seeds.values())
+
+
+def policy_of(row: Row) -> tuple[str, str]:
+    return _SEED.sub("", row.model), row.method
+
+
+def policy_name(policy: tuple[str, str]) -> str:
+    return POLICY_NAMES.get(policy, f"{policy[0]} ({policy[1]})")
+
+
+def cells(rows: list[Row], task: str = TASK) -> dict[tuple[str, str], dict[int, Cell]]:
+    """Cells by policy (in display order) and length."""
+    table: dict[tuple[str, str], dict[int, Cell]] = defaultdict(dict)
+    for row in rows:
+        if row.task != task:
+            continue
+        policy = policy_of(row)
+        cell = table[policy].setdefault(row.length, Cell(policy, row.length, {}))
+        cell.seeds[row.model] = row
+    order = list(POLICY_NAMES)
+    return dict(sorted(table.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0])))
+
+
+def _fmt(cell: Cell | None, metric: str) -> str:
+    if cell is None:
+        return "–"
+    value = cell.mean(metric)
+    text = "–" if value is None else f"{value:.1f}"
+    return text if cell.complete else text + "*"
+
+
+def markdown(table: dict[tuple[str, str], dict[int, Cell]]) -> str:
+    lengths = sorted({n for by_length in table.values() for n in by_length})
+    header = "| policy | seeds | " + " | ".join(f"{n} ({n * CHUNK_TOKENS} tok)" for n in lengths) + " |"
+    rule = "|---|---|" + "---|" * len(lengths)
+    parts = []
+    for metric, title in (("strict", "Strict accuracy (%)"), ("sub_em", "Lenient accuracy, sub_em (%)")):
+        lines = [f"**{title}** by document length in chunks (tokens)", "", header, rule]
+        for policy, by_length in table.items():
+            seeds = sorted({m for cell in by_length.values() for m in cell.seeds})
+            cols = " | ".join(_fmt(by_length.get(n), metric) for n in lengths)
+            lines.append(f"| {policy_name(policy)} | {len(seeds)} | {cols} |")
+        parts.append("\n".join(lines))
+    note = "`*`: incomplete (fewer items than the eval set, or failed items: they count as wrong)."
+    return "\n\n".join(parts) + "\n\n" + note + "\n"
+
+
+def write_csv(table: dict[tuple[str, str], dict[int, Cell]], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["policy", "model", "method", "length", "items", "strict", "sub_em"])
+        for policy, by_length in table.items():
+            for n, cell in sorted(by_length.items()):
+                for model, row in sorted(cell.seeds.items()):
+                    writer.writerow([policy_name(policy), model, row.method, n, row.n, row.strict, row.sub_em])
+                if len(cell.seeds) > 1:
+                    writer.writerow(
+                        [policy_name(policy), "mean", policy[1], n, "", cell.mean("strict"), cell.mean("sub_em")]
+                    )
+
+
+def plot(table: dict[tuple[str, str], dict[int, Cell]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    for policy, by_length in table.items():
+        points = [(n, cell.mean("strict")) for n, cell in sorted(by_length.items())]
+        points = [(n, v) for n, v in points if v is not None]
+        if points:
+            style = "--" if policy[1].startswith("direct") else "-"
+            ax.plot([n for n, _ in points], [v for _, v in points], style, marker="o", label=policy_name(policy))
+    ax.set_xscale("log", base=2)
+    lengths = sorted({n for by_length in table.values() for n in by_length})
+    ax.set_xticks(lengths, [f"{n}\n{n * CHUNK_TOKENS}" for n in lengths])
+    ax.set_xlabel("document length: chunks / tokens (training: 1-4 chunks)")
+    ax.set_ylabel("strict accuracy (%)")
+    ax.set_ylim(-2, 102)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write(results_dir: str | Path, out: str | Path | None = None, task: str = TASK) -> dict[str, Path]:
+    """Write the table (markdown, CSV) and the plot; returns their paths."""
+    results_dir = Path(results_dir)
+    out = Path(out) if out else results_dir
+    out.mkdir(parents=True, exist_ok=True)
+    table = cells(collect(results_dir), task)
+    if not table:
+        raise FileNotFoundError(f"no {task}_<length>/<model>__<method>.jsonl results under {results_dir}")
+    paths = {"md": out / "replication.md", "csv": out / "replication.csv", "png": out / "replication.png"}
+    paths["md"].write_text(markdown(table))
+    write_csv(table, paths["csv"])
+    plot(table, paths["png"])
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m taskutils.replication.report",
+        description=__doc__.split("\n\n")[0],
+        epilog="Exit status: 0 when every results file is complete, 1 when one is not, 2 when there are none.",
+    )
+    parser.add_argument("results_dir", type=Path)
+    parser.add_argument("--out", type=Path, default=None, help="output folder (default: RESULTS_DIR)")
+    parser.add_argument("--task", default=TASK)
+    args = parser.parse_args(argv)
+    try:
+        paths = write(args.results_dir, args.out, args.task)
+    except FileNotFoundError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(paths["md"].read_text())
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    table = cells(collect(args.results_dir), args.task)
+    return 0 if all(c.complete for by_length in table.values() for c in by_length.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
