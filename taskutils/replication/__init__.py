@@ -5,5 +5,6 @@
 - :mod:`taskutils.replication.reader`: the reader's tokenizer (byte-level BPE trained on the task's text,
   one token per digit) and its ~1M-parameter Qwen2 configuration.
 - :mod:`taskutils.replication.warm_start`: the supervised warm start (copy curriculum, then naive-teacher
-  transcripts) and its measurement with the real memory agent.
+  transcripts, each stage to a step budget), cached in the offline model cache, and its measurement with the
+  real memory agent.
 """

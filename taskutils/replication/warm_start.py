@@ -1,9 +1,12 @@
 """The warm start of the CPU replication: plain-torch SFT of the ~1M-parameter reader, and its measurement.
 
-    python -m taskutils.replication.warm_start --out DIR [--p-needle 0.4] [--p-keep 0.9] [--seed 0]
+    python -m taskutils.replication.warm_start --cache [--quick] [--force]  # into the model cache; prints the folder
+    python -m taskutils.replication.warm_start --out DIR [--steps 1030 200 75 146] [--p-needle 0.4] [--seed 0]
     python -m taskutils.replication.warm_start --evaluate DIR [--docs 32] [--chunks 1 2 4] [--sample]
 
-Build (AdamW, loss on target tokens only, one CPU thread), four stages, each stopped at its target or its cap:
+Build (AdamW, loss on target tokens only, one CPU thread), four stages, each stopped at its target or its step
+budget (:data:`FULL`: 1030 / 200 / 75 / 146 steps, those of the measured build; :data:`QUICK`: a few steps, for
+tests of the pipeline). Step budgets, not time caps, so the weights do not depend on the machine's speed.
 
 1. ``synth``: 64 random tokens holding ``{ x1..xk }`` and ending with ``{ x1..xk }`` again, k = 24-30, so half
    the row is supervised copy (lr 3e-3, 100 warm-up steps, batch 32; stop at per-token accuracy 0.9). A dense
@@ -11,7 +14,7 @@ Build (AdamW, loss on target tokens only, one CPU thread), four stages, each sto
 2. ``needle``: a 1-chunk train document + "\\nmemory:" -> " " + needle sentence (stop at 0.9 exact).
 3. ``paper``: the paper's memory prompt of a 1-chunk train document, built by
    :class:`recurrent.impls.memory.MemoryWorkflow` -> needle sentence (lr 1e-3, 20 warm-up; stop at 0.9 exact).
-4. ``naive``: every turn of naive-teacher transcripts of train documents of 1-4 chunks (time cap only).
+4. ``naive``: every turn of naive-teacher transcripts of train documents of 1-4 chunks (no target).
 
 The naive teacher (:func:`teacher_transcript`) knows the format, not a good reading policy: on a chunk holding
 the needle it writes the needle sentence with probability ``p_needle``, else the chunk's first complete
@@ -24,9 +27,13 @@ mode), so greedy accuracy would far exceed the teacher's. Transcripts are sessio
 evaluation prompts token for token.
 
 Saves a Hugging Face Qwen2 folder (model, tokenizer with chat template, generation config) with
-``warm_start.json`` (recipe, stage logs). Evaluation drives :class:`~recurrent.impls.memory.MemoryWorkflow`
-sessions with :func:`recurrent.lockstep.run_lockstep` and a Hugging Face ``generate`` callable over validation
-documents, and scores the final answers with ``taskutils.verifiers.strict``.
+``warm_start.json`` (recipe, stage logs with steps, stop reason, training and wall seconds).
+:func:`cached_warm_start` keeps it in the offline model cache of :mod:`recurrent.models`
+(``replication-reader``, ``replication-reader-quick``) with that module's manifest, written last.
+
+Evaluation drives :class:`~recurrent.impls.memory.MemoryWorkflow` sessions with
+:func:`recurrent.lockstep.run_lockstep` and a Hugging Face ``generate`` callable over validation documents, and
+scores the final answers with ``taskutils.verifiers.strict``.
 """
 
 from __future__ import annotations
@@ -37,15 +44,21 @@ import json
 import random
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from recurrent.atomic import atomic_path
 from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
 from recurrent.interface import Reply, Turn
 from recurrent.lockstep import run_lockstep
+from recurrent.models import manifest_ok, models_dir, write_manifest
 from taskutils.replication.needle import NEEDLE_RE, filler_sentence, make_document, split_numbers
 from taskutils.replication.reader import build_tokenizer, reader_config
 from taskutils.verifiers.strict import strict_score
@@ -209,20 +222,22 @@ def train_stage(
     pad_id: int,
     lr: float,
     warmup: int,
-    minutes: float,
+    steps: int,
     stop_key: str | None,
     stop_at: float = 0.9,
     batch: int = 32,
     eval_every: int = 25,
     log: Any = print,
 ) -> dict[str, Any]:
-    """AdamW (betas 0.9/0.98, no weight decay, clip 1.0, linear warm-up) on ``sample(batch)`` until
-    ``stop_key`` of the held-out rows reaches ``stop_at`` or ``minutes`` of training time pass."""
+    """AdamW (betas 0.9/0.98, no weight decay, clip 1.0, linear warm-up) on ``sample(batch)`` for at most
+    ``steps`` steps. The held-out rows are scored every ``eval_every`` steps and after the last one; the stage
+    stops at the first score whose ``stop_key`` reaches ``stop_at`` (no target: ``stop_key`` None). Counting
+    steps, not time, makes the result the same on a slow machine as on a fast one."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
-    train_s, step, tokens, losses, curve = 0.0, 0, 0, [], []
+    train_s, tokens, losses, curve, stopped = 0.0, 0, [], [], "budget"
     model.train()
-    while True:
+    for step in range(1, steps + 1):
         rows = sample(batch)
         t0 = time.perf_counter()
         loss, *_ = batch_loss(model, rows, pad_id)
@@ -232,103 +247,192 @@ def train_stage(
         opt.step()
         sched.step()
         train_s += time.perf_counter() - t0
-        step += 1
         tokens += sum(len(p) + len(t) for p, t in rows)
         losses.append(loss.item())
-        out_of_time = train_s > minutes * 60
-        if step % eval_every == 0 or out_of_time:
+        if step % eval_every == 0 or step == steps:
             res = teacher_forced(model, held, pad_id)
+            recent = losses[-eval_every:]
             rec = {"stage": name, "step": step, "train_min": round(train_s / 60, 2), "tokens": tokens}
-            rec |= {"train_loss": round(sum(losses[-eval_every:]) / len(losses[-eval_every:]), 3), **res}
+            rec |= {"train_loss": round(sum(recent) / len(recent), 3), **res}
             curve.append(rec)
-            log(json.dumps(rec))
-            if out_of_time or (stop_key is not None and res[stop_key] >= stop_at):
+            log(
+                f"{name:<6} step {step:>4}/{steps:<4} {rec['train_min']:6.2f} min  train loss {rec['train_loss']:.3f}"
+                f"  held-out: tok_acc {res['tok_acc']:.3f} exact {res['exact']:.3f} loss {res['loss']:.3f}"
+            )
+            if stop_key is not None and res[stop_key] >= stop_at:
+                stopped = "target"
                 break
     return {
         "stage": name,
-        "steps": step,
+        "budget": steps,
+        "steps": curve[-1]["step"],
+        "stopped": stopped,
         "train_s": round(train_s, 1),
         "tokens": tokens,
-        "tok_per_s": round(tokens / train_s),
+        "tok_per_s": round(tokens / max(train_s, 1e-9)),
         "lr": lr,
         "final": curve[-1],
         "curve": curve,
     }
 
 
-def build(
-    out: Path,
+@dataclass(frozen=True)
+class Scale:
+    """The size of a build: its name in the model cache, the step budget of each stage (synth, needle, paper,
+    naive; a stage with a target may stop earlier), the training pools (needle rows, paper rows, naive-teacher
+    transcripts), the held-out sets (synth, needle and paper rows, transcripts) and the batch size."""
+
+    name: str
+    steps: tuple[int, int, int, int]
+    pools: tuple[int, int, int] = (3000, 3000, 2400)
+    held: tuple[int, int, int, int] = (256, 200, 200, 60)
+    batch: int = 32
+
+
+# The warm start: the budgets are the steps of the measured build (docs/replication_cpu.md, "Warm start"), whose
+# stages stopped at time caps (synth, naive) or at their targets (needle, paper).
+FULL = Scale("replication-reader", steps=(1030, 200, 75, 146))
+# The same four stages in seconds, for tests of the pipeline's artefacts (its accuracy is that of a random model).
+QUICK = Scale("replication-reader-quick", steps=(8, 2, 2, 2), pools=(64, 64, 16), held=(32, 16, 16, 4))
+# Bump when the build changes (data, stages, optimizer), so a cached warm start built the old way is rebuilt.
+RECIPE_VERSION = 1
+
+
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run the block on ``count`` torch threads (the build is deterministic on one)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def train(
+    scale: Scale = FULL,
     p_needle: float = 0.4,
     p_keep: float = 0.9,
     seed: int = 0,
-    minutes: tuple[float, float, float, float] = (3.0, 2.0, 3.0, 5.0),
+    threads: int = 1,
     log: Any = print,
-) -> dict[str, Any]:
-    """Build the warm start into ``out`` (a Hugging Face folder); returns the recipe with stage logs."""
+) -> tuple[Any, Any, dict[str, Any]]:
+    """Train the warm start; returns the model, its tokenizer and the recipe with the stage logs."""
     from transformers import AutoModelForCausalLM
 
-    torch.manual_seed(seed)
-    tokenizer = build_tokenizer()
-    pad = tokenizer.pad_token_id
-    model = AutoModelForCausalLM.from_config(reader_config(tokenizer), attn_implementation="sdpa")
-    model.generation_config.pad_token_id = pad
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    workflow = MemoryWorkflow(agent_config(), tokenizer)
-    rng, held_rng = random.Random(f"train-{seed}"), random.Random(f"held-{seed}")
-    stages = []
+    t_build = time.perf_counter()
+    with torch_threads(threads):
+        torch.manual_seed(seed)
+        tokenizer = build_tokenizer()
+        pad = tokenizer.pad_token_id
+        model = AutoModelForCausalLM.from_config(reader_config(tokenizer), attn_implementation="sdpa")
+        model.generation_config.pad_token_id = pad
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        workflow = MemoryWorkflow(agent_config(), tokenizer)
+        rng, held_rng = random.Random(f"train-{seed}"), random.Random(f"held-{seed}")
 
-    t = time.perf_counter()
-    held = synth_rows(tokenizer, held_rng, 256)
-    stages.append(
-        train_stage(
-            model,
-            "synth",
-            lambda n: synth_rows(tokenizer, rng, n),
-            held,
-            pad,
-            3e-3,
-            100,
-            minutes[0],
-            "tok_acc",
-            log=log,
+        def transcripts(r: random.Random, count: int) -> list[Row]:
+            rows = []
+            for i in range(count):
+                doc = make_document(r, tokenizer, 1 + i % 4, "train")
+                rows += [row for _, row, _ in teacher_transcript(workflow, doc, r, p_needle, p_keep)]
+            return rows
+
+        logs: list[dict[str, Any]] = []
+        t_stage = time.perf_counter()
+
+        def stage(name: str, sample: Any, held: list[Row], lr: float, warmup: int, stop_key: str | None, every=25):
+            nonlocal t_stage
+            budget = scale.steps[len(logs)]
+            target = f"stop at {stop_key} >= 0.9" if stop_key else "no target"
+            log(f"stage {len(logs) + 1}/4 {name}: at most {budget} steps of batch {scale.batch}, {target}")
+            rec = train_stage(
+                model,
+                name,
+                sample,
+                held,
+                pad,
+                lr,
+                warmup,
+                budget,
+                stop_key,
+                batch=scale.batch,
+                eval_every=every,
+                log=log,
+            )
+            now = time.perf_counter()  # the stage's wall time includes making its data
+            logs.append(rec | {"wall_s": round(now - t_stage, 1)})
+            t_stage = now
+
+        synth_held = synth_rows(tokenizer, held_rng, scale.held[0])
+        stage("synth", lambda n: synth_rows(tokenizer, rng, n), synth_held, 3e-3, 100, "tok_acc")
+        needle_pool, needle_held = (
+            needle_rows(tokenizer, rng, scale.pools[0]),
+            needle_rows(tokenizer, held_rng, scale.held[1]),
         )
-    )
-
-    pool, held = needle_rows(tokenizer, rng, 3000), needle_rows(tokenizer, held_rng, 200)
-    stages.append(
-        train_stage(model, "needle", lambda n: rng.sample(pool, n), held, pad, 3e-3, 100, minutes[1], "exact", log=log)
-    )
-
-    pool, held = paper_rows(workflow, rng, 3000), paper_rows(workflow, held_rng, 200)
-    stages.append(
-        train_stage(model, "paper", lambda n: rng.sample(pool, n), held, pad, 1e-3, 20, minutes[2], "exact", log=log)
-    )
-
-    def transcripts(r: random.Random, count: int) -> list[Row]:
-        rows = []
-        for i in range(count):
-            doc = make_document(r, tokenizer, 1 + i % 4, "train")
-            rows += [row for _, row, _ in teacher_transcript(workflow, doc, r, p_needle, p_keep)]
-        return rows
-
-    pool, held = transcripts(rng, 2400), transcripts(held_rng, 60)
-    stages.append(
-        train_stage(
-            model, "naive", lambda n: rng.sample(pool, n), held, pad, 1e-3, 20, minutes[3], None, eval_every=50, log=log
+        stage("needle", lambda n: rng.sample(needle_pool, n), needle_held, 3e-3, 100, "exact")
+        paper_pool, paper_held = (
+            paper_rows(workflow, rng, scale.pools[1]),
+            paper_rows(workflow, held_rng, scale.held[2]),
         )
-    )
+        stage("paper", lambda n: rng.sample(paper_pool, n), paper_held, 1e-3, 20, "exact")
+        naive_pool, naive_held = transcripts(rng, scale.pools[2]), transcripts(held_rng, scale.held[3])
+        stage("naive", lambda n: rng.sample(naive_pool, n), naive_held, 1e-3, 20, None, every=50)
     recipe = {
         "reader": {"params": sum(p.numel() for p in model.parameters()), "vocab": len(tokenizer)},
         "teacher": {"p_needle": p_needle, "p_keep": p_keep, "filler": "first complete sentence of the chunk"},
         "seed": seed,
-        "stages": stages,
-        "build_wall_s": round(time.perf_counter() - t, 1),
+        "threads": threads,
+        "scale": asdict(scale),
+        "stages": logs,
+        "build_wall_s": round(time.perf_counter() - t_build, 1),
     }
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    (out / "warm_start.json").write_text(json.dumps(recipe, indent=1) + "\n")
+    return model, tokenizer, recipe
+
+
+def save(folder: Path, model: Any, tokenizer: Any, recipe: dict[str, Any]) -> None:
+    """Write the Hugging Face folder: model, tokenizer (chat template included), ``warm_start.json``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / "warm_start.json").write_text(json.dumps(recipe, indent=1) + "\n")
+
+
+def build(out: Path, scale: Scale = FULL, p_needle: float = 0.4, p_keep: float = 0.9, seed: int = 0, **kw: Any) -> dict:
+    """Build the warm start into the folder ``out`` (written in place: see :func:`cached_warm_start` for the
+    cache); returns the recipe with the stage logs. ``kw``: ``threads``, ``log`` of :func:`train`."""
+    model, tokenizer, recipe = train(scale, p_needle, p_keep, seed, **kw)
+    save(out, model, tokenizer, recipe)
     return recipe
+
+
+def manifest_extra(scale: Scale, seed: int = 0, p_needle: float = 0.4, p_keep: float = 0.9) -> dict[str, Any]:
+    """What the cache manifest records besides name and recipe version: what changes the weights."""
+    sizes = {k: v for k, v in asdict(scale).items() if k != "name"}
+    return {"seed": seed, "p_needle": p_needle, "p_keep": p_keep, **sizes}
+
+
+def cached_warm_start(
+    root: Path | None = None, quick: bool = False, force: bool = False, scale: Scale | None = None, log: Any = print
+) -> Path:
+    """The warm start in the model cache (``root``, default :func:`recurrent.models.models_dir`), built unless an
+    up-to-date copy is there: ``<root>/replication-reader`` (``quick``: ``replication-reader-quick``; ``scale``:
+    another size, ``scale.name``). The build trains in memory, then writes the folder under a temporary name with
+    the manifest last and renames it, so a killed build leaves no folder that looks complete."""
+    scale = scale or (QUICK if quick else FULL)
+    dest = (root or models_dir()) / scale.name
+    extra = manifest_extra(scale)
+    if not force and manifest_ok(dest, scale.name, RECIPE_VERSION, extra):
+        log(f"{scale.name}: up to date, reused")
+        return dest
+    log(f"{scale.name}: building (steps at most {'/'.join(map(str, scale.steps))}, one thread) into {dest}")
+    t0 = time.perf_counter()
+    model, tokenizer, recipe = train(scale, log=log)
+    with atomic_path(dest, folder=True) as tmp:
+        save(tmp, model, tokenizer, recipe)
+        write_manifest(tmp, scale.name, RECIPE_VERSION, extra)
+    log(f"{scale.name}: built in {(time.perf_counter() - t0) / 60:.1f} min")
+    return dest
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -426,24 +530,41 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m taskutils.replication.warm_start", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--out", type=Path, help="build the warm start into this folder")
+    parser.add_argument("--cache", action="store_true", help="build into the model cache unless up to date")
+    parser.add_argument("--quick", action="store_true", help="the CI-sized build (seconds; an untrained reader)")
+    parser.add_argument(
+        "--root",
+        type=Path,
+        help="with --cache: the cache folder (default: MEMAGENT_MODELS_DIR, else <repo>/.cache/models)",
+    )
+    parser.add_argument("--force", action="store_true", help="with --cache: rebuild even when up to date")
+    parser.add_argument("--out", type=Path, help="build the warm start into this folder, then evaluate it")
     parser.add_argument("--evaluate", type=Path, help="evaluate the warm start in this folder")
+    parser.add_argument("--steps", type=int, nargs=4, help="with --out: step budgets of the 4 stages")
     parser.add_argument("--p-needle", type=float, default=0.4)
     parser.add_argument("--p-keep", type=float, default=0.9)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--minutes", type=float, nargs=4, default=[3.0, 2.0, 3.0, 5.0], help="caps of the 4 stages")
     parser.add_argument("--docs", type=int, default=32, help="validation documents per length")
     parser.add_argument("--chunks", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--sample", action="store_true", help="sample (temperature 1) instead of greedy")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    if not args.out and not args.evaluate:
-        parser.error("give --out (build) or --evaluate (measure)")
-    if args.out:
-        recipe = build(
-            args.out, args.p_needle, args.p_keep, args.seed, tuple(args.minutes), log=lambda s: print(s, flush=True)
+    if sum(map(bool, (args.cache, args.out, args.evaluate))) != 1:
+        parser.error("give one of --cache (build into the model cache), --out (build, evaluate), --evaluate")
+    if args.cache and (args.steps or (args.p_needle, args.p_keep, args.seed, args.threads) != (0.4, 0.9, 0, 1)):
+        parser.error(
+            "--cache builds the recipe as it is: --steps, --p-needle, --p-keep, --seed, --threads go with --out"
         )
+    log = partial(print, flush=True)
+    if args.cache:
+        print(cached_warm_start(args.root, quick=args.quick, force=args.force, log=log), flush=True)
+        return
+    torch.set_num_threads(args.threads)
+    if args.out:
+        scale = QUICK if args.quick else FULL
+        if args.steps:
+            scale = replace(scale, steps=tuple(args.steps))
+        recipe = build(args.out, scale, args.p_needle, args.p_keep, args.seed, threads=args.threads, log=log)
         print(json.dumps({k: v for k, v in recipe.items() if k != "stages"}))
     folder = args.evaluate or args.out
     result = evaluate(folder, args.docs, tuple(args.chunks), args.sample)

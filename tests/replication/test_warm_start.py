@@ -1,0 +1,180 @@
+"""The warm start's step budgets and its place in the model cache (CPU, a micro build of a few seconds of CPU)."""
+
+import json
+import random
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from recurrent.impls.memory import MemoryWorkflow
+from recurrent.models import MANIFEST
+from taskutils.replication import warm_start
+from taskutils.replication.reader import build_tokenizer, reader_config
+from taskutils.replication.warm_start import RECIPE_VERSION, Scale, agent_config, cached_warm_start, paper_rows
+
+# The four stages at a few steps of batch 4 on small pools: a random reader reaches no target here (0.9 exact or
+# per-token accuracy), so every stage runs its whole budget.
+MICRO = Scale("replication-reader-test", steps=(3, 2, 2, 2), pools=(8, 8, 4), held=(8, 4, 4, 2), batch=4)
+
+
+@pytest.fixture(scope="module")
+def micro(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    lines = []
+    folder = cached_warm_start(root, scale=MICRO, log=lines.append)
+    return folder, lines
+
+
+def weights(folder):
+    return load_file(folder / "model.safetensors")
+
+
+def test_train_stage_stops_at_its_step_budget_or_its_target():
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = build_tokenizer()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(reader_config(tokenizer, hidden=32, layers=1, heads=2, kv_heads=1))
+    rows = paper_rows(MemoryWorkflow(agent_config(), tokenizer), random.Random(0), 2)
+    pad = tokenizer.pad_token_id
+
+    def run(steps, stop_key, stop_at, every):
+        return warm_start.train_stage(
+            model, "t", lambda n: rows[:n], rows, pad, 1e-3, 1, steps, stop_key, stop_at, 2, every, log=lambda _: None
+        )
+
+    unreachable = run(5, "exact", 1.1, 2)  # scored at steps 2, 4 and the last, 5
+    assert [r["step"] for r in unreachable["curve"]] == [2, 4, 5]
+    assert (unreachable["steps"], unreachable["budget"], unreachable["stopped"]) == (5, 5, "budget")
+    reached = run(5, "exact", 0.0, 2)  # any score reaches 0.0: stops at the first one
+    assert [r["step"] for r in reached["curve"]] == [2]
+    assert (reached["steps"], reached["budget"], reached["stopped"]) == (2, 5, "target")
+    no_target = run(3, None, 0.9, 50)
+    assert [r["step"] for r in no_target["curve"]] == [3] and no_target["stopped"] == "budget"
+
+
+def test_the_cached_build_runs_the_budgets_and_has_a_manifest(micro):
+    folder, lines = micro
+    assert folder.name == "replication-reader-test"
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["replication-reader-test"]  # no temporary folders
+    manifest = json.loads((folder / MANIFEST).read_text())
+    assert manifest == {
+        "name": "replication-reader-test",
+        "recipe": RECIPE_VERSION,
+        "seed": 0,
+        "p_needle": 0.4,
+        "p_keep": 0.9,
+        "steps": [3, 2, 2, 2],
+        "pools": [8, 8, 4],
+        "held": [8, 4, 4, 2],
+        "batch": 4,
+    }
+    recipe = json.loads((folder / "warm_start.json").read_text())
+    stages = recipe["stages"]
+    assert [s["stage"] for s in stages] == ["synth", "needle", "paper", "naive"]
+    assert [s["steps"] for s in stages] == [3, 2, 2, 2]
+    assert [s["budget"] for s in stages] == [3, 2, 2, 2]
+    assert [s["stopped"] for s in stages] == ["budget"] * 4
+    assert stages[0]["tokens"] == 3 * 4 * 64  # 3 steps of 4 synthetic rows, each 64 tokens long
+    assert [s["tokens"] > 0 and s["wall_s"] >= s["train_s"] >= 0 for s in stages] == [True] * 4
+    assert recipe["threads"] == 1
+    # One progress line per evaluation point (the last step of each stage here), a header per stage.
+    assert sum(line.startswith("stage ") for line in lines) == 4
+    assert [line.split()[0] for line in lines if " step " in line] == ["synth", "needle", "paper", "naive"]
+    assert set(weights(folder)) and (folder / "tokenizer.json").is_file()
+
+
+def test_an_up_to_date_cache_is_reused_without_training(micro, monkeypatch):
+    folder, _ = micro
+    stamp = (folder / "model.safetensors").stat().st_mtime_ns
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the cached warm start was rebuilt")
+
+    monkeypatch.setattr(warm_start, "train", no_training)
+    lines = []
+    assert cached_warm_start(folder.parent, scale=MICRO, log=lines.append) == folder
+    assert (folder / "model.safetensors").stat().st_mtime_ns == stamp
+    assert lines == ["replication-reader-test: up to date, reused"]
+
+
+def test_a_stale_or_unmarked_folder_is_rebuilt(micro, tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, _ = micro
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    trained = []
+
+    def stub_train(*args, **kwargs):  # stands in for the training: the micro build's model, a numbered recipe
+        trained.append(1)
+        return model, tokenizer, {"stub": len(trained)}
+
+    monkeypatch.setattr(warm_start, "train", stub_train)
+    for n, change in enumerate(("recipe", "steps", "no manifest"), 1):
+        root = tmp_path / change.replace(" ", "-")
+        copy = root / MICRO.name
+        shutil.copytree(folder, copy)
+        manifest = json.loads((copy / MANIFEST).read_text())
+        if change == "no manifest":  # a folder copied by hand, or an older build's without its manifest
+            (copy / MANIFEST).unlink()
+        else:
+            manifest[change] = {"recipe": RECIPE_VERSION - 1, "steps": [3, 2, 2, 1]}[change]
+            (copy / MANIFEST).write_text(json.dumps(manifest))
+        assert cached_warm_start(root, scale=MICRO, log=lambda _: None) == copy
+        assert len(trained) == n
+        assert json.loads((copy / "warm_start.json").read_text()) == {"stub": n}
+        assert (copy / MANIFEST).read_text() == (folder / MANIFEST).read_text()
+        assert [p.name for p in root.iterdir()] == [MICRO.name]
+
+
+class Killed(Exception):
+    pass
+
+
+def test_a_killed_build_leaves_nothing_and_the_next_call_rebuilds_the_same_weights(micro, tmp_path, monkeypatch):
+    folder, _ = micro
+
+    def kill_at_the_last_stage(line):
+        if line.startswith("stage 4/4"):
+            raise Killed
+
+    with pytest.raises(Killed):  # killed while training
+        cached_warm_start(tmp_path, scale=MICRO, log=kill_at_the_last_stage)
+    assert list(tmp_path.iterdir()) == []
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    trained = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder), {}
+    real_save = warm_start.save
+
+    def save_then_die(*args):
+        real_save(*args)  # the model, tokenizer and warm_start.json are written, the manifest is not
+        raise Killed
+
+    with monkeypatch.context() as patch:  # killed while writing the folder
+        patch.setattr(warm_start, "train", lambda *a, **k: trained)
+        patch.setattr(warm_start, "save", save_then_die)
+        with pytest.raises(Killed):
+            cached_warm_start(tmp_path, scale=MICRO, log=lambda _: None)
+    assert list(tmp_path.iterdir()) == []
+
+    rebuilt = cached_warm_start(tmp_path, scale=MICRO, log=lambda _: None)
+    assert (rebuilt / MANIFEST).is_file()
+    # Deterministic on one thread: the same weights and the same curves as the first build.
+    first, second = weights(folder), weights(rebuilt)
+    assert sorted(first) == sorted(second) and all(torch.equal(first[k], second[k]) for k in first)
+    keys = ("step", "train_loss", "tok_acc", "exact", "loss")
+
+    def curves(path):
+        stages = json.loads((path / "warm_start.json").read_text())["stages"]
+        return [[{k: r[k] for k in keys} for r in s["curve"]] for s in stages]
+
+    assert curves(rebuilt) == curves(folder)
+
+
+def test_cache_builds_the_recipe_as_it_is():
+    for argv in (["--cache", "--steps", "1", "1", "1", "1"], ["--cache", "--seed", "1"], ["--out", "x", "--cache"]):
+        with pytest.raises(SystemExit):
+            warm_start.main(argv)
