@@ -14,15 +14,15 @@
 #   4. ablation     the same run with recurrent.credit=final (memory turns carry no advantage), ABLATION_SEEDS
 #   5. evaluation   python -m taskutils.memory_eval.run through `transformers serve` of each policy's exported
 #                   checkpoint, on the test split at LENGTHS chunks, EVAL_DOCS documents each, greedy; the memory
-#                   agent (memory-boxed) for every policy, the full-context baseline (direct-boxed) for the warm
-#                   start and RL seed 0
+#                   agent (memory-boxed) and the full-context baseline (direct-boxed: the whole document in one
+#                   prompt, middle-truncated to the reader's window) for every policy
 #   6. report       python -m taskutils.replication.report: replication.md / .csv / .png (accuracy by length x policy)
 #
 # Environment (defaults in brackets; QUICK=1 changes the ones marked Q):
 #   OUT_DIR         everything the run writes [.cache/replicate_cpu; Q: .cache/replicate_cpu_quick]
 #   STEPS           RL steps per run [30; Q: 2]
 #   SEEDS           RL seeds (actor_rollout_ref.rollout.seed) ["0 1"; Q: "0"]
-#   ABLATION_SEEDS  seeds of the final-credit ablation ["0"; Q: "0"]
+#   ABLATION_SEEDS  seeds of the final-credit ablation ["0"; Q: none]
 #   ABLATION_STEPS  steps of the ablation [STEPS; Q: 1]
 #   LENGTHS         evaluation lengths in chunks of 64 tokens ["1 2 4 8 16 32 64"; Q: "1 2"]
 #   EVAL_DOCS       test documents per length [64; Q: 2]
@@ -41,12 +41,15 @@ PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
 QUICK="${QUICK:-0}"
 if [[ "$QUICK" == 1 ]]; then
   OUT_DIR="${OUT_DIR:-$REPO/.cache/replicate_cpu_quick}"
-  STEPS="${STEPS:-2}" SEEDS="${SEEDS:-0}" ABLATION_SEEDS="${ABLATION_SEEDS-0}" ABLATION_STEPS="${ABLATION_STEPS:-1}"
-  LENGTHS="${LENGTHS:-1 2}" EVAL_DOCS="${EVAL_DOCS:-2}" TRAIN_DOCS=64 VAL_DOCS=2 warm_args=(--cache --quick)
+  STEPS="${STEPS:-2}" SEEDS="${SEEDS:-0}" ABLATION_SEEDS="${ABLATION_SEEDS-}" ABLATION_STEPS="${ABLATION_STEPS:-1}"
+  LENGTHS="${LENGTHS:-1 2}" EVAL_DOCS="${EVAL_DOCS:-2}" TRAIN_DOCS=64 VAL_DOCS=1 warm_args=(--cache --quick)
+  # 4 prompts per step (4 updates), validation once at the end: the pipeline's artefacts in minutes.
+  quick_overrides=(data.train_batch_size=4 trainer.test_freq=2 trainer.save_freq=1)
 else
   OUT_DIR="${OUT_DIR:-$REPO/.cache/replicate_cpu}"
   STEPS="${STEPS:-30}" SEEDS="${SEEDS:-0 1}" ABLATION_SEEDS="${ABLATION_SEEDS-0}" ABLATION_STEPS="${ABLATION_STEPS:-$STEPS}"
   LENGTHS="${LENGTHS:-1 2 4 8 16 32 64}" EVAL_DOCS="${EVAL_DOCS:-64}" TRAIN_DOCS=2000 VAL_DOCS=8 warm_args=(--cache)
+  quick_overrides=()
 fi
 NGPUS="${NGPUS:-2}"
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
@@ -102,7 +105,7 @@ rl_run() {
     || { tail -n 20 "$dir.launcher.log"; exit 1; }
   grep -E "^step |^ +[0-9]+ " "$dir.launcher.log" | tail -n 3 || true
 }
-EXTRA=("$@")
+EXTRA=("${quick_overrides[@]}" "$@")
 say "3/6 RL: seeds [$SEEDS], $STEPS steps each"
 for seed in $SEEDS; do rl_run "rl-seed$seed" "$STEPS" "actor_rollout_ref.rollout.seed=$seed"; done
 say "4/6 ablation (recurrent.credit=final): seeds [$ABLATION_SEEDS], $ABLATION_STEPS steps each"
@@ -118,15 +121,12 @@ for seed in $SEEDS; do policies+=("rl-seed$seed=$OUT_DIR/runs/rl-seed$seed/check
 for seed in $ABLATION_SEEDS; do
   policies+=("ablation-seed$seed=$OUT_DIR/runs/ablation-seed$seed/checkpoints/global_step_$ABLATION_STEPS/actor/huggingface")
 done
-"$PYTHON" -m taskutils.replication.policies "${policies[@]}" --out "$OUT_DIR/policies.yaml"
-memory_models="$(IFS=,; echo "${policies[*]%%=*}" | tr ' ' ',')"
-first_rl="rl-seed${SEEDS%% *}"
-eval_common=(--table "$OUT_DIR/policies.yaml" --tasks needle --lengths "$(echo $LENGTHS | tr ' ' ',')"
-  --limit "$EVAL_DOCS" --data-dir "$OUT_DIR/eval_data/eval/test" --results-dir "$OUT_DIR/results" --temperature 0
-  --no-report)
-timed eval_memory "$PYTHON" -m taskutils.memory_eval.run "${eval_common[@]}" --models "$memory_models" --method memory-boxed
-timed eval_direct "$PYTHON" -m taskutils.memory_eval.run "${eval_common[@]}" --models "warm-start,$first_rl" \
-  --method direct-boxed
+"$PYTHON" -m taskutils.replication.eval_models "${policies[@]}" --out "$OUT_DIR/policies.yaml" > /dev/null
+models="$(IFS=,; echo "${policies[*]%%=*}" | tr ' ' ',')"
+# shellcheck disable=SC2086  # LENGTHS is a list
+timed evaluation "$PYTHON" -m taskutils.memory_eval.run --table "$OUT_DIR/policies.yaml" --models "$models" \
+  --method memory-boxed,direct-boxed --tasks needle --lengths "$(echo $LENGTHS | tr ' ' ',')" --limit "$EVAL_DOCS" \
+  --data-dir "$OUT_DIR/eval_data/eval/test" --results-dir "$OUT_DIR/results" --temperature 0 --no-report
 
 # ---- 6. report --------------------------------------------------------------------------------------------------------
 say "6/6 report"

@@ -1,0 +1,97 @@
+"""The replication pipeline at toy size (``QUICK=1 bash scripts/replicate_cpu.sh``): every stage runs for real
+(warm start, needle data, 2 RL steps of our trainer, evaluation through `transformers serve` at 2 lengths, the
+report), and the table's numbers are those of the results files. Accuracy is not asserted: the full run is the
+script (docs/replication_cpu.md)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "replicate_cpu.sh"
+MODELS = ("warm-start", "rl-seed0")
+METHODS = ("memory-boxed", "direct-boxed")
+LENGTHS = (1, 2)
+DOCS = 2
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+
+
+def run_pipeline(out: Path, models_dir: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "QUICK": "1", "OUT_DIR": str(out), "MEMAGENT_MODELS_DIR": str(models_dir)}
+    env.pop("VERL_PLATFORM", None)
+    return subprocess.run(
+        ["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=1200, start_new_session=True
+    )
+
+
+def stages(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "timing.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    root = tmp_path_factory.mktemp("replicate_quick")
+    out, models_dir = root / "run", root / "models"
+    first = run_pipeline(out, models_dir)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    first_stages = stages(out)
+    second = run_pipeline(out, models_dir)  # a rerun: everything is there, nothing is redone
+    return {"out": out, "first": first, "first_stages": first_stages, "second": second}
+
+
+def test_every_stage_ran_once_and_succeeded(pipeline):
+    names = [s["stage"] for s in pipeline["first_stages"]]
+    assert names == ["warm_start", "data_train", "data_test", "rl:rl-seed0", "evaluation", "report"]
+    assert all(s["rc"] == 0 for s in pipeline["first_stages"])
+
+
+def test_the_rl_run_trained_two_steps_from_the_warm_start(pipeline):
+    run = pipeline["out"] / "runs" / "rl-seed0"
+    assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    steps = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        steps.setdefault(record["step"], {}).update(record["data"])
+    assert {1, 2} <= set(steps)
+    for step in (1, 2):  # the strict reward of the final answers, a number in [0, 1]
+        assert 0.0 <= steps[step]["memagent/final/reward/mean"] <= 1.0
+    exported = run / "checkpoints" / "global_step_2" / "actor" / "huggingface"
+    assert (exported / "model.safetensors").is_file() and (exported / "chat_template.jinja").is_file()
+    table = (pipeline["out"] / "policies.yaml").read_text()
+    assert str(exported) in table
+
+
+def test_the_table_is_the_results_files(pipeline):
+    results = pipeline["out"] / "results"
+    expected = {}
+    for model in MODELS:
+        for method in METHODS:
+            for n in LENGTHS:
+                lines = (results / f"needle_{n}" / f"{model}__{method}.jsonl").read_text().splitlines()
+                records = [json.loads(line) for line in lines]
+                assert len(records) == DOCS and not any(r.get("error") for r in records)
+                expected[(model, method, n)] = 100 * sum(r["strict"] for r in records) / DOCS
+    with (results / "replication.csv").open() as f:
+        table = {(r["model"], r["method"], int(r["length"])): float(r["strict"]) for r in csv.DictReader(f)}
+    assert table == pytest.approx(expected)
+    markdown = (results / "replication.md").read_text()
+    assert f"| warm start (SFT) | 1 | {expected[('warm-start', 'memory-boxed', 1)]:.1f} |" in markdown
+    assert (results / "replication.png").stat().st_size > 1000
+
+
+def test_a_rerun_redoes_nothing(pipeline):
+    second = pipeline["second"]
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "rl-seed0: done (2 steps)" in second.stdout
+    new = stages(pipeline["out"])[len(pipeline["first_stages"]) :]
+    assert [s["stage"] for s in new] == ["warm_start", "evaluation", "report"]  # cached, resumed, redrawn
+    for model in MODELS:  # no item evaluated twice
+        lines = (pipeline["out"] / "results" / "needle_1" / f"{model}__memory-boxed.jsonl").read_text().splitlines()
+        assert len(lines) == DOCS
