@@ -22,17 +22,21 @@ It answers what verl's rollout servers answer (``workers/rollout/vllm_rollout/vl
   ``update_weights``) with the parameter bytes held to ``<dir>/server_<replica>.jsonl``.
 - other lifecycle calls (kv-cache, abort, profiling): no-ops (no KV cache; requests are not preemptible).
 
-Requests are served one at a time (an asyncio lock; the forward passes run in a thread so the actor's
-event loop stays responsive).
+Concurrent requests are batched by the engine (:class:`~verl_ext.cpu.hf_server.HFTokenServer`: one
+``model.generate`` call takes every queued request of the same sampling, up to ``rollout.max_num_seqs``, vLLM's
+cap on the sequences of a batch; ``max_num_seqs=1`` serves them one at a time). Each call runs under the model
+lock that weight updates and sleep / wake-up take, so none of them interleaves with a generation (the forward
+passes run in a thread so the actor's event loop stays responsive).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +97,14 @@ class HFCPUServer:
             trust_remote_code=self.model_config.trust_remote_code,
         )
         self.max_model_len = self.config.max_model_len or self.config.prompt_length + self.config.response_length
-        self.engine = HFTokenServer(model, self.model_config.tokenizer, device="cpu", max_model_len=self.max_model_len)
+        self.engine = HFTokenServer(
+            model,
+            self.model_config.tokenizer,
+            device="cpu",
+            max_model_len=self.max_model_len,
+            max_batch_size=self.config.max_num_seqs,
+            around_batch=self._generation,
+        )
         self.weight_updates = 0
         self._lock: asyncio.Lock | None = None  # generation vs weight update; created in the actor's loop
         self._released: dict[str, tuple[torch.Size, torch.dtype]] | None = None  # parameter shapes while asleep
@@ -105,6 +116,15 @@ class HFCPUServer:
         if self._lock is None:
             self._lock = asyncio.Lock()
         return self._lock
+
+    @contextlib.asynccontextmanager
+    async def _generation(self) -> AsyncIterator[None]:
+        """Entered by the engine around each model.generate call: the weights stay as they are meanwhile."""
+        async with self._model_lock():
+            if self._released is not None:
+                raise RuntimeError("hf_cpu server: generate() while asleep (its weights are released)")
+            self._event("generate")
+            yield
 
     @property
     def model(self) -> torch.nn.Module:
@@ -139,16 +159,13 @@ class HFCPUServer:
         self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any
     ) -> TokenOutput:
         """verl's server ``generate``: the budget as vLLM computes it, then the engine's ``generate`` (which
-        takes, and refuses, the multimodal ``image_data`` / ``video_data`` / ``audio_data``)."""
+        takes, and refuses, the multimodal ``image_data`` / ``video_data`` / ``audio_data``; it batches
+        concurrent requests, each call under the model lock: ``_generation``)."""
         params = dict(sampling_params)
         params.pop("max_new_tokens", None)
         params["max_tokens"] = self.max_tokens_for(len(prompt_ids), sampling_params)
         params.setdefault("repetition_penalty", getattr(self.config, "repetition_penalty", 1.0))
-        async with self._model_lock():
-            if self._released is not None:
-                raise RuntimeError("hf_cpu server: generate() while asleep (its weights are released)")
-            self._event("generate")
-            return await self.engine.generate(request_id, prompt_ids=prompt_ids, sampling_params=params, **kwargs)
+        return await self.engine.generate(request_id, prompt_ids=prompt_ids, sampling_params=params, **kwargs)
 
     async def update_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
         """Load the trainer's weights (Hugging Face names) and record their version."""
@@ -172,6 +189,7 @@ class HFCPUServer:
     async def stats(self) -> dict[str, int]:
         return {
             "requests": self.engine.requests,
+            "generate_calls": self.engine.generate_calls,
             "weight_updates": self.weight_updates,
             "global_steps": self.engine.global_steps,
             "held_parameter_bytes": self.held_parameter_bytes(),
@@ -228,8 +246,7 @@ class HFCPUServer:
         return None
 
     async def wait_for_requests_to_drain(self) -> None:
-        async with self._model_lock():
-            return None
+        await self.engine.drain()
 
     async def start_profile(self, **kwargs: Any) -> None:
         return None
