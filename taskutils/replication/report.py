@@ -34,8 +34,8 @@ _SEED = re.compile(r"-seed(\d+)$")
 # Display order and names of the policies the replication script evaluates; others follow in name order.
 POLICY_NAMES = {
     ("warm-start", "memory-boxed"): "warm start (SFT)",
-    ("rl", "memory-boxed"): "RL (mean of seeds)",
-    ("ablation", "memory-boxed"): "ablation: final-turn credit only",
+    ("rl", "memory-boxed"): "RL",
+    ("ablation", "memory-boxed"): "ablation: final-answer credit only",
     ("warm-start", "direct-boxed"): "warm start, full context",
     ("rl", "direct-boxed"): "RL, full context",
 }
@@ -101,7 +101,10 @@ def markdown(table: dict[tuple[str, str], dict[int, Cell]]) -> str:
             cols = " | ".join(_fmt(by_length.get(n), metric) for n in lengths)
             lines.append(f"| {policy_name(policy)} | {len(seeds)} | {cols} |")
         parts.append("\n".join(lines))
-    note = "`*`: incomplete (fewer items than the eval set, or failed items: they count as wrong)."
+    note = (
+        "A value is the mean over the policy's seeds (column `seeds`) of each seed's accuracy. "
+        "`*`: incomplete (fewer items than the eval set, or failed items: they count as wrong)."
+    )
     return "\n\n".join(parts) + "\n\n" + note + "\n"
 
 

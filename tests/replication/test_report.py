@@ -32,15 +32,15 @@ def test_the_table_averages_seeds_and_names_policies(tmp_path):
     strict = table.split("**Lenient")[0]
     assert "| policy | seeds | 1 (64 tok) | 64 (4096 tok) |" in strict
     assert "| warm start (SFT) | 1 | 25.0 | – |" in strict
-    assert "| RL (mean of seeds) | 2 | 87.5 | 25.0 |" in strict
-    assert "| ablation: final-turn credit only | 1 | 25.0 | – |" in strict
+    assert "| RL | 2 | 87.5 | 25.0 |" in strict
+    assert "| ablation: final-answer credit only | 1 | 25.0 | – |" in strict
     assert "| warm start, full context | 1 | 50.0 | – |" in strict
     # policy rows in the display order
-    order = [strict.index(name) for name in ("warm start (SFT)", "RL (mean", "ablation", "warm start, full")]
+    order = [strict.index(name) for name in ("warm start (SFT)", "| RL |", "ablation", "warm start, full")]
     assert order == sorted(order)
     csv_lines = paths["csv"].read_text().splitlines()
-    assert "RL (mean of seeds),rl-seed1,memory-boxed,1,4,75.0,75.0" in csv_lines
-    assert "RL (mean of seeds),mean,memory-boxed,64,,25.0,25.0" in csv_lines
+    assert "RL,rl-seed1,memory-boxed,1,4,75.0,75.0" in csv_lines
+    assert "RL,mean,memory-boxed,64,,25.0,25.0" in csv_lines
     assert paths["png"].stat().st_size > 1000
     assert main([str(results)]) == 0
 
