@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,13 +200,15 @@ def transformers_serve(
     startup_timeout: float = 180.0,
     log_path: str | Path | None = None,
     sample: bool = True,
+    extra_args: Sequence[str] = (),
 ) -> Iterator[LocalServer]:
     """Run ``transformers serve`` on 127.0.0.1 with ``model_dir`` preloaded; stop it on exit.
 
     The server runs offline (no hub access). Its log goes to ``log_path`` (a temp file by default) and is
     quoted in the :class:`ServerError` if the server dies or does not become ready in time. With ``sample`` (the
     default) it serves a :func:`sampling_overlay` of the model, so that requests sample at the temperature they ask for;
-    the name requests use is then the overlay's folder (``LocalServer.model``).
+    the name requests use is then the overlay's folder (``LocalServer.model``). ``extra_args`` go to the command
+    line as they are (e.g. ``--continuous-batching`` and its ``--cb-*`` settings).
     """
     model_dir = str(Path(model_dir).resolve())
     port = port or free_port()
@@ -220,7 +222,7 @@ def transformers_serve(
     hub_cache.mkdir(exist_ok=True)  # /v1/models scans the hub cache and fails if the folder is missing
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_CACHE": str(hub_cache)}
     cli = Path(sys.executable).with_name("transformers")
-    cmd = [str(cli), "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", model_dir]
+    cmd = [str(cli), "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", *extra_args, model_dir]
     try:
         with managed_server(
             cmd, health_probe(f"http://127.0.0.1:{port}/health"), log_path, startup_timeout, 0.5, env, grace=20

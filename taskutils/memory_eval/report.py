@@ -47,7 +47,8 @@ HOTPOTQA_TOKENS = {
     25600: 3_500_000,
 }
 TOKENS_PER_DOC = 140
-TASK_ORDER = (cfg.HOTPOTQA, *cfg.RULER_TASKS, *cfg.RULER_EXTRA_TASKS)
+TASK_ORDER = (cfg.HOTPOTQA, *cfg.RULER_TASKS, *cfg.RULER_EXTRA_TASKS, cfg.NEEDLE)
+NEEDLE_CHUNK_TOKENS = 64  # the replication's needle lengths are chunks of 64 reader tokens
 METRIC_COLUMNS = ("strict", "sub_em", "em", "f1")
 
 
@@ -84,9 +85,12 @@ def family(task: str) -> str:
 
 
 def context_tokens(task: str, length: int) -> int:
-    """The nominal context length of a set, in tokens (HotpotQA lengths are document counts)."""
+    """The nominal context length of a set, in tokens (HotpotQA lengths are document counts, needle lengths
+    chunk counts)."""
     if task == cfg.HOTPOTQA:
         return HOTPOTQA_TOKENS.get(length, length * TOKENS_PER_DOC)
+    if task == cfg.NEEDLE:
+        return length * NEEDLE_CHUNK_TOKENS
     return length
 
 
@@ -192,7 +196,7 @@ def markdown(rows: list[Row]) -> str:
         by_task[row.task].append(row)
     for task, task_rows in by_task.items():
         lengths = sorted({r.length for r in task_rows})
-        unit = " (documents)" if task == cfg.HOTPOTQA else ""
+        unit = {cfg.HOTPOTQA: " (documents)", cfg.NEEDLE: " (chunks of 64 tokens)"}.get(task, "")
         lines += [f"## {task}: sub_em by length{unit}", ""]
         header = ["model", "method", *(f"{n} ({length_label(context_tokens(task, n))})" for n in lengths)]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -301,7 +305,8 @@ def plot(rows: list[Row], path: Path, metric: str = "sub_em") -> list[tuple[str,
         ax.set_ylim(-2, 102)
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel(f"{metric} (%)")
-        ax.set_title(("RULER-HotpotQA" if fam == cfg.HOTPOTQA else f"RULER {fam}") + f": {metric}")
+        title = {cfg.HOTPOTQA: "RULER-HotpotQA", cfg.NEEDLE: "needle (CPU replication)"}.get(fam, f"RULER {fam}")
+        ax.set_title(f"{title}: {metric}")
         ax.grid(True, alpha=0.3)
         if series[fam]:
             ax.legend(fontsize=7)

@@ -15,6 +15,9 @@ Examples:
         --lengths 50,800 --limit 16 --url http://localhost:8000/v1
     # CPU: the tiny offline model, both methods
     python -m taskutils.memory_eval.run --models tiny --method memory,direct --tasks hotpotqa --lengths 50
+    # CPU: the replication's readers on the needle task (table from python -m taskutils.replication.eval_models)
+    python -m taskutils.memory_eval.run --table readers.yaml --tasks needle --data-dir DATA/eval/test \\
+        --method memory-boxed,direct-boxed --temperature 0
 """
 
 from __future__ import annotations
@@ -88,15 +91,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--models",
         type=parse_list,
         help="comma list of table names or groups (paper, ablation, cpu); an unknown name is taken as a "
-        "checkpoint (local folder or cached hub id) run with the memory method. Default: paper,ablation",
+        "checkpoint (local folder or cached hub id) run with the memory method. Default: paper,ablation (of a "
+        "--table without those groups: all its entries)",
     )
     sel.add_argument(
-        "--tasks", type=parse_list, help="comma list: hotpotqa, RULER task names, or groups ruler/all (default: all)"
+        "--tasks",
+        type=parse_list,
+        help="comma list: hotpotqa, RULER task names, needle (the CPU replication's), or groups ruler/all (default: "
+        "all, without needle)",
     )
     sel.add_argument(
         "--lengths",
         type=lambda s: [int(x) for x in parse_list(s)],
-        help="comma list applied to every task: documents for hotpotqa, tokens for RULER (default: the paper's)",
+        help="comma list applied to every task: documents for hotpotqa, tokens for RULER, 64-token chunks for needle "
+        "(default: the paper's; needle 1,2,4,...,64)",
     )
     sel.add_argument(
         "--method",
@@ -453,7 +461,8 @@ def check_data(entries: list[cfg.ModelEntry], args: argparse.Namespace) -> list[
         what = f"task(s) {', '.join(tasks)}" if tasks else f"length(s) {', '.join(map(str, lengths))}"
         raise evalsets.EvalDataError(
             f"no eval set for the selected {what}: looked for {', '.join(names)}; generate them "
-            "(python -m taskutils.memory_data) or select what exists with --tasks / --lengths"
+            "(python -m taskutils.memory_data; needle: python -m taskutils.replication.needle) or select what "
+            "exists with --tasks / --lengths"
         )
     return [f"{t}_{n}" for t, n in sorted(absent)]
 

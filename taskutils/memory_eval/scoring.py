@@ -28,7 +28,8 @@ from taskutils.verifiers import (
 )
 
 HOTPOTQA = "hotpotqa"
-QA_TASKS = frozenset({HOTPOTQA, "qa_1", "qa_2"})  # scored as QA (em / sub_em / f1 against the first gold)
+# Scored as QA (em / sub_em / f1 against the first gold); "needle" is the CPU replication's task (a 4-digit answer).
+QA_TASKS = frozenset({HOTPOTQA, "qa_1", "qa_2", "needle"})
 METRICS = ("strict", "em", "sub_em", "f1")
 
 

@@ -169,7 +169,9 @@ def endpoint(
         with contextlib.ExitStack() as stack:
             try:
                 server = stack.enter_context(
-                    transformers_serve(model_path, startup_timeout=ready_timeout, log_path=log_path)
+                    transformers_serve(
+                        model_path, startup_timeout=ready_timeout, log_path=log_path, extra_args=entry.transformers_args
+                    )
                 )
             except (RuntimeError, TimeoutError) as err:  # its start only; errors of the caller's block pass as is
                 raise ServerError(f"transformers serve for {entry.name} did not start: {err}") from err
