@@ -38,6 +38,7 @@ POLICY_NAMES = {
     ("ablation", "memory-boxed"): "ablation: final-answer credit only",
     ("warm-start", "direct-boxed"): "warm start, full context",
     ("rl", "direct-boxed"): "RL, full context",
+    ("ablation", "direct-boxed"): "ablation, full context",
 }
 
 
