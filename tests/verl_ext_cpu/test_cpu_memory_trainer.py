@@ -15,6 +15,11 @@ checkpoint every step, console + JSONL metrics, rollout dumps with each row's ad
 - the logged metrics (reward of the final answers, KL, advantages) are finite and agree with the dumped rows;
 - a second invocation with STEPS=3 loads the step-2 checkpoint, trains only step 3, and step 3 takes the
   prompts an uninterrupted run takes (the data is read in file order: step k takes the k-th batch of rows).
+
+The resumed run also switches on what the paper's defaults leave off, so that one launch checks them (a launch
+costs ~100 s here, the step itself ~5 s): verl's row counting of mini-batches (``recurrent.minibatch=rows``), the
+rollout kept in memory (``free_cache_engine=false``) and the credit ablation (``recurrent.credit=final``: only the
+answer turns are trained). A resume may change such settings: they are read at start-up, not checkpointed.
 Timings are printed (``pytest -s``).
 """
 
@@ -38,7 +43,14 @@ _CONFIG = OmegaConf.load(REPO / "configs" / "tiny_cpu.yaml")
 BATCH = _CONFIG.data.train_batch_size
 N = _CONFIG.actor_rollout_ref.rollout.n
 VAL_N = _CONFIG.actor_rollout_ref.rollout.val_kwargs.n
+MINI_BATCH = _CONFIG.actor_rollout_ref.actor.ppo_mini_batch_size
 SOURCE = "toy_memory"
+# The resumed step 3: verl's row counting, the rollout kept in memory, credit on the final answers only.
+RESUMED_SWITCHES = (
+    "recurrent.minibatch=rows",
+    "actor_rollout_ref.rollout.free_cache_engine=false",
+    "recurrent.credit=final",
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -49,7 +61,15 @@ def runs(tmp_path_factory):
     first = run_script(out_dir, steps=2, task="memory", timeout_s=RUN_TIMEOUT_S)
     assert first[0] == 0, tail(first[1])
     metrics_first = read_metrics(out_dir / "metrics.jsonl")
-    second = run_script(out_dir, steps=3, task="memory", timeout_s=RUN_TIMEOUT_S)
+    (out_dir / "events").mkdir()
+    second = run_script(
+        out_dir,
+        steps=3,
+        task="memory",
+        timeout_s=RUN_TIMEOUT_S,
+        overrides=RESUMED_SWITCHES,
+        extra_env={"MEMAGENT_ROLLOUT_EVENTS": str(out_dir / "events")},
+    )
     assert second[0] == 0, tail(second[1])
     return {"out": out_dir, "first": first, "second": second, "metrics_first": metrics_first}
 
@@ -180,7 +200,8 @@ def test_weights_changed_and_the_checkpoint_loads_as_a_hugging_face_model(runs, 
             assert (actor / f"model_world_size_2_rank_{rank}.pt").is_file()
             assert (actor / f"optim_world_size_2_rank_{rank}.pt").is_file()
         assert (ckpt / f"global_step_{step}" / "data.pt").is_file()  # dataloader state, for resume
-        assert adam_steps(actor) == {step}  # AdamW's own count: one update per training step
+    for step in (1, 2):  # AdamW's own count: one update per training step (step 3 counts rows: see below)
+        assert adam_steps(ckpt / f"global_step_{step}" / "actor") == {step}
 
     def weights(folder: Path) -> dict:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
@@ -252,3 +273,53 @@ def test_resume_starts_at_step_3_with_the_same_data_order(runs):
         assert got == expected, (step, got, expected)
     total = runs["first"][2] + elapsed
     print(f"\n[memory trainer] resume to step 3: wall {elapsed:.0f} s; both runs {total:.0f} s")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the resumed step 3: the switches (RESUMED_SWITCHES)
+
+
+def test_verls_row_counting_is_a_switch(runs):
+    out = runs["out"]
+    rows = dumped(out, 3)  # padding rows included: verl pads to whole mini-batches
+    per_update = MINI_BATCH * N  # verl's ppo_mini_batch_size x n rows per update
+    assert len(rows) % per_update == 0
+    updates = len(rows) // per_update
+    # 3-5 rows per trajectory: verl makes several times the paper's one update per step
+    assert updates >= 3
+    # AdamW's own count: one update at each of steps 1 and 2, then step 3's
+    assert adam_steps(out / "checkpoints" / "global_step_3" / "actor") == {2 + updates}
+    assert all(row["minibatch"] is None for row in rows)
+
+
+def test_final_answer_credit_trains_only_the_answers(runs):
+    out = runs["out"]
+    by_trajectory = trajectories(dumped(out, 3))
+    assert len(by_trajectory) == BATCH * N
+    groups: dict[str, list[float]] = defaultdict(list)
+    for name, turns in by_trajectory.items():
+        groups[name.rsplit("_", 1)[0]].append(turns[-1]["score"])
+    memory_rows = 0
+    for name, turns in by_trajectory.items():
+        *memory, final = turns
+        memory_rows += len(memory)
+        # memory turns: no tokens trained on, no advantage; the answer: GRPO by hand (score - its group's mean)
+        assert all(row["response_length"] == 0 and row["advantage"] == 0.0 for row in memory), name
+        scores = groups[name.rsplit("_", 1)[0]]
+        assert final["response_length"] > 0
+        assert final["advantage"] == pytest.approx(final["score"] - sum(scores) / len(scores), abs=1e-6)
+    metrics = read_metrics(out / "metrics.jsonl")
+    assert metrics[3]["memagent/credit/memory_rows_masked"] == memory_rows > 0
+
+
+def test_a_kept_rollout_holds_its_weights_throughout(runs):
+    # free_cache_engine=false: verl's sleep is a no-op and its worker never resumes: the weights stay throughout.
+    # (With the default, true, the server is emptied after every rollout: test_cpu_sync_minibatch.py.)
+    folder = runs["out"] / "events"
+    kept_events = [read_jsonl(path) for path in sorted(folder.glob("*.jsonl"))]
+    assert kept_events, "no rollout server wrote events"
+    for events in kept_events:
+        names = {e["event"] for e in events}
+        assert "generate" in names and "sleep:kept" in names
+        assert not any(name.startswith("wake_up") for name in names)
+        assert "sleep" not in names and all(e["held_parameter_bytes"] > 0 for e in events)

@@ -2,10 +2,8 @@
 
 Run 1: ``recurrent.mode=sync``, 4 prompts per step, ``rollout.n=2``, ``ppo_mini_batch_size=2`` (so the paper's
 count is 4 / 2 = 2 updates per step), documents of 2-4 chunks (trajectories of 3-5 rows), a lockstep validation
-after step 2, a checkpoint every step. (Resume is checked on the async run, ``test_cpu_memory_trainer.py``: verl's
-resume path does not depend on the mode.) Run 2: the same for one step
-with verl's row counting (``recurrent.minibatch=rows``), ``free_cache_engine=false`` and the credit ablation
-(``recurrent.credit=final``: only the answer turns are trained).
+after step 2, a checkpoint every step. (Resume, verl's row counting, ``free_cache_engine=false`` and the credit
+ablation are checked on the async run, ``test_cpu_memory_trainer.py``: none of them depends on the mode.)
 
 Updates are counted by the optimizer itself: AdamW's ``step`` in the checkpointed optimizer state. The
 rollout server (``hf_cpu``, the CPU twin of vLLM's) logs its memory states, showing what verl's sleep/wake
@@ -14,10 +12,8 @@ path does with ``free_cache_engine`` on and off.
 
 from __future__ import annotations
 
-import json
 import re
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 from trainer_run import adam_steps, read_jsonl, read_metrics, run_script, tail
@@ -40,33 +36,11 @@ def runs(tmp_path_factory):
     assert first[0] == 0, tail(first[1])
     metrics_first = read_metrics(out / "metrics.jsonl")
     events_first = {p.name: read_jsonl(p) for p in sorted((out / "events").glob("*.jsonl"))}
-
-    rows_out = tmp_path_factory.mktemp("rows_minibatch")
-    (rows_out / "events").mkdir()
-    rows_overrides = (
-        "recurrent.minibatch=rows",
-        "actor_rollout_ref.rollout.free_cache_engine=false",
-        "recurrent.credit=final",
-        "trainer.val_before_train=false",
-        "trainer.test_freq=-1",
-        *SIZES,
-    )
-    rows_run = run_script(
-        rows_out,
-        steps=1,
-        task="memory",
-        timeout_s=RUN_TIMEOUT_S,
-        overrides=rows_overrides,
-        extra_env={"MEMAGENT_ROLLOUT_EVENTS": str(rows_out / "events")},
-    )
-    assert rows_run[0] == 0, tail(rows_run[1])
     return {
         "out": out,
         "first": first,
         "metrics_first": metrics_first,
         "events_first": events_first,
-        "rows_out": rows_out,
-        "rows_run": rows_run,
     }
 
 
@@ -117,21 +91,6 @@ def test_the_papers_update_count_counted_by_the_optimizer(runs):
         assert len(rows) == UPDATES * metrics[step]["memagent/minibatch/rows"]
 
 
-def test_verls_row_counting_is_a_switch(runs):
-    out = runs["rows_out"]
-    rows = read_jsonl(out / "rollout" / "1.jsonl")  # padding rows included: verl pads to whole mini-batches
-    per_update = 2 * N  # ppo_mini_batch_size x n rows
-    assert len(rows) % per_update == 0
-    updates = len(rows) // per_update
-    assert updates > UPDATES  # 3-5 rows per trajectory: verl makes several times the paper's count
-    assert adam_steps(out / "checkpoints" / "global_step_1" / "actor") == {updates}
-    assert all(row["minibatch"] is None for row in rows)
-
-
-def server_events(folder: Path) -> list[list[dict]]:
-    return [[json.loads(line) for line in p.read_text().splitlines()] for p in sorted(folder.glob("*.jsonl"))]
-
-
 def test_rollout_memory_is_released_while_the_actor_trains(runs):
     # free_cache_engine=true (the default): after every rollout verl sleeps the replicas and the server holds no
     # weights until verl's worker resumes it for the weight sync; then generation starts again.
@@ -147,30 +106,3 @@ def test_rollout_memory_is_released_while_the_actor_trains(runs):
                 assert events[i]["held_parameter_bytes"] > 0
                 if i + 1 < len(names):
                     assert names[i + 1] == "sleep"  # nothing else happens to the server before it sleeps
-    # free_cache_engine=false: verl's sleep is a no-op and its worker never resumes: the weights stay throughout.
-    kept_events = server_events(runs["rows_out"] / "events")
-    assert kept_events, "no rollout server wrote events"
-    for events in kept_events:
-        names = {e["event"] for e in events}
-        assert "sleep:kept" in names and not any(name.startswith("wake_up") for name in names)
-        assert "sleep" not in names and all(e["held_parameter_bytes"] > 0 for e in events)
-
-
-def test_final_answer_credit_trains_only_the_answers(runs):
-    out = runs["rows_out"]
-    rows = read_jsonl(out / "rollout" / "1.jsonl")
-    trajectories = by_trajectory(rows)
-    groups: dict[str, list[float]] = defaultdict(list)
-    for name, turns in trajectories.items():
-        groups[name.rsplit("_", 1)[0]].append(turns[-1]["score"])
-    memory_rows = 0
-    for name, turns in trajectories.items():
-        *memory, final = turns
-        memory_rows += len(memory)
-        # memory turns: no tokens trained on, no advantage; the answer: GRPO by hand (score - its group's mean)
-        assert all(row["response_length"] == 0 and row["advantage"] == 0.0 for row in memory), name
-        scores = groups[name.rsplit("_", 1)[0]]
-        assert final["response_length"] > 0
-        assert final["advantage"] == pytest.approx(final["score"] - sum(scores) / len(scores), abs=1e-6)
-    metrics = read_metrics(out / "metrics.jsonl")
-    assert metrics[1]["memagent/credit/memory_rows_masked"] == memory_rows > 0
