@@ -7,8 +7,11 @@ setup:
 setup-gpu:
 	bash scripts/setup.sh --gpu
 
+# Two worker processes, a test file each at a time (module fixtures such as a trainer run stay in one process):
+# a trainer run's start-up is mostly one process importing at a time, so the other core runs other files.
+# PYTHONFAULTHANDLER: a crash of any process (a worker, a server, a trainer) prints every thread's stack.
 test:
-	.venv/bin/python -m pytest
+	PYTHONFAULTHANDLER=1 .venv/bin/python -m pytest -n 2 --dist loadfile --durations=15
 
 lint:
 	.venv/bin/ruff check .
