@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def session_members(sid: int) -> list[int]:
@@ -30,3 +34,15 @@ def pid_alive(pid: int) -> bool:
         return False
     status = Path(f"/proc/{pid}/status")
     return not (status.exists() and "zombie" in status.read_text())
+
+
+def in_a_fresh_process(function: Callable[..., T], *args: Any) -> T:
+    """``function(*args)`` run in a new interpreter (spawned, not forked), its result or its exception returned
+    here. For tests that start a local Ray: Ray's native threads (gRPC, GCS client, event engine) outlive
+    ``ray.shutdown()``, and a pytest process that still has them can crash at interpreter exit after every test
+    passed. ``function`` must be importable by name (a module-level function of a test module)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(function, *args).result()

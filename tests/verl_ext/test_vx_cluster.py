@@ -8,6 +8,7 @@ import socket
 
 import pandas as pd
 import pytest
+from process_helpers import in_a_fresh_process
 from vx_helpers import compose_config
 
 from verl_ext.cluster import (
@@ -160,14 +161,31 @@ def test_every_run_gives_its_ray_processes_tq_num_threads_1(name):
     assert env_vars["VERL_FULL_DETERMINISM"] == "0"  # verl's own entries are kept
 
 
-def test_the_other_nodes_are_asked_by_a_task_pinned_to_each(tmp_path):
-    """A real local Ray (one node): the node check runs as a 0-CPU task pinned to the given node, and its problems
-    come back with that node's name; with no other node, nothing is asked."""
+def node_problems_on_a_local_ray(config) -> dict:
+    """In a fresh process (process_helpers.in_a_fresh_process): a real local Ray of one node, and what the node
+    check reports with no other node and with that node named."""
     import shutil
     import tempfile
 
     import ray
 
+    ray_tmp = tempfile.mkdtemp(prefix="rc")  # Ray's Unix sockets need a short path
+    ray.init(num_cpus=1, include_dashboard=False, _temp_dir=ray_tmp, log_to_driver=False)
+    try:
+        node = ray.get_runtime_context().get_node_id()
+        return {
+            "node": node,
+            "unnamed": other_nodes_problems(config),
+            "named": other_nodes_problems(config, node_ids=[node]),
+        }
+    finally:
+        ray.shutdown()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def test_the_other_nodes_are_asked_by_a_task_pinned_to_each(tmp_path):
+    """A real local Ray (one node): the node check runs as a 0-CPU task pinned to the given node, and its problems
+    come back with that node's name; with no other node, nothing is asked."""
     data, _ = make_run_files(tmp_path)
     config = paper_7b(
         f"data.train_files={data}",
@@ -175,16 +193,10 @@ def test_the_other_nodes_are_asked_by_a_task_pinned_to_each(tmp_path):
         f"actor_rollout_ref.model.path={tmp_path / 'on-the-head-node-only'}",
         f"trainer.default_local_dir={tmp_path}/runs",
     )
-    ray_tmp = tempfile.mkdtemp(prefix="rc")  # Ray's Unix sockets need a short path
-    ray.init(num_cpus=1, include_dashboard=False, _temp_dir=ray_tmp, log_to_driver=False)
-    try:
-        node = ray.get_runtime_context().get_node_id()
-        assert other_nodes_problems(config) == []  # this is the only node
-        assert other_nodes_problems(config, node_ids=[node]) == [
-            f"on node {socket.gethostname()} (Ray node {node}): actor_rollout_ref.model.path: "
-            f"{tmp_path / 'on-the-head-node-only'} is not a model folder here (no config.json); the launching node "
-            "resolved it, so it must be on storage every node reads at the same path"
-        ]
-    finally:
-        ray.shutdown()
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+    seen = in_a_fresh_process(node_problems_on_a_local_ray, config)
+    assert seen["unnamed"] == []  # this is the only node
+    assert seen["named"] == [
+        f"on node {socket.gethostname()} (Ray node {seen['node']}): actor_rollout_ref.model.path: "
+        f"{tmp_path / 'on-the-head-node-only'} is not a model folder here (no config.json); the launching node "
+        "resolved it, so it must be on storage every node reads at the same path"
+    ]
