@@ -28,6 +28,16 @@ def paper_7b(*overrides: str):
     return compose_config("memagent_7b", list(overrides))
 
 
+def paper_7b_with_paths(train: object, val: object, model: object, out: object):
+    """The 7B run with the four paths the node checks look at: data files, model folder, checkpoint folder."""
+    return paper_7b(
+        f"data.train_files={train}",
+        f"data.val_files={val}",
+        f"actor_rollout_ref.model.path={model}",
+        f"trainer.default_local_dir={out}",
+    )
+
+
 def test_a_machine_without_gpus_is_refused_with_the_counts_and_the_cpu_run():
     problems = resource_problems({"CPU": 2.0, "memory": 8e9}, paper_7b())
     assert len(problems) == 2
@@ -87,20 +97,12 @@ def make_run_files(tmp_path):
 
 def test_paths_seen_from_this_node(tmp_path):
     data, model = make_run_files(tmp_path)
-    config = paper_7b(
-        f"data.train_files={data}",
-        f"data.val_files={data}",
-        f"actor_rollout_ref.model.path={model}",
-        f"trainer.default_local_dir={tmp_path}/runs/7B",
-    )
+    config = paper_7b_with_paths(data, data, model, f"{tmp_path}/runs/7B")
     assert path_problems(config) == []  # runs/7B does not exist yet, but tmp_path is writable
 
     missing = tmp_path / "elsewhere" / "dev.parquet"
-    config = paper_7b(
-        f"data.train_files={data}",
-        f"data.val_files=[{missing},hdfs://cluster/dev.parquet]",
-        f"actor_rollout_ref.model.path={tmp_path / 'not-here'}",
-        f"trainer.default_local_dir={data}/checkpoints",
+    config = paper_7b_with_paths(
+        data, f"[{missing},hdfs://cluster/dev.parquet]", tmp_path / "not-here", f"{data}/checkpoints"
     )
     assert path_problems(config) == [
         f"data.val_files: {missing} is not a readable file here",
@@ -112,12 +114,7 @@ def test_paths_seen_from_this_node(tmp_path):
 
 def test_the_error_names_the_node_and_lists_everything(tmp_path):
     data, _ = make_run_files(tmp_path)
-    config = paper_7b(
-        f"data.train_files={data}",
-        f"data.val_files={data}",
-        f"actor_rollout_ref.model.path={tmp_path / 'missing-model'}",
-        f"trainer.default_local_dir={tmp_path}/runs",
-    )
+    config = paper_7b_with_paths(data, data, tmp_path / "missing-model", f"{tmp_path}/runs")
     with pytest.raises(PreflightError) as err:
         check_task_runner_node(config, resources={"CPU": 2.0})
     message = str(err.value)
@@ -187,12 +184,7 @@ def test_the_other_nodes_are_asked_by_a_task_pinned_to_each(tmp_path):
     """A real local Ray (one node): the node check runs as a 0-CPU task pinned to the given node, and its problems
     come back with that node's name; with no other node, nothing is asked."""
     data, _ = make_run_files(tmp_path)
-    config = paper_7b(
-        f"data.train_files={data}",
-        f"data.val_files={data}",
-        f"actor_rollout_ref.model.path={tmp_path / 'on-the-head-node-only'}",
-        f"trainer.default_local_dir={tmp_path}/runs",
-    )
+    config = paper_7b_with_paths(data, data, tmp_path / "on-the-head-node-only", f"{tmp_path}/runs")
     seen = in_a_fresh_process(node_problems_on_a_local_ray, config)
     assert seen["unnamed"] == []  # this is the only node
     assert seen["named"] == [
