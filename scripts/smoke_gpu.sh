@@ -8,8 +8,10 @@
 # context 9216) on a small instruct model: 16 generated questions about ~28K-token documents (6 chunks; written
 # once under OUT_DIR/data), rollout.n=4, validation before training and after the last step, 2 training steps,
 # a checkpoint at step 2, console + JSONL metrics, verl's memory logging (VERL_LOGGING_LEVEL=DEBUG).
-# At the end: seconds per phase and step, and peak GPU memory per phase (scripts/smoke_report.py). The exit status
-# is non-zero on any failure: the trainer's, or a step, a validation or the checkpoint missing.
+# At the end (scripts/smoke_report.py): seconds per phase and step; the actor workers' peak GPU memory so far, as
+# verl reads it after each step's update (since the worker started, not per phase); GPU memory at verl's logged
+# points (samples, not peaks). The exit status is non-zero on any failure: the trainer's, or a step, a validation
+# or the checkpoint missing.
 #
 # Environment:
 #   MODEL_PATH   a local model folder, or a hub id already in the local Hugging Face cache

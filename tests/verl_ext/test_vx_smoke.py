@@ -116,7 +116,8 @@ def metric_line(step: int, data: dict) -> str:
     return json.dumps({"step": step, "data": data})
 
 
-# Log lines as verl's memory logging prints them (utils/profiler/performance.py), behind Ray's and logging's prefixes.
+# Log lines as verl's memory logging prints them (utils/profiler/performance.py), behind Ray's and logging's prefixes:
+# point samples; "After resume weights" twice (once per step).
 LOG = """\
 (WorkerDict pid=311) Before FSDP, memory allocated (GB): 0.92, memory reserved (GB): 1.00, device memory used/total (GB): 2.10/79.11
 (WorkerDict pid=311) DEBUG:2026-01-01 10:00:00,000:After resume weights, memory allocated (GB): 1.50, memory reserved (GB): 2.00, device memory used/total (GB): 40.00/79.11
@@ -147,6 +148,7 @@ def test_report_tables_and_a_complete_run(tmp_path):
                         "timing_s/step": 80.0,
                         "timing_s/testing": 30.0,
                         "actor/perf/max_memory_allocated_gb": 11.25,
+                        "actor/perf/max_memory_reserved_gb": 14.0,
                         "val-core/toy_memory/acc/mean@2": 0.25,
                     },
                 ),
@@ -155,14 +157,23 @@ def test_report_tables_and_a_complete_run(tmp_path):
     )
     (tmp_path / "ckpt" / "global_step_2").mkdir(parents=True)
     steps = smoke_report.read_metrics(metrics)
-    memory = smoke_report.memory_by_phase(LOG)
+    memory = smoke_report.memory_samples(LOG)
+    # The larger of the two samples of each value at the repeated point (1.50 from the first, 2.50 / 41.50 later).
     assert memory == {"Before FSDP": (0.92, 1.0, 2.1, 79.11), "After resume weights": (1.5, 2.5, 41.5, 79.11)}
-    table = smoke_report.report(steps, memory).splitlines()
+    text = smoke_report.report(steps, memory)
+    table = text.splitlines()
     # Columns: steps 0 (the validation before training: no timings), 1, 2.
     assert f"  {'gen':<16}{'-':>10}{'61.0':>10}{'50.0':>10}" in table
     assert f"  {'testing':<16}{'-':>10}{'-':>10}{'30.0':>10}" in table
-    key = "actor/perf/max_memory_allocated_gb"
-    assert f"  {'max_memory_allocated_gb':<16}{'-':>10}{'10.50':>10}{'11.25':>10}   (GB, {key})" in table
+    # verl's actor/perf/max_memory_* are named for what they are: the peak so far, not the update's or a phase's.
+    peaks = table.index(f"  {'peak so far':<16}{'0':>10}{'1':>10}{'2':>10}")
+    assert "peak since the worker started" in table[peaks - 3] and "not per phase" in table[peaks - 1]
+    allocated, reserved = "actor/perf/max_memory_allocated_gb", "actor/perf/max_memory_reserved_gb"
+    assert table[peaks + 1] == f"  {'allocated':<16}{'-':>10}{'10.50':>10}{'11.25':>10}   ({allocated})"
+    assert table[peaks + 2] == f"  {'reserved':<16}{'-':>10}{'-':>10}{'14.00':>10}   ({reserved})"
+    assert "per phase" not in text.replace("not per phase", "").replace("not a peak over a phase", "")
+    points = table.index(f"  {'point':<48}{'allocated':>10}{'reserved':>10}{'used':>10}{'total':>10}")
+    assert table[points - 2].startswith("GPU memory at verl's logged points") and "not a peak" in table[points - 2]
     assert f"  {'After resume weights':<48}      1.50      2.50     41.50     79.11" in table
     assert smoke_report.problems(steps, tmp_path / "ckpt", 2) == []
     argv = ["--metrics", str(metrics), "--log", str(tmp_path / "none.log"), "--checkpoints", str(tmp_path / "ckpt")]
