@@ -13,7 +13,6 @@ import asyncio
 import json
 import logging
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -34,30 +33,7 @@ CONNECT_TIMEOUT = 60.0  # seconds to open a connection (the attempt's deadline b
 CHARS_PER_TOKEN = 4  # to estimate a prompt's tokens without a tokenizer
 
 
-if sys.version_info >= (3, 11):
-    _deadline = asyncio.timeout
-else:  # pragma: no cover - Python 3.10 has no asyncio.timeout
-
-    class _deadline:  # noqa: N801 - stands in for asyncio.timeout
-        """``asyncio.timeout`` for Python 3.10, by cancelling the current task when the deadline passes."""
-
-        def __init__(self, seconds: float) -> None:
-            self.seconds, self.expired = seconds, False
-
-        async def __aenter__(self) -> None:
-            task = asyncio.current_task()
-
-            def expire() -> None:
-                self.expired = True
-                task.cancel()
-
-            self.handle = asyncio.get_running_loop().call_later(self.seconds, expire)
-
-        async def __aexit__(self, kind, error, tb) -> bool:
-            self.handle.cancel()
-            if self.expired and kind is asyncio.CancelledError:
-                raise asyncio.TimeoutError from error
-            return False
+_deadline = asyncio.timeout  # the project needs Python >= 3.11
 
 
 class ChatRequestError(RuntimeError):
@@ -283,7 +259,7 @@ class OpenAIChatClient:
                     async with _deadline(deadline):
                         response = await client.post("/chat/completions", body=request, cast_to=object)
                     error = None
-                except (openai.APIError, asyncio.TimeoutError) as err:
+                except (TimeoutError, openai.APIError) as err:
                     error = err
                 seconds = time.perf_counter() - start
             if error is None:
