@@ -13,6 +13,10 @@ protocol").
 
 The plot follows the paper's main figure: accuracy vs context length (log scale), one line per model and method,
 one panel per task family (HotpotQA; RULER niah_*, vt, fwe, cwe, qa_* averaged over the family's tasks).
+
+``table2.md`` (written when there are HotpotQA results; ``--table2`` also prints it) is RULER-HotpotQA in the layout
+of the paper's Table 2: one row per model, one column per context length (7K ... 3.5M tokens), sub_em in %, with
+the paper's two RL-MemAgent rows underneath for comparison.
 """
 
 from __future__ import annotations
@@ -47,6 +51,12 @@ HOTPOTQA_TOKENS = {
     25600: 3_500_000,
 }
 TOKENS_PER_DOC = 140
+# The paper's Table 2 (RULER-HotpotQA accuracy in %, at the document counts of HOTPOTQA_TOKENS, in order): the rows
+# of the two released memory agents, which a training run of configs/memagent_{7b,14b}.yaml reproduces.
+PAPER_TABLE2 = {
+    "RL-MemAgent-14B (paper)": (83.59, 82.03, 84.38, 80.47, 76.56, 81.25, 75.00, 77.34, 76.56, 78.12),
+    "RL-MemAgent-7B (paper)": (82.03, 79.69, 78.91, 77.34, 79.69, 72.66, 74.22, 76.56, 75.78, 71.09),
+}
 TASK_ORDER = (cfg.HOTPOTQA, *cfg.RULER_TASKS, *cfg.RULER_EXTRA_TASKS, cfg.NEEDLE)
 NEEDLE_CHUNK_TOKENS = 64  # the replication's needle lengths are chunks of 64 reader tokens
 METRIC_COLUMNS = ("strict", "sub_em", "em", "f1")
@@ -181,6 +191,10 @@ def write_csv(rows: list[Row], path: Path) -> None:
             writer.writerow(["" if getattr(row, n) is None else getattr(row, n) for n in names])
 
 
+def _mark(row: Row) -> str:
+    return "*" if row.incomplete or row.failed else ""
+
+
 def markdown(rows: list[Row]) -> str:
     lines = ["# Evaluation summary", ""]
     lines += [
@@ -207,7 +221,7 @@ def markdown(rows: list[Row]) -> str:
             values = []
             for n in lengths:
                 r = by_len.get(n)
-                values.append("" if r is None else _fmt(r.sub_em) + ("*" if r.incomplete or r.failed else ""))
+                values.append("" if r is None else _fmt(r.sub_em) + _mark(r))
             lines.append("| " + " | ".join([model, method, *values]) + " |")
         lines.append("")
     lines += ["`*`: incomplete file or failed items (see below).", "", "## All files", ""]
@@ -252,6 +266,41 @@ def markdown(rows: list[Row]) -> str:
     if warnings:
         lines += ["## Warnings", "", *(f"- {w}" for w in warnings), ""]
     return "\n".join(lines)
+
+
+def table2(rows: list[Row]) -> str | None:
+    """RULER-HotpotQA in the layout of the paper's Table 2: a row per model (``model (method)`` when a model was run
+    with several methods), a column per length run, sub_em in %; the paper's RL-MemAgent rows at the paper's
+    lengths. None when there are no HotpotQA results."""
+    hotpotqa = [r for r in rows if r.task == cfg.HOTPOTQA]
+    if not hotpotqa:
+        return None
+    lengths = sorted({r.length for r in hotpotqa})
+    methods: dict[str, set[str]] = defaultdict(set)
+    cells: dict[tuple[str, str], dict[int, Row]] = defaultdict(dict)
+    for r in hotpotqa:
+        methods[r.model].add(r.method)
+        cells[(r.model, r.method)][r.length] = r
+    header = ["Model", *(length_label(HOTPOTQA_TOKENS[n]) if n in HOTPOTQA_TOKENS else f"{n} docs" for n in lengths)]
+    lines = [
+        "# RULER-HotpotQA accuracy (%) by context length",
+        "",
+        "The layout of the paper's Table 2: sub_em over every item of a file (failed items count 0); `*`: an "
+        "incomplete file or failed items (summary.md says which); N/A: not run. The paper's rows are its own numbers.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for (model, method), by_length in cells.items():
+        label = model if len(methods[model]) == 1 else f"{model} ({method})"
+        values = [_fmt(by_length[n].sub_em) + _mark(by_length[n]) if n in by_length else "N/A" for n in lengths]
+        lines.append("| " + " | ".join([label, *values]) + " |")
+    paper_columns = {n: i for i, n in enumerate(HOTPOTQA_TOKENS)}
+    if any(n in paper_columns for n in lengths):
+        for name, values in PAPER_TABLE2.items():
+            row = [f"{values[paper_columns[n]]:.2f}" if n in paper_columns else "" for n in lengths]
+            lines.append("| " + " | ".join([name, *row]) + " |")
+    return "\n".join([*lines, ""])
 
 
 def warn_lines(rows: list[Row]) -> list[str]:
@@ -321,7 +370,8 @@ def plot(rows: list[Row], path: Path, metric: str = "sub_em") -> list[tuple[str,
 def write_report(
     results_dir: str | Path, data_dir: str | Path | None = None, out_dir: str | Path | None = None
 ) -> list[Path]:
-    """Write the three summary files; returns their paths. Incomplete files are reported on stderr too."""
+    """Write the summary files (``table2.md`` only when there are HotpotQA results); returns their paths.
+    Incomplete files are reported on stderr too."""
     results_dir = Path(results_dir)
     out_dir = Path(out_dir) if out_dir else results_dir
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -332,6 +382,10 @@ def write_report(
     for metric, name in PLOTS.items():
         paths.append(out_dir / name)
         plot(rows, paths[-1], metric)
+    hotpotqa_table = table2(rows)
+    if hotpotqa_table is not None:
+        paths.append(out_dir / "table2.md")
+        paths[-1].write_text(hotpotqa_table)
     for warning in warn_lines(rows):
         print(f"warning: {warning}", file=sys.stderr)
     return paths
@@ -346,11 +400,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("results_dir", type=Path, help="the --results-dir of the runs")
     parser.add_argument("--data-dir", type=Path, help="eval sets, to count items when a file has no metadata")
     parser.add_argument("--out", type=Path, help="where to write the summary (default: RESULTS_DIR)")
+    parser.add_argument(
+        "--table2", action="store_true", help="also print RULER-HotpotQA in the layout of the paper's Table 2"
+    )
     args = parser.parse_args(argv)
     if not args.results_dir.is_dir():
         parser.error(f"{args.results_dir} is not a folder")
-    for path in write_report(args.results_dir, args.data_dir, args.out):
+    written = write_report(args.results_dir, args.data_dir, args.out)
+    for path in written:
         print(path)
+    if args.table2:
+        tables = [path for path in written if path.name == "table2.md"]
+        print(tables[0].read_text() if tables else "(no RULER-HotpotQA results: no Table 2)")
     return 0
 
 

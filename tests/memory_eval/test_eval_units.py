@@ -14,7 +14,8 @@ from recurrent.interface import Reply
 from taskutils.memory_eval import config as cfg
 from taskutils.memory_eval import evalsets, results, scoring
 from taskutils.memory_eval.direct import TEMPLATE_0SHOT, DirectWorkflow
-from taskutils.memory_eval.report import collect, markdown, plot, write_report
+from taskutils.memory_eval.report import collect, markdown, plot, table2, write_report
+from taskutils.memory_eval.report import main as report_main
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +201,8 @@ def test_report_counts_failures_in_the_denominator(tmp_path):
     assert "4 lines, eval set has 5" in text and "1 of 4 items failed" in text and "| m | memory | 50.00* |" in text
     assert "hotpotqa_50/m__memory: 1 of 4 answers had no extractable answer (counted as 0)" in text
     assert "| m | memory | hotpotqa | 50 | 4 | 5 | 1 | 1 | 0.00 | 50.00 |" in text  # failed, then no answer
-    md, csv_path, png, strict_png = write_report(tmp_path)
+    md, csv_path, png, strict_png, table2_md = write_report(tmp_path)
+    assert table2_md.name == "table2.md"  # there are HotpotQA results
     with csv_path.open() as f:
         table = list(csv.DictReader(f))
     assert len(table) == 2 and table[0]["sub_em"] == "50.0" and table[1]["em"] == ""
@@ -215,6 +217,67 @@ def test_report_counts_failures_in_the_denominator(tmp_path):
     assert plot(rows, tmp_path / "a.png") == [
         ("RULER-HotpotQA: sub_em", "sub_em (%)"),
         ("RULER vt: sub_em", "sub_em (%)"),
+    ]
+
+
+def _results_file(results_dir, folder, model, method, sub_ems, expected=None, error_at=None):
+    """A hand-made results file: one line per item with the given sub_em (the item at ``error_at`` failed)."""
+    (results_dir / folder).mkdir(parents=True, exist_ok=True)
+    lines = [
+        {**_line(i, error="ChatRequestError: x" if i == error_at else None, sub_em=v), "model": model, "method": method}
+        for i, v in enumerate(sub_ems)
+    ]
+    path = results_dir / folder / f"{model}__{method}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    meta = {"settings": {}, "expected": expected if expected is not None else len(sub_ems)}
+    results.meta_path(path).write_text(json.dumps(meta))
+
+
+def test_table2_is_the_papers_layout_models_by_length(tmp_path, capsys):
+    _results_file(tmp_path, "hotpotqa_50", "agent", "memory", [1, 1, 1, 0])
+    _results_file(tmp_path, "hotpotqa_800", "agent", "memory", [1, 1, 0, 0], expected=5)  # one item missing
+    _results_file(tmp_path, "hotpotqa_25600", "agent", "memory", [1, 0, 1, 1])
+    _results_file(tmp_path, "hotpotqa_50", "base", "memory", [1, 0, 0, 0])
+    _results_file(tmp_path, "hotpotqa_800", "base", "memory", [0, 0, 0, 0])
+    _results_file(tmp_path, "hotpotqa_50", "base", "direct", [1, 1, 0, 0])
+    _results_file(tmp_path, "hotpotqa_800", "base", "direct", [1, 0, 1, 1], error_at=1)  # a failed item counts 0
+    _results_file(tmp_path, "vt_8192", "agent", "memory", [1])  # RULER: not in Table 2
+    # By hand: 3/4, 2/4 (incomplete: *), 3/4; base with two methods gets a row per method; base was not run at 3.5M.
+    # The paper's RL-MemAgent rows at 7K, 112K, 3.5M (its Table 2).
+    expected = [
+        "| Model | 7K | 112K | 3.5M |",
+        "|---|---|---|---|",
+        "| agent | 75.00 | 50.00* | 75.00 |",
+        "| base (direct) | 50.00 | 75.00* | N/A |",
+        "| base (memory) | 25.00 | 0.00 | N/A |",
+        "| RL-MemAgent-14B (paper) | 83.59 | 76.56 | 78.12 |",
+        "| RL-MemAgent-7B (paper) | 82.03 | 79.69 | 71.09 |",
+    ]
+    text = table2(collect(tmp_path))
+    assert text.startswith("# RULER-HotpotQA accuracy (%) by context length")
+    assert [line for line in text.splitlines() if line.startswith("|")] == expected
+    assert report_main([str(tmp_path), "--table2"]) == 0
+    out = capsys.readouterr().out
+    assert str(tmp_path / "table2.md") in out and "\n".join(expected) in out
+    assert (tmp_path / "table2.md").read_text() == text
+
+    # lengths outside the paper's grid are labelled by their document count, and get no paper row
+    other = tmp_path / "other"
+    _results_file(other, "hotpotqa_2", "agent", "memory", [1, 0])
+    assert [line for line in table2(collect(other)).splitlines() if line.startswith("|")] == [
+        "| Model | 2 docs |",
+        "|---|---|",
+        "| agent | 50.00 |",
+    ]
+    # no HotpotQA results: no Table 2
+    ruler = tmp_path / "ruler"
+    _results_file(ruler, "vt_8192", "agent", "memory", [1])
+    assert table2(collect(ruler)) is None
+    assert [p.name for p in write_report(ruler)] == [
+        "summary.md",
+        "summary.csv",
+        "accuracy_vs_length.png",
+        "strict_vs_length.png",
     ]
 
 
