@@ -3,7 +3,8 @@
 Every problem found is reported at once (one :class:`PreflightError` listing them): a missing data file,
 a data file without the columns the memory agent and the reward need, a model that is neither a local
 folder nor in the local Hugging Face cache (nothing is downloaded at run time), token budgets that do
-not fit verl's row widths, and algorithm settings the multi-conversation path does not support.
+not fit verl's row widths, algorithm settings the multi-conversation path does not support, and actor settings
+the paper's mini-batch layout cannot honour (:func:`verl_ext.minibatch.actor_setting_problems`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, open_dict
 
+from verl_ext.minibatch import actor_setting_problems
 from verl_ext.rollout import Budgets, check_budgets, recurrent_section
 
 
@@ -73,6 +75,11 @@ def preflight(config: DictConfig, load_tokenizer: bool = True) -> None:
             "algorithm.use_kl_in_reward=true is not supported: the advantage is computed from the final turn "
             "only, so the memory turns' KL would be ignored; use actor_rollout_ref.actor.use_kl_loss"
         )
+
+    try:
+        problems += actor_setting_problems(config)
+    except ValueError as err:  # recurrent.minibatch itself is not a mode
+        problems.append(str(err))
 
     rollout = config.actor_rollout_ref.rollout
     widest = int(rollout.prompt_length) + int(rollout.response_length)

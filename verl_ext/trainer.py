@@ -36,7 +36,15 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.seqlen_balancing import log_seqlen_unbalance
 
 from verl_ext.metrics import FIELDS, memagent_metrics_from_rows, split_key
-from verl_ext.minibatch import MiniBatchPlan, Row, minibatch_mode, plan_minibatches, updates_per_step
+from verl_ext.minibatch import (
+    MiniBatchPlan,
+    Row,
+    actor_settings,
+    check_updates_made,
+    minibatch_mode,
+    plan_minibatches,
+    updates_per_step,
+)
 from verl_ext.rollout import recurrent_section
 
 # Columns added to each line of the rollout dump (verl's columns are kept as they are):
@@ -96,6 +104,8 @@ class RecurrentPPOTrainer(PPOTrainerSync):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.minibatch_mode = minibatch_mode(self.config)
+        # ppo_epochs, shuffle and static micro-batches: refused or honoured before the first step (also the preflight)
+        self.actor_settings = actor_settings(self.config)
         credit_mode(self.config)  # a typo fails here, not after the first rollout
         if self.minibatch_mode != "rows":
             check_minibatch_contract()
@@ -124,7 +134,8 @@ class RecurrentPPOTrainer(PPOTrainerSync):
         actor = self.config.actor_rollout_ref.actor
         updates = updates_per_step(int(self.config.data.train_batch_size), int(actor.ppo_mini_batch_size))
         rows = [Row(key, int(tag["seq_len"])) for key, tag in zip(batch.keys, batch.tags, strict=True)]
-        plan = plan_minibatches(rows, updates, dp_size, self.minibatch_mode)
+        settings = self.actor_settings
+        plan = plan_minibatches(rows, updates, dp_size, self.minibatch_mode, settings.row_multiple, settings.epochs)
         real = len(batch)
         if plan.num_padding:  # verl's zero-mask rows (no loss, no tokens) top up the slots
             batch = upsample_batch_to_divisible_size(batch, real + plan.num_padding, self.tokenizer.eos_token_id)
@@ -142,7 +153,7 @@ class RecurrentPPOTrainer(PPOTrainerSync):
         )
         metrics.update(
             {
-                "memagent/minibatch/updates": plan.num_minibatches,
+                "memagent/minibatch/updates": plan.updates,
                 "memagent/minibatch/rows": plan.minibatch_rows,
                 "memagent/minibatch/padding_rows": plan.num_padding,
             }
@@ -165,12 +176,7 @@ class RecurrentPPOTrainer(PPOTrainerSync):
             made = optimizer_updates(output["metrics"])
             if made is not None:
                 metrics["memagent/minibatch/updates_made"] = made
-            if made is not None and made != plan.num_minibatches:
-                raise RuntimeError(
-                    f"the actor made {made} optimizer updates instead of {plan.num_minibatches}: verl's "
-                    "train_mini_batch no longer cuts mini-batches as verl 0.9.1 did (verl_ext/minibatch.py); "
-                    "set recurrent.minibatch=rows to use verl's own counting"
-                )
+            check_updates_made(plan, made)
             return output
 
         worker_group.update_actor = send_planned
