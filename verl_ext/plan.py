@@ -3,9 +3,8 @@
     python -m verl_ext.plan --config-name memagent_7b [--context-tokens 28000] [--gpu-memory-gib 80] [overrides]
 
 Prints, from the composed config: trajectories and rows per step for a typical context, optimizer updates per
-step under ``recurrent.minibatch`` (mini-batches x ``actor.ppo_epochs``; and what verl's own row counting would
-give), rows per update, and what the rollout engine holds in GPU memory in each phase of a step
-(``rollout.free_cache_engine``; docs/fidelity.md). A config whose actor settings are refused stops with the reason.
+step under ``recurrent.minibatch`` (and what verl's own row counting would give), rows per update, and what the
+rollout engine holds in GPU memory in each phase of a step (``rollout.free_cache_engine``; docs/fidelity.md).
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from verl_ext.minibatch import actor_settings, minibatch_mode, updates_per_step
+from verl_ext.minibatch import minibatch_mode, updates_per_step
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 PHASES = ("generation", "old_log_prob", "ref", "update_actor", "update_weights")
@@ -29,11 +28,10 @@ class StepPlan:
     rows_per_trajectory: int  # memory turns + the final answer, for the given context length
     rows: int
     minibatch: str
-    epochs: int  # actor.ppo_epochs: the worker takes every mini-batch this many times
-    updates: int  # optimizer updates per step under recurrent.minibatch (mini-batches x epochs)
+    updates: int  # optimizer updates per step under recurrent.minibatch
     rows_per_update: int
     verl_row_updates: int  # what recurrent.minibatch=rows would make
-    rollout_gib_by_phase: dict[str, float]  # GPU memory the rollout engine holds, per GPU
+    rollout_gib_by_phase: dict[str, float]  # vLLM's share per GPU; asleep 0 (the remainder: asleep_resident)
 
 
 def plan_step(config: DictConfig, context_tokens: int, gpu_memory_gib: float) -> StepPlan:
@@ -44,25 +42,42 @@ def plan_step(config: DictConfig, context_tokens: int, gpu_memory_gib: float) ->
     trajectories = int(config.data.train_batch_size) * int(rollout.n)
     rows = trajectories * rows_per_trajectory
     mode = minibatch_mode(config)
-    epochs = actor_settings(config).epochs  # a refused setting stops here, with its reason
     verl_rows_per_update = int(actor.ppo_mini_batch_size) * int(rollout.n)
-    verl_row_updates = math.ceil(rows / verl_rows_per_update) * epochs
+    verl_row_updates = math.ceil(rows / verl_rows_per_update)
     if mode == "rows":
         updates, rows_per_update = verl_row_updates, verl_rows_per_update
     else:
-        minibatches = updates_per_step(int(config.data.train_batch_size), int(actor.ppo_mini_batch_size))
-        updates, rows_per_update = minibatches * epochs, rows // minibatches
-    # vLLM takes gpu_memory_utilization of the GPU (weights + KV cache). With free_cache_engine it sleeps at
-    # level 2 after the rollout (weights and KV cache discarded) and is woken for the weight sync; without it
-    # the sleep is a no-op and it keeps its share through every phase.
+        updates = updates_per_step(int(config.data.train_batch_size), int(actor.ppo_mini_batch_size))
+        rows_per_update = rows // updates
+    # vLLM takes gpu_memory_utilization of the GPU (weights, KV cache, and its activations, CUDA graphs and
+    # communication buffers). With free_cache_engine it sleeps at level 2 after the rollout (weights and KV cache
+    # discarded) and is woken for the weight sync; without it the sleep is a no-op and it keeps its share through
+    # every phase. Asleep counts 0 here: what level 2 keeps is asleep_resident's, an estimate, not in these figures.
     share = float(rollout.gpu_memory_utilization) * gpu_memory_gib
     released = bool(rollout.free_cache_engine)
     held = {phase: share for phase in PHASES}
     if released:
         held.update(old_log_prob=0.0, ref=0.0, update_actor=0.0)
-    return StepPlan(
-        trajectories, rows_per_trajectory, rows, mode, epochs, updates, rows_per_update, verl_row_updates, held
-    )
+    return StepPlan(trajectories, rows_per_trajectory, rows, mode, updates, rows_per_update, verl_row_updates, held)
+
+
+def asleep_resident(rollout: DictConfig) -> str:
+    """What a sleeping vLLM still holds on each GPU, with an estimate (docs/fidelity.md, "Rollout memory").
+
+    Level-2 sleep releases the weights and the KV cache; the CUDA context, the CUDA-graph pool (unless
+    ``enforce_eager``) and, with tensor parallelism, the NCCL communicators' and custom all-reduce buffers stay.
+    The estimate comes from figures on vLLM's tracker, not from a measurement here."""
+    tensor_parallel = int(rollout.tensor_model_parallel_size)
+    kept = ["CUDA context"] + ([] if rollout.enforce_eager else ["CUDA-graph pool"])
+    if tensor_parallel > 1:
+        kept.append("NCCL and all-reduce buffers")
+    if tensor_parallel == 1:
+        estimate = "about 1 GiB"  # 0.93 GiB in use after sleep, graphs captured (vLLM PR #11743)
+    elif tensor_parallel == 2:
+        estimate = "1 to 2 GiB"  # plus NCCL buffers, about 1 GiB per rank at tensor-parallel 4 (vLLM PR #51485)
+    else:
+        estimate = "several GiB"  # 6.8 to 7.0 GiB per GPU at tensor-parallel 8 (vLLM issue #47654)
+    return f"{estimate} per GPU ({', '.join(kept)}; estimated, not counted above)"
 
 
 def compose(config_name: str, overrides: list[str]) -> DictConfig:
@@ -83,11 +98,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory of one GPU (default 80)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. recurrent.minibatch=rows")
     args = parser.parse_args(argv)
-    plan = plan_step(compose(args.config_name, args.overrides), args.context_tokens, args.gpu_memory_gib)
+    config = compose(args.config_name, args.overrides)
+    plan = plan_step(config, args.context_tokens, args.gpu_memory_gib)
     for name, value in asdict(plan).items():
         if name != "rollout_gib_by_phase":
             print(f"{name:>20}: {value}")
     print(f"{'rollout GiB / GPU':>20}: " + ", ".join(f"{k} {v:.1f}" for k, v in plan.rollout_gib_by_phase.items()))
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.name == "vllm" and rollout.free_cache_engine:
+        print(f"{'asleep, vLLM keeps':>20}: " + asleep_resident(rollout))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,42 @@
+"""What ``python -m verl_ext.plan`` says a sleeping vLLM keeps on each GPU: not 0 GiB (docs/fidelity.md,
+"Rollout memory"). The expected lines are written out by hand from the configs' tensor parallelism and
+``enforce_eager``."""
+
+from __future__ import annotations
+
+import pytest
+
+from verl_ext.plan import asleep_resident, compose, main
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        # memagent_7b: tensor-parallel 1, CUDA graphs captured.
+        ([], "about 1 GiB per GPU (CUDA context, CUDA-graph pool; estimated, not counted above)"),
+        (
+            ["actor_rollout_ref.rollout.enforce_eager=true"],
+            "about 1 GiB per GPU (CUDA context; estimated, not counted above)",
+        ),
+        (
+            ["actor_rollout_ref.rollout.tensor_model_parallel_size=8"],
+            "several GiB per GPU (CUDA context, CUDA-graph pool, NCCL and all-reduce buffers; estimated, not counted"
+            " above)",
+        ),
+    ],
+)
+def test_what_a_sleeping_vllm_keeps(overrides, expected):
+    assert asleep_resident(compose("memagent_7b", overrides).actor_rollout_ref.rollout) == expected
+
+
+def test_the_plan_prints_the_remainder_only_when_vllm_sleeps(capsys):
+    main(["--config-name", "memagent_14b"])  # tensor-parallel 2
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2].endswith("generation 48.0, old_log_prob 0.0, ref 0.0, update_actor 0.0, update_weights 48.0")
+    assert lines[-1] == (
+        "  asleep, vLLM keeps: 1 to 2 GiB per GPU (CUDA context, CUDA-graph pool, NCCL and all-reduce buffers;"
+        " estimated, not counted above)"
+    )
+    main(["--config-name", "memagent_14b", "actor_rollout_ref.rollout.free_cache_engine=false"])
+    out = capsys.readouterr().out
+    assert "asleep" not in out and "update_actor 48.0" in out  # no sleep: vLLM keeps its whole share
