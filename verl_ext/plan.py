@@ -3,8 +3,9 @@
     python -m verl_ext.plan --config-name memagent_7b [--context-tokens 28000] [--gpu-memory-gib 80] [overrides]
 
 Prints, from the composed config: trajectories and rows per step for a typical context, optimizer updates per
-step under ``recurrent.minibatch`` (and what verl's own row counting would give), rows per update, and what the
-rollout engine holds in GPU memory in each phase of a step (``rollout.free_cache_engine``; docs/fidelity.md).
+step under ``recurrent.minibatch`` (mini-batches x ``actor.ppo_epochs``; and what verl's own row counting would
+give), rows per update, and what the rollout engine holds in GPU memory in each phase of a step
+(``rollout.free_cache_engine``; docs/fidelity.md). A config whose actor settings are refused stops with the reason.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from verl_ext.minibatch import minibatch_mode, updates_per_step
+from verl_ext.minibatch import actor_settings, minibatch_mode, updates_per_step
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 PHASES = ("generation", "old_log_prob", "ref", "update_actor", "update_weights")
@@ -28,7 +29,8 @@ class StepPlan:
     rows_per_trajectory: int  # memory turns + the final answer, for the given context length
     rows: int
     minibatch: str
-    updates: int  # optimizer updates per step under recurrent.minibatch
+    epochs: int  # actor.ppo_epochs: the worker takes every mini-batch this many times
+    updates: int  # optimizer updates per step under recurrent.minibatch (mini-batches x epochs)
     rows_per_update: int
     verl_row_updates: int  # what recurrent.minibatch=rows would make
     rollout_gib_by_phase: dict[str, float]  # vLLM's share per GPU; asleep 0 (the remainder: asleep_resident)
@@ -42,13 +44,14 @@ def plan_step(config: DictConfig, context_tokens: int, gpu_memory_gib: float) ->
     trajectories = int(config.data.train_batch_size) * int(rollout.n)
     rows = trajectories * rows_per_trajectory
     mode = minibatch_mode(config)
+    epochs = actor_settings(config).epochs  # a refused setting stops here, with its reason
     verl_rows_per_update = int(actor.ppo_mini_batch_size) * int(rollout.n)
-    verl_row_updates = math.ceil(rows / verl_rows_per_update)
+    verl_row_updates = math.ceil(rows / verl_rows_per_update) * epochs
     if mode == "rows":
         updates, rows_per_update = verl_row_updates, verl_rows_per_update
     else:
-        updates = updates_per_step(int(config.data.train_batch_size), int(actor.ppo_mini_batch_size))
-        rows_per_update = rows // updates
+        minibatches = updates_per_step(int(config.data.train_batch_size), int(actor.ppo_mini_batch_size))
+        updates, rows_per_update = minibatches * epochs, rows // minibatches
     # vLLM takes gpu_memory_utilization of the GPU (weights, KV cache, and its activations, CUDA graphs and
     # communication buffers). With free_cache_engine it sleeps at level 2 after the rollout (weights and KV cache
     # discarded) and is woken for the weight sync; without it the sleep is a no-op and it keeps its share through
@@ -58,7 +61,9 @@ def plan_step(config: DictConfig, context_tokens: int, gpu_memory_gib: float) ->
     held = {phase: share for phase in PHASES}
     if released:
         held.update(old_log_prob=0.0, ref=0.0, update_actor=0.0)
-    return StepPlan(trajectories, rows_per_trajectory, rows, mode, updates, rows_per_update, verl_row_updates, held)
+    return StepPlan(
+        trajectories, rows_per_trajectory, rows, mode, epochs, updates, rows_per_update, verl_row_updates, held
+    )
 
 
 def asleep_resident(rollout: DictConfig) -> str:
