@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,8 +62,8 @@ SETS = {
 }
 
 
-def lock_path(set_name: str, python: str) -> Path:
-    return LOCK_DIR / f"{set_name}-py{python.replace('.', '')}.txt"
+def lock_path(set_name: str, python: str, lock_dir: Path = LOCK_DIR) -> Path:
+    return lock_dir / f"{set_name}-py{python.replace('.', '')}.txt"
 
 
 def uv_binary() -> str:
@@ -117,42 +118,49 @@ def compile_lock(
             excludes.write_text("\n".join(dependency_set.excludes) + "\n")
             command += ["--excludes", str(excludes)]
         command += ["-o", str(output.resolve())]
-        return subprocess.run(command, cwd=pyproject.parent, capture_output=True, text=True)
+        result = subprocess.run(command, cwd=pyproject.parent, capture_output=True, text=True)
+        if agree_with is not None and result.returncode == 0:
+            # the annotations name the throw-away constraints file: name the lock it was taken from instead
+            output.write_text(output.read_text().replace(str(constraints), f"requirements/{agree_with.name}"))
+        return result
 
 
-def write_all(pyproject: Path) -> int:
-    LOCK_DIR.mkdir(exist_ok=True)
+def write_all(pyproject: Path, lock_dir: Path) -> int:
+    lock_dir.mkdir(exist_ok=True)
     for dependency_set in SETS.values():
         for python in PYTHONS:
-            out = lock_path(dependency_set.name, python)
-            agree = dependency_set.agrees_with and lock_path(dependency_set.agrees_with, python)
+            out = lock_path(dependency_set.name, python, lock_dir)
+            agree = dependency_set.agrees_with and lock_path(dependency_set.agrees_with, python, lock_dir)
             result = compile_lock(dependency_set, python, pyproject, out, agree_with=agree or None)
             if result.returncode != 0:
                 print(f"[locks] {dependency_set.name}, Python {python}: no solution\n{result.stderr}", file=sys.stderr)
                 return 1
-            print(f"[locks] wrote {out.relative_to(REPO)}")
+            print(f"[locks] wrote {out}")
     return 0
 
 
-def check_all(pyproject: Path) -> int:
+def check_all(pyproject: Path, lock_dir: Path) -> int:
     """Re-resolve every set with its committed lock as the preference: an unchanged pyproject reproduces the lock
-    to the letter; a changed pin, extra or requirement shows up as a difference."""
-    stale = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for dependency_set in SETS.values():
-            for python in PYTHONS:
-                committed = lock_path(dependency_set.name, python)
-                if not committed.exists():
-                    stale.append(f"{committed.relative_to(REPO)} is missing")
-                    continue
-                fresh = Path(tmp) / committed.name
-                shutil.copy(committed, fresh)
-                agree = dependency_set.agrees_with and Path(tmp) / lock_path(dependency_set.agrees_with, python).name
-                result = compile_lock(dependency_set, python, pyproject, fresh, agree_with=agree or None)
-                if result.returncode != 0:
-                    stale.append(f"{committed.relative_to(REPO)}: pyproject.toml no longer resolves\n{result.stderr}")
-                elif fresh.read_text() != committed.read_text():
-                    stale.append(f"{committed.relative_to(REPO)} is out of sync with pyproject.toml")
+    to the letter; a changed pin, extra or requirement shows up as a difference. The sets resolve side by side,
+    each against the committed lock it agrees with (a stale one of those is reported in its own right)."""
+
+    def check_one(dependency_set: DependencySet, python: str, tmp: Path) -> str | None:
+        committed = lock_path(dependency_set.name, python, lock_dir)
+        if not committed.exists():
+            return f"{committed} is missing"
+        fresh = tmp / committed.name
+        shutil.copy(committed, fresh)
+        agree = dependency_set.agrees_with and lock_path(dependency_set.agrees_with, python, lock_dir)
+        result = compile_lock(dependency_set, python, pyproject, fresh, agree_with=agree or None)
+        if result.returncode != 0:
+            return f"{committed}: pyproject.toml no longer resolves\n{result.stderr}"
+        if fresh.read_text() != committed.read_text():
+            return f"{committed} is out of sync with pyproject.toml"
+        return None
+
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max_workers=4) as pool:
+        jobs = [pool.submit(check_one, s, python, Path(tmp)) for s in SETS.values() for python in PYTHONS]
+        stale = [problem for job in jobs if (problem := job.result())]
     for line in stale:
         print(f"[locks] {line}", file=sys.stderr)
     if stale:
@@ -177,11 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resolve", choices=sorted(SETS), help="only resolve this set (no hashes, writes nothing)")
     parser.add_argument("--python", default=PYTHONS[0], choices=PYTHONS, help="with --resolve: the Python version")
     parser.add_argument("--pyproject", type=Path, default=REPO / "pyproject.toml", help="the project file to resolve")
+    parser.add_argument("--lock-dir", type=Path, default=LOCK_DIR, help="where the lock files are")
     args = parser.parse_args(argv)
     pyproject = args.pyproject.resolve()
     if args.resolve:
         return resolve_only(args.resolve, args.python, pyproject)
-    return check_all(pyproject) if args.check else write_all(pyproject)
+    lock_dir = args.lock_dir.resolve()
+    return check_all(pyproject, lock_dir) if args.check else write_all(pyproject, lock_dir)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ def test_packages_import_with_stock_verl():
 
 
 def test_no_vendored_verl():
-    skip = {".venv", ".git", ".cache"}
+    skip = {".venv", ".venv-gpu", ".git", ".cache"}
     vendored = [p for p in REPO.rglob("verl") if p.is_dir() and not skip & set(p.relative_to(REPO).parts)]
     assert vendored == []
 
@@ -43,7 +43,7 @@ def test_recurrent_imports_nothing_above_it():
 
 
 PACKAGES = ("recurrent", "verl_ext", "taskutils")
-SKIP = {".venv", ".cache", ".git", "tests"}
+SKIP = {".venv", ".venv-gpu", ".cache", ".git", "tests"}
 
 
 def module_name(path: Path, repo: Path) -> str:
