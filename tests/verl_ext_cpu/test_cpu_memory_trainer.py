@@ -7,8 +7,11 @@ loss against the reference policy, two FSDP2 ranks, validation before training a
 checkpoint every step, console + JSONL metrics, rollout dumps with each row's advantage. Checked:
 
 - the actor's weights changed (the exported Hugging Face folder of each checkpoint, loaded with
-  ``AutoModelForCausalLM``, against the initial tiny model), and verl's model merger turns the sharded FSDP
-  checkpoint into the same Hugging Face model;
+  ``AutoModelForCausalLM``, against the initial tiny model);
+- the README's path from a checkpoint to the paper's table, its commands as written there: verl's model merger
+  turns the last checkpoint's FSDP shards into the exported model rounded to bf16, tensor for tensor, with its
+  tokenizer; the merged folder served (``transformers serve`` standing in for ``vllm serve``) and run through the
+  evaluation harness gives ``table2.md``;
 - from the rollout dump: every row of a trajectory (its memory turns and its final answer) carries one
   advantage, equal to GRPO computed here by hand from the dumped final-answer scores (score minus the mean of
   its prompt's group); memory turns are present; padding rows have no advantage;
@@ -25,9 +28,11 @@ Timings are printed (``pytest -s``).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
+import shlex
 import subprocess
 import sys
 from collections import defaultdict
@@ -35,7 +40,7 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
-from trainer_run import REPO, STAGES, adam_steps, read_jsonl, read_metrics, run_script, tail
+from trainer_run import REPO, STAGES, adam_steps, load_safetensors, read_jsonl, read_metrics, run_script, tail
 
 RUN_TIMEOUT_S = 400  # each of the two runs; ~90 s and ~80 s on 2 idle cores
 # The run's sizes, as configs/tiny_cpu.yaml sets them (prompts per step, trajectories per prompt, in validation).
@@ -189,7 +194,7 @@ def test_every_turn_of_a_trajectory_gets_its_grpo_advantage(runs):
     assert nonzero > 0
 
 
-def test_weights_changed_and_the_checkpoint_loads_as_a_hugging_face_model(runs, tiny_model_dir, tmp_path):
+def test_weights_changed_and_the_checkpoint_loads_as_a_hugging_face_model(runs, tiny_model_dir):
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -214,32 +219,133 @@ def test_weights_changed_and_the_checkpoint_loads_as_a_hugging_face_model(runs, 
     assert len(changed) >= len(initial) // 2, changed  # optimizer steps touch (almost) every tensor
     assert any(not torch.equal(exported[1][name], exported[2][name]) for name in initial)  # step 2 moved them again
 
-    # verl's model merger: the sharded FSDP checkpoint (what a resume loads) is the exported model
-    merged = tmp_path / "merged"
-    env = {key: value for key, value in os.environ.items() if key != "VERL_PLATFORM"}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the README's "From a training checkpoint to the paper's table": its commands, as written there
+
+README_SECTION = "## From a training checkpoint to the paper's table"
+
+
+def readme_commands() -> tuple[dict[str, str], list[list[str]]]:
+    """The section's shell block: its variable assignments, and its commands as argv lists (comments dropped)."""
+    section = (REPO / "README.md").read_text().split(README_SECTION, 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    variables, commands = {}, []
+    for line in block.replace("\\\n", " ").splitlines():
+        argv = shlex.split(line, comments=True)
+        if len(argv) == 1 and re.fullmatch(r"[A-Z_]+=\S+", argv[0]):
+            name, value = argv[0].split("=", 1)
+            variables[name] = value
+        elif argv:
+            commands.append(argv)
+    return variables, commands
+
+
+def option(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+@pytest.fixture(scope="module")
+def merged(runs, tmp_path_factory):
+    """The README's merge command run on the last checkpoint of the trainer run, in a user's environment; the
+    section's other commands with its variables set the same way."""
+    variables, commands = readme_commands()
+    assert set(variables) == {"CKPT", "MODEL"} and len(commands) == 3, (variables, commands)
+    ckpt = runs["out"] / "checkpoints"
+    step = (ckpt / "latest_checkpointed_iteration.txt").read_text().strip()
+    values = {"CKPT": str(ckpt / f"global_step_{step}"), "MODEL": str(tmp_path_factory.mktemp("models") / "agent")}
+
+    def substitute(argv: list[str]) -> list[str]:
+        return [re.sub(r"\$([A-Z_]+)", lambda m: values[m.group(1)], arg) for arg in argv]
+
+    merge, serve, evaluate = (substitute(argv) for argv in commands)
+    assert merge[:4] == ["python", "-m", "verl.model_merger", "merge"], merge
+    env = {k: v for k, v in os.environ.items() if k not in ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES")}
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "verl.model_merger",
-            "merge",
-            "--backend",
-            "fsdp",
-            "--local_dir",
-            str(ckpt / "global_step_2" / "actor"),
-            "--target_dir",
-            str(merged),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=REPO,
-        env=env,
+        [sys.executable, *merge[1:]], capture_output=True, text=True, timeout=300, cwd=REPO, env=env
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    from_merger = weights(merged)
-    for name, tensor in exported[2].items():
-        assert torch.allclose(from_merger[name], tensor, atol=1e-2, rtol=1e-2), name  # (bf16 if the merger casts)
+    return {"step": Path(values["CKPT"]), "model": Path(values["MODEL"]), "serve": serve, "evaluate": evaluate}
+
+
+def test_verls_model_merger_gives_the_exported_model_in_bf16_with_its_tokenizer(merged, tiny_model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    exported_dir = merged["step"] / "actor" / "huggingface"  # save_contents has hf_model (configs/cpu_platform.yaml)
+    model_dir = merged["model"]
+    exported = load_safetensors(exported_dir / "model.safetensors")
+    from_merger = load_safetensors(model_dir / "model.safetensors")
+    assert set(from_merger) == set(exported)
+    # Exact, after one rounding: the FSDP shards and the export hold the fp32 training weights (model_dtype fp32),
+    # and the merger casts every shard to bf16 before joining them (verl/model_merger/fsdp_model_merger.py).
+    for name, tensor in exported.items():
+        assert tensor.dtype == torch.float32 and from_merger[name].dtype == torch.bfloat16, name
+        assert torch.equal(from_merger[name], tensor.to(torch.bfloat16)), name
+    initial = load_safetensors(Path(tiny_model_dir) / "model.safetensors")
+    assert any(not torch.equal(from_merger[n], initial[n].to(torch.bfloat16)) for n in initial)  # trained weights
+
+    # The folder is a model transformers loads (the config of the checkpoint), computing what the export computes
+    # in bf16, with the tokenizer and chat template the run trained with.
+    config, exported_config = (json.loads((d / "config.json").read_text()) for d in (model_dir, exported_dir))
+    for key in ("architectures", "hidden_size", "num_hidden_layers", "vocab_size", "tie_word_embeddings"):
+        assert config[key] == exported_config[key], key
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    reference = AutoModelForCausalLM.from_pretrained(exported_dir, dtype=torch.bfloat16)
+    assert model.dtype == torch.bfloat16
+    tokenizer, original = AutoTokenizer.from_pretrained(model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
+    text = "What is the secret code of the harbor? The code is 8019."
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    assert ids.tolist() == original(text, return_tensors="pt").input_ids.tolist()
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, reference(ids).logits)
+    messages = [{"role": "user", "content": text}]
+    assert tokenizer.apply_chat_template(messages, tokenize=False) == original.apply_chat_template(
+        messages, tokenize=False
+    )
+
+
+def test_the_merged_model_served_and_evaluated_gives_table_2(merged, tmp_path):
+    from recurrent.serving import transformers_serve
+    from taskutils.memory_eval import config as cfg
+    from taskutils.memory_eval.run import main as run_main
+    from taskutils.memory_eval.serve import vllm_command
+
+    model, serve, evaluate = str(merged["model"]), merged["serve"], merged["evaluate"]
+    # serve: vLLM cannot run here; the README's flags are ones the harness's own `vllm serve` command line uses
+    assert serve[:3] == ["vllm", "serve", model]
+    harness_flags = {a for a in vllm_command(model, "name", 8000, tp=2, replicas=4) if a.startswith("--")}
+    assert {a for a in serve if a.startswith("--")} <= harness_flags
+    # evaluate: the merged folder, through the served name, over the paper's grid of RULER-HotpotQA
+    assert evaluate[:3] == ["python", "-m", "taskutils.memory_eval.run"]
+    assert option(evaluate, "--models") == model and option(evaluate, "--tasks") == cfg.HOTPOTQA
+    assert option(evaluate, "--served-model") == option(serve, "--served-model-name")
+    paper_grid = (*cfg.HOTPOTQA_DOCS, *cfg.HOTPOTQA_DOCS_OVER_1M)
+    assert option(evaluate, "--lengths") == ",".join(str(n) for n in paper_grid)
+
+    # The same command against the merged folder behind `transformers serve`, on eval sets of 2 and 4 documents
+    # (one question each) instead of the paper's.
+    data, results = tmp_path / "data", tmp_path / "results"
+    data.mkdir()
+    for docs in (2, 4):
+        context = "\n\n".join(f"Document {i + 1}:\nThe harbor keeps lantern number {i}." for i in range(docs))
+        item = {"index": 0, "input": "What number does the harbor keep?", "context": context, "answers": ["0"]}
+        (data / f"eval_{docs}.jsonl").write_text(json.dumps(item) + "\n")
+    with transformers_serve(model) as server:
+        argv = evaluate[3:]
+        argv[argv.index("--url") + 1] = server.base_url
+        argv[argv.index("--served-model") + 1] = server.model
+        argv[argv.index("--lengths") + 1] = "2,4"
+        assert run_main([*argv, "--data-dir", str(data), "--results-dir", str(results), "--quiet"]) == 0
+    name = merged["model"].name  # the folder name names the results
+    for docs in (2, 4):
+        lines = read_jsonl(results / f"hotpotqa_{docs}" / f"{name}__memory.jsonl")  # the paper's protocol
+        assert len(lines) == 1 and lines[0]["error"] is None and lines[0]["turns"] == 2  # one chunk, then the answer
+    table = [line for line in (results / "table2.md").read_text().splitlines() if line.startswith("|")]
+    assert table[:2] == ["| Model | 2 docs | 4 docs |", "|---|---|---|"] and len(table) == 3
+    cells = table[2].strip("|").split("|")
+    assert cells[0].strip() == name and all(float(cell) in (0.0, 100.0) for cell in cells[1:])  # one item each
 
 
 def test_resume_starts_at_step_3_with_the_same_data_order(runs):
