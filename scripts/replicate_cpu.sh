@@ -11,7 +11,8 @@
 #   2. data         needle documents: training (1-4 chunks), validation (1, 2, 4 chunks), test (every eval length)
 #   3. RL           for each seed of SEEDS: scripts/train_tiny_cpu.sh TASK=needle (configs/replicate_cpu.yaml:
 #                   our trainer, the memory agent, strict reward, GRPO n=4, KL loss, 16 updates per step)
-#   4. ablation     the same run with recurrent.credit=final (memory turns carry no advantage), ABLATION_SEEDS
+#   4. ablation     the same run with recurrent.credit=final_same_step (memory turns carry no advantage; the
+#                   answers' step as in RL, docs/fidelity.md "Credit on every turn"), ABLATION_SEEDS
 #   5. evaluation   python -m taskutils.memory_eval.run through `transformers serve` of each policy's exported
 #                   checkpoint, on the test split at LENGTHS chunks, EVAL_DOCS documents each, greedy; the memory
 #                   agent (memory-boxed) and the full-context baseline (direct-boxed: the whole document in one
@@ -108,9 +109,9 @@ rl_run() {
 EXTRA=("${quick_overrides[@]}" "$@")
 say "3/6 RL: seeds [$SEEDS], $STEPS steps each"
 for seed in $SEEDS; do rl_run "rl-seed$seed" "$STEPS" "actor_rollout_ref.rollout.seed=$seed"; done
-say "4/6 ablation (recurrent.credit=final): seeds [$ABLATION_SEEDS], $ABLATION_STEPS steps each"
+say "4/6 ablation (recurrent.credit=final_same_step): seeds [$ABLATION_SEEDS], $ABLATION_STEPS steps each"
 for seed in $ABLATION_SEEDS; do
-  rl_run "ablation-seed$seed" "$ABLATION_STEPS" "actor_rollout_ref.rollout.seed=$seed" recurrent.credit=final
+  rl_run "ablation-seed$seed" "$ABLATION_STEPS" "actor_rollout_ref.rollout.seed=$seed" recurrent.credit=final_same_step
 done
 
 # ---- 5. evaluation through the harness -----------------------------------------------------------------------------

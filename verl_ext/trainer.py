@@ -23,6 +23,7 @@ trainer's replay and checkpoint behaviour).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pprint import pprint
 from typing import Any
 
@@ -189,15 +190,12 @@ class RecurrentPPOTrainer(PPOTrainerSync):
 
     def _compute_advantage(self, batch, metrics):
         batch = super()._compute_advantage(batch, metrics)
-        if credit_mode(self.config) == "final":
+        mode = credit_mode(self.config)
+        if mode != "all":
             memory = memory_row_keys(batch.keys, batch.tags)
-            if memory:  # no loss on memory turns: zero mask (no policy-gradient, KL or token count) and advantage
+            if memory:
                 rows = tq.kv_batch_get(keys=memory, partition_id=batch.partition_id, select_fields=["response_mask"])
-                zeros = [torch.zeros_like(mask) for mask in rows["response_mask"].unbind(0)]
-                fields = {
-                    "response_mask": torch.nested.as_nested_tensor(zeros, layout=torch.jagged),
-                    "advantages": torch.nested.as_nested_tensor([z.float() for z in zeros], layout=torch.jagged),
-                }
+                fields = memory_credit_fields(mode, rows["response_mask"].unbind(0))
                 tq.kv_batch_put(keys=memory, partition_id=batch.partition_id, fields=TensorDict(fields, len(memory)))
             metrics["memagent/credit/memory_rows_masked"] = len(memory)
         return batch
@@ -235,16 +233,53 @@ class RecurrentPPOTrainer(PPOTrainerSync):
         super()._dump_generations(inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path)
 
 
-CREDIT_MODES = ("all", "final")
+# recurrent.credit (docs/fidelity.md "Credit on every turn"). verl 0.9.1 masks the policy-gradient and KL terms
+# with `response_mask` (workers/utils/losses.py ppo_loss) but divides the token-mean loss of an update by the sum of
+# `loss_mask` over all its rows and ranks (the FSDP engine's forward_backward_batch: `batch_num_tokens`); its
+# rollout stores loss_mask = response_mask (trainer/ppo/v1/agent_loop_tq.py).
+CREDIT_MODES = (
+    "all",  # the paper: the answer's advantage on every turn; each update divided by all its rows' tokens
+    "final_same_step",  # memory rows: zero advantage and response_mask, loss_mask kept: the answer turns' loss is
+    # still divided by every row's tokens, so the answers take exactly the step they take under `all`
+    "final_token_mean",  # loss_mask zeroed too: the answers' loss divided by the answer tokens of the update alone
+)
 
 
 def credit_mode(config: Any) -> str:
-    """``recurrent.credit``: ``all`` (the paper: the final answer's advantage on every turn of the trajectory) or
-    ``final`` (the ablation: only the answer turn is trained; memory turns carry no advantage and no loss)."""
+    """``recurrent.credit`` of a run config (default ``all``), checked: one of :data:`CREDIT_MODES`."""
     mode = str(config.recurrent.get("credit", "all"))
+    if mode == "final":  # the switch's name before the two ablations were told apart
+        raise ValueError(
+            "recurrent.credit=final is now two switches: final_same_step (what `final` did: the answer turns keep "
+            "the step they take with credit on every turn) or final_token_mean (the answers' loss averaged over "
+            "their own tokens); docs/fidelity.md, 'Credit on every turn'"
+        )
     if mode not in CREDIT_MODES:
         raise ValueError(f"recurrent.credit must be one of {CREDIT_MODES}, got {mode!r}")
+    if mode == "final_token_mean" and minibatch_mode(config) != "trajectory":
+        # an update of memory rows only (possible unless updates hold whole trajectories) would divide 0 by 0
+        raise ValueError(
+            f"recurrent.credit=final_token_mean needs recurrent.minibatch=trajectory (got "
+            f"{minibatch_mode(config)!r}): it divides each update's loss by the update's answer tokens, and an "
+            "update without an answer row would have none"
+        )
     return mode
+
+
+def memory_credit_fields(mode: str, response_masks: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The fields a ``final_*`` credit mode writes over the memory rows (``response_masks``: theirs, as stored):
+    zero advantages and response masks (no policy-gradient or KL term), and for ``final_token_mean`` a zero
+    ``loss_mask`` (no tokens in the update's normalizer)."""
+    if mode not in ("final_same_step", "final_token_mean"):
+        raise ValueError(f"no memory-row fields for recurrent.credit={mode!r}")
+    zeros = [torch.zeros_like(mask) for mask in response_masks]
+    fields = {
+        "response_mask": torch.nested.as_nested_tensor(zeros, layout=torch.jagged),
+        "advantages": torch.nested.as_nested_tensor([z.float() for z in zeros], layout=torch.jagged),
+    }
+    if mode == "final_token_mean":
+        fields["loss_mask"] = torch.nested.as_nested_tensor([z.clone() for z in zeros], layout=torch.jagged)
+    return fields
 
 
 def memory_row_keys(keys: list[str], tags: list[dict]) -> list[str]:

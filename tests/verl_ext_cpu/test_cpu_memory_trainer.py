@@ -21,8 +21,8 @@ checkpoint every step, console + JSONL metrics, rollout dumps with each row's ad
 
 The resumed run also switches on what the paper's defaults leave off, so that one launch checks them (a launch
 costs ~100 s here, the step itself ~5 s): verl's row counting of mini-batches (``recurrent.minibatch=rows``), the
-rollout kept in memory (``free_cache_engine=false``) and the credit ablation (``recurrent.credit=final``: only the
-answer turns are trained). A resume may change such settings: they are read at start-up, not checkpointed.
+rollout kept in memory (``free_cache_engine=false``) and the credit ablation (``recurrent.credit=final_same_step``:
+only the answer turns are trained). A resume may change such settings: they are read at start-up, not checkpointed.
 Timings are printed (``pytest -s``).
 """
 
@@ -54,7 +54,7 @@ SOURCE = "toy_memory"
 RESUMED_SWITCHES = (
     "recurrent.minibatch=rows",
     "actor_rollout_ref.rollout.free_cache_engine=false",
-    "recurrent.credit=final",
+    "recurrent.credit=final_same_step",
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
