@@ -220,7 +220,6 @@ def test_weights_changed_and_the_checkpoint_loads_as_a_hugging_face_model(runs, 
     assert any(not torch.equal(exported[1][name], exported[2][name]) for name in initial)  # step 2 moved them again
 
 
-
 # ------------------------------------------------------------------------------------------------------------
 # the README's "From a training checkpoint to the paper's table": its commands, as written there
 
