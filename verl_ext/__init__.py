@@ -7,5 +7,10 @@
 - ``reward``: the strict verifier as verl's custom reward function;
 - ``metrics``, ``trainer``: final-answer metrics, ``RecurrentPPOTrainer`` and its task runner;
 - ``preflight``, ``main``: checks before Ray starts, the Hydra entry ``python -m verl_ext.main``;
-- ``plugin``: the ``verl.plugins`` entry point; ``cpu``: CPU execution pieces (a token server for now).
+- ``plugin``: the ``verl.plugins`` entry point; ``cpu``: CPU execution pieces (a token server for now);
+- ``attention``: flash-attn or sdpa, by what is installed (the configs' two resolvers, registered here).
 """
+
+from verl_ext.attention import register_resolvers
+
+register_resolvers()

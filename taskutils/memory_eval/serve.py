@@ -94,6 +94,28 @@ def vllm_command(
     return cmd + list(extra_args)
 
 
+def vllm_command_for(
+    entry: ModelEntry,
+    model_path: str,
+    port: int,
+    gpus: int,
+    replicas: int | None = None,
+    vllm_bin: str | None = None,
+) -> list[str]:
+    """The ``vllm serve`` line the harness starts for a table entry on a node with ``gpus`` GPUs (the GPU-stack
+    check parses exactly this with vLLM's own parser: docs/cluster.md)."""
+    return vllm_command(
+        model_path,
+        entry.request_name,
+        port,
+        tp=entry.tp,
+        replicas=replicas_for(entry.tp, gpus, replicas),
+        max_model_len=entry.max_model_len,
+        extra_args=entry.vllm_args,
+        vllm_bin=vllm_bin,
+    )
+
+
 def replicas_for(tp: int, gpus: int, requested: int | None = None) -> int:
     """Data-parallel replicas: as asked, else every GPU of the node used (``gpus // tp``, at least 1)."""
     if requested is not None:
@@ -181,17 +203,7 @@ def endpoint(
     if kind != "vllm":
         raise ValueError(f"unknown backend {kind!r}")
     port = free_port()
-    gpus = gpu_count()
-    cmd = vllm_command(
-        model_path,
-        entry.request_name,
-        port,
-        tp=entry.tp,
-        replicas=replicas_for(entry.tp, gpus, replicas),
-        max_model_len=entry.max_model_len,
-        extra_args=entry.vllm_args,
-        vllm_bin=vllm_bin,
-    )
+    cmd = vllm_command_for(entry, model_path, port, gpu_count(), replicas, vllm_bin)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # never a download at run time
     base_url = f"http://127.0.0.1:{port}/v1"
     probe = models_probe(base_url, entry.request_name)

@@ -7,6 +7,8 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+import verl_ext  # noqa: F401  (registers the configs' resolvers)
+
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 # Small budgets for the tiny model: several chunks from a short document, distinct caps per turn kind.

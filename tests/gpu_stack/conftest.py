@@ -1,0 +1,133 @@
+"""The GPU stack on a machine without a GPU: run by ``make check-gpu-stack`` with ``.venv-gpu/bin/python`` (the GPU
+lock: vLLM 0.24.0, torch 2.11.0 built for CUDA 13), never by the CPU suite's interpreter (docs/cluster.md, "The GPU
+stack, checked on CPU").
+
+vLLM picks its platform from the hardware and finds none here; its argument parser and config classes need one.
+vLLM's own CPU platform class is set before anything asks for the platform, so they run: whatever they check
+that does not depend on the device is the check a GPU machine would make."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+
+import pytest  # noqa: E402
+import vllm.platforms  # noqa: E402
+from vllm.platforms.cpu import CpuPlatform  # noqa: E402
+
+vllm.platforms._current_platform = CpuPlatform()
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "verl_ext"))  # vx_helpers.compose_config: the configs as the suite composes
+
+# The published config.json of each model the paper's runs and the harness serve, written here (no download).
+_QWEN25_COMMON = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0,
+    "sliding_window": 131072,
+    "use_sliding_window": False,
+    "use_cache": True,
+    "torch_dtype": "bfloat16",
+}
+QWEN25_CONFIGS = {
+    "Qwen2.5-0.5B-Instruct": {
+        **_QWEN25_COMMON,
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "max_window_layers": 21,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-06,
+        "tie_word_embeddings": True,
+        "vocab_size": 151936,
+    },
+    "Qwen2.5-7B-Instruct": {
+        **_QWEN25_COMMON,
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "max_window_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "rms_norm_eps": 1e-06,
+        "tie_word_embeddings": False,
+        "vocab_size": 152064,
+    },
+    "Qwen2.5-14B-Instruct": {
+        **_QWEN25_COMMON,
+        "hidden_size": 5120,
+        "intermediate_size": 13824,
+        "num_hidden_layers": 48,
+        "max_window_layers": 70,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05,
+        "tie_word_embeddings": False,
+        "vocab_size": 152064,
+    },
+    "Qwen2.5-32B-Instruct": {
+        **_QWEN25_COMMON,
+        "hidden_size": 5120,
+        "intermediate_size": 27648,
+        "num_hidden_layers": 64,
+        "max_window_layers": 70,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-06,
+        "tie_word_embeddings": False,
+        "vocab_size": 152064,
+    },
+}
+# The RL-MemoryAgent checkpoints are fine-tuned Qwen2.5-Instruct models of the same shapes.
+BASE_OF = {
+    "BytedTsinghua-SIA/RL-MemoryAgent-7B": "Qwen2.5-7B-Instruct",
+    "BytedTsinghua-SIA/RL-MemoryAgent-14B": "Qwen2.5-14B-Instruct",
+    "Qwen/Qwen2.5-7B-Instruct": "Qwen2.5-7B-Instruct",
+    "Qwen/Qwen2.5-14B-Instruct": "Qwen2.5-14B-Instruct",
+    "Qwen/Qwen2.5-32B-Instruct": "Qwen2.5-32B-Instruct",
+    "Qwen/Qwen2.5-0.5B-Instruct": "Qwen2.5-0.5B-Instruct",
+}
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory) -> dict[str, Path]:
+    """A folder per Qwen2.5 shape: its published config.json and a tokenizer (the tiny model's: what is checked
+    here reads the model's shape and rope settings, not its vocabulary)."""
+    from recurrent.models import TINY, materialize
+
+    tiny = materialize(TINY)
+    root = tmp_path_factory.mktemp("models")
+    dirs = {}
+    for name, config in QWEN25_CONFIGS.items():
+        folder = root / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(config, indent=1))
+        for file in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            (folder / file).write_bytes((tiny / file).read_bytes())
+        dirs[name] = folder
+    return dirs
+
+
+@pytest.fixture(scope="session")
+def local_ray():
+    """verl's vLLM server asks Ray for its job id and node address: a real local Ray, one CPU, no dashboard."""
+    import ray
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
