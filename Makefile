@@ -1,8 +1,11 @@
 # The two commands of the README.
-.PHONY: setup setup-gpu test lint
+.PHONY: setup setup-gpu test lint check-gpu-stack locks
 
+# .venv (the CPU set: development, tests) and .venv-gpu (the GPU set as a cluster installs it, CUDA wheels and
+# vLLM; never run on a GPU here: the suite checks the GPU path with it, docs/cluster.md).
 setup:
 	bash scripts/setup.sh
+	VENV=.venv-gpu SKIP_MODELS=1 FLASH_ATTN=skip bash scripts/setup.sh --gpu
 
 setup-gpu:
 	bash scripts/setup.sh --gpu
@@ -14,6 +17,14 @@ setup-gpu:
 # a trainer) prints every thread's stack.
 test:
 	OMP_NUM_THREADS=1 PYTHONFAULTHANDLER=1 .venv/bin/python -m pytest -n 2 --dist loadfile --durations=15
+
+# The GPU user's path on this machine: .venv-gpu from the GPU lock, then tests/gpu_stack with it (also in `make test`).
+check-gpu-stack:
+	bash scripts/check_gpu_stack.sh
+
+# Re-resolve requirements/*.txt after a change of pyproject.toml (the suite checks they are in sync).
+locks:
+	.venv/bin/python scripts/locks.py
 
 lint:
 	.venv/bin/ruff check .

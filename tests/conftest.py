@@ -9,9 +9,15 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
+import importlib.util  # noqa: E402
+
 import pytest  # noqa: E402
 
 from recurrent.models import SMOLLM2, TINY, materialize  # noqa: E402
+
+# tests/gpu_stack runs with the GPU set's interpreter (.venv-gpu: tests/test_gpu_stack.py, `make check-gpu-stack`);
+# the CPU set has no vLLM.
+collect_ignore = [] if importlib.util.find_spec("vllm") else ["gpu_stack"]
 
 
 @pytest.fixture(scope="session")
