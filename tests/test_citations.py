@@ -22,7 +22,18 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 THIS = Path(__file__).resolve()
-SKIP_DIRS = {".git", ".venv", ".venv-gpu", "venv", "build", "dist", "node_modules", "__pycache__", ".pytest_cache", ".ruff_cache"}
+SKIP_DIRS = {
+    ".git",
+    ".venv",
+    ".venv-gpu",
+    "venv",
+    "build",
+    "dist",
+    "node_modules",
+    "__pycache__",
+    ".pytest_cache",
+    ".ruff_cache",
+}
 
 # An item tag of the planning documents: P21, P12b, R5, B6 (one or two digits; three-digit codes such as ruff's
 # B008 are not tags), optionally a range (P4-P6).
