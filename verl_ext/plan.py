@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -104,7 +105,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. recurrent.minibatch=rows")
     args = parser.parse_args(argv)
     config = compose(args.config_name, args.overrides)
-    plan = plan_step(config, args.context_tokens, args.gpu_memory_gib)
+    try:
+        plan = plan_step(config, args.context_tokens, args.gpu_memory_gib)
+    except ValueError as err:  # a refused setting: the reason, not a traceback; 2 as the launcher's checks
+        print(f"[memagent] {err}", file=sys.stderr)
+        sys.exit(2)
     for name, value in asdict(plan).items():
         if name != "rollout_gib_by_phase":
             print(f"{name:>20}: {value}")

@@ -40,3 +40,12 @@ def test_the_plan_prints_the_remainder_only_when_vllm_sleeps(capsys):
     main(["--config-name", "memagent_14b", "actor_rollout_ref.rollout.free_cache_engine=false"])
     out = capsys.readouterr().out
     assert "asleep" not in out and "update_actor 48.0" in out  # no sleep: vLLM keeps its whole share
+
+
+def test_a_refused_setting_exits_2_with_the_reason(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["--config-name", "memagent_7b", "actor_rollout_ref.actor.shuffle=true"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "[memagent] refused actor settings:" in err and "actor_rollout_ref.actor.shuffle=true" in err
+    assert "Traceback" not in err
