@@ -11,7 +11,8 @@ from taskutils.memory_data import stages
 from taskutils.memory_data.__main__ import main
 from taskutils.memory_data.ruler import NIAH_TASKS, TASKS, Sources, make_task
 from taskutils.memory_data.ruler.calibrate import fit_units
-from taskutils.memory_data.ruler.haystack import NOISE
+from taskutils.memory_data.ruler.haystack import NOISE, insert_at_depths
+from taskutils.memory_data.ruler.niah import DEPTHS, NiahParams, NiahTask
 from taskutils.memory_data.sources import read_hotpotqa, read_squad
 from taskutils.memory_data.tokenizer import count_tokens
 
@@ -131,6 +132,68 @@ def test_essay_needles_sit_between_sentences(tiny_tokenizer, ruler_sources):
     for match in needles:
         before = sample.context[: match.start()].rstrip()
         assert before == "" or before[-1] in ".!?:\"'"
+
+
+# Needle depths on a haystack whose sentence starts are known by hand: 100 sentences of 16 characters joined by
+# single spaces, so sentence k starts at character 17k and the text is 1,699 characters long.
+SENTENCE = "The sky is blue."
+EVEN_ESSAY = " ".join([SENTENCE] * 100)
+NEEDLE_RE = re.compile(r"One of the special magic \S+ for \S+ is: \S+\.")
+
+
+def test_insert_at_depths_puts_each_needle_at_its_depth_from_0_to_100_percent():
+    # The generator's rule: depth d aims at character round(1699 * d / 100) and the needle goes to the nearest
+    # sentence start (the text's end counts as one). For a whole d that target is within 0.01 d + 0.5 < 8.5
+    # characters of 17 d, so the needle has exactly d sentences before it: 0 at 0%, all 100 at 100%.
+    depths = list(range(101))
+    needles = [f"Needle {d}." for d in depths]
+    context = insert_at_depths(EVEN_ESSAY, depths, needles)
+    for d in depths:
+        before = context[: context.index(f"Needle {d}.")]
+        assert before.count(SENTENCE) == d, d
+    assert context.startswith("Needle 0. The sky") and context.endswith("is blue. Needle 100.")
+    assert context.count(SENTENCE) == 100  # every sentence kept whole
+
+
+ESSAY_TASKS = [name for name, p in NIAH_TASKS.items() if p.haystack == "essay"]
+LINE_TASKS = {name: p for name, p in NIAH_TASKS.items() if p.haystack != "essay"}
+# The official line-haystack tasks have one needle each; these also check the insertion order of several.
+LINE_TASKS |= {f"{h}_4_keys": NiahParams(h, "words", "numbers", num_keys=4) for h in ("repeat", "needle")}
+
+
+def test_essay_needles_land_at_their_drawn_depths_over_the_whole_range():
+    seen = set()
+    for name in ESSAY_TASKS:
+        task = NiahTask(name, 4096, 42, None, NIAH_TASKS[name], essay=EVEN_ESSAY)
+        for index in range(40):
+            sample = task.build(index, 400)  # 400 words: the 100 sentences once
+            # The draw, as the generator makes it: after the needles, k of the 40 depths (no repeats),
+            # depths[i] for needles[i].
+            rng, _, needles, _, _ = task._needles(index)
+            drawn = rng.sample(DEPTHS, len(needles))
+            found = {m.group(): sample.context[: m.start()].count(SENTENCE) for m in NEEDLE_RE.finditer(sample.context)}
+            assert found == dict(zip(needles, drawn, strict=True)), (name, index)
+            seen.update(drawn)
+    assert seen == set(DEPTHS) and min(seen) == 0 and max(seen) == 100  # every depth, both ends included
+
+
+@pytest.mark.parametrize("name", sorted(LINE_TASKS))
+def test_line_needles_land_at_their_drawn_positions_over_the_whole_range(name):
+    # repeat and needle haystacks: n lines, and each needle goes before one of them, at positions drawn (as
+    # RULER draws them) from range(n), so the i-th needle down the context has the i-th smallest position's
+    # count of haystack lines above it: 0 (the top) to n - 1 (just above the last line).
+    params, n = LINE_TASKS[name], 10
+    task = NiahTask(name, 4096, 42, None, params)
+    seen = set()
+    for index in range(80):
+        lines = task.build(index, n).context.split("\n")
+        needles = set(task._needles(index)[2])
+        assert len(lines) == n + len(needles)
+        drawn = sorted(task.rng(index, "positions", n).sample(range(n), len(needles)))
+        above = [i - j for j, i in enumerate(i for i, line in enumerate(lines) if line in needles)]
+        assert above == drawn, (index, above, drawn)
+        seen.update(above)
+    assert seen == set(range(n))
 
 
 def test_samples_differ_by_index_and_seed(tiny_tokenizer, ruler_sources):

@@ -53,3 +53,18 @@ def test_settings_mismatch_names_each_changed_key_with_both_values():
     )
     # Only the keys asked for are compared.
     check_settings("out/a.jsonl", {"seed": 1, "n": 2}, {"seed": 1, "n": 3}, "x", keys=["seed"])
+
+
+def test_a_last_line_that_parses_but_lacks_its_newline_is_torn_and_never_joined(tmp_path):
+    # A kill between a record's "}" and its "\n" leaves a line that parses. It is still torn: kept, the next
+    # appended record would be written onto the same line and both would be lost.
+    from recurrent.trace import TraceWriter
+
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b'{"id": 0}\n{"id": 1}\n{"id": 2}')
+    assert read_jsonl(path) == [{"id": 0}, {"id": 1}]  # the run redoes sample 2
+    with TraceWriter(path) as writer:  # reopening for appending cuts the torn line (repair_jsonl)
+        writer.write({"id": 2})
+        writer.write({"id": 3})
+    assert path.read_bytes() == b'{"id": 0}\n{"id": 1}\n{"id": 2}\n{"id": 3}\n'
+    assert read_jsonl(path) == [{"id": 0}, {"id": 1}, {"id": 2}, {"id": 3}]
