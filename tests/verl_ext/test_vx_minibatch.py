@@ -102,6 +102,87 @@ def test_every_row_once_and_each_trajectory_in_one_update():
             assert {plan.minibatch_of[p] for p in slot if p is not None} <= {g}
 
 
+# Uneven trajectories: a_0, a_1, b_0, b_1 have 2, 5, 3 and 2 rows. Prompt a holds 7 rows and b 5, so an even cut
+# of the 12 rows (6 + 6) would put a_1's first four rows in one update and its last in the other.
+# fmt: off
+UNEVEN_LENGTHS = {
+    "a_0_0": 10, "a_0_1": 4,
+    "a_1_0": 30, "a_1_1": 25, "a_1_2": 20, "a_1_3": 15, "a_1_4": 5,
+    "b_0_0": 12, "b_0_1": 9, "b_0_2": 3,
+    "b_1_0": 8, "b_1_1": 6,
+}
+# fmt: on
+UNEVEN_ARRIVAL = [
+    "a_1_3",
+    "b_0_0",
+    "a_0_0",
+    "b_1_1",
+    "a_1_0",
+    "a_0_1",
+    "b_0_2",
+    "a_1_4",
+    "b_1_0",
+    "a_1_1",
+    "b_0_1",
+    "a_1_2",
+]
+
+
+def test_uneven_trajectories_stay_whole_by_hand():
+    rows = [Row(key, UNEVEN_LENGTHS[key]) for key in UNEVEN_ARRIVAL]
+    plan = plan_minibatches(rows, num_minibatches=2, dp_size=2, mode="trajectory")
+    # Prompt a first (a_1_3 arrived first): update 0 = a_0 + a_1 (7 rows), update 1 = b_0 + b_1 (5 rows).
+    updates = {UNEVEN_ARRIVAL[p]: g for p, g in plan.minibatch_of.items()}
+    assert updates == {key: 0 if key.startswith("a") else 1 for key in UNEVEN_LENGTHS}
+    # Dealt longest first to the rank with fewer rows, ties to fewer tokens, then rank 0:
+    #   update 0: a_1_0(30)->r0, a_1_1(25)->r1, a_1_2(20)->r1 (25 < 30 tokens), a_1_3(15)->r0 (1 row < 2),
+    #             a_0_0(10)->r0 (45 = 45 tokens: rank 0), a_1_4(5)->r1 (2 rows < 3), a_0_1(4)->r1 (50 < 55)
+    #   update 1: b_0_0(12)->r0, b_0_1(9)->r1, b_1_0(8)->r1 (9 < 12), b_1_1(6)->r0, b_0_2(3)->r1 (17 < 18)
+    # Slots of 4 rows (rank 1's share of update 0); shares keep arrival order; 4 padding rows.
+    assert (plan.num_minibatches, plan.slot_rows, plan.num_padding) == (2, 4, 4)
+    # fmt: off
+    assert [None if p is None else UNEVEN_ARRIVAL[p] for p in plan.order] == [
+        "a_1_3", "a_0_0", "a_1_0", None,     # rank 0, update 0
+        "b_0_0", "b_1_1", None, None,        # rank 0, update 1
+        "a_0_1", "a_1_4", "a_1_1", "a_1_2",  # rank 1, update 0
+        "b_0_2", "b_1_0", "b_0_1", None,     # rank 1, update 1
+    ]
+    # fmt: on
+
+
+@pytest.mark.parametrize(
+    ("sizes", "num_minibatches", "dp_size"),
+    [((2, 5, 3, 2), 2, 1), ((2, 5, 3, 2), 3, 2), ((1, 6, 1, 4, 3, 2, 7, 1), 4, 3), ((3, 1, 4, 1, 5, 9), 2, 2)],
+)
+def test_uneven_trajectories_each_take_one_update(sizes, num_minibatches, dp_size):
+    # Two sessions per prompt; trajectory t has sizes[t] rows, arriving turn-interleaved across trajectories.
+    names = [f"p{t // 2}_{t % 2}" for t in range(len(sizes))]
+    rows = [
+        Row(f"{names[t]}_{turn}", 7 + 3 * t + turn)
+        for turn in range(max(sizes))
+        for t, n in enumerate(sizes)
+        if turn < n
+    ]
+    plan = plan_minibatches(rows, num_minibatches, dp_size, "trajectory")
+    assert sorted(p for p in plan.order if p is not None) == list(range(len(rows)))
+    by_trajectory = {}
+    for p, g in plan.minibatch_of.items():
+        by_trajectory.setdefault(rows[p].key.rsplit("_", 1)[0], set()).add(g)
+    assert all(len(g) == 1 for g in by_trajectory.values()), by_trajectory
+    # Whole trajectories in order, as evenly as trajectories go: with 4 trajectories in 3 updates, 2 + 1 + 1.
+    expected = []
+    for g in range(num_minibatches):
+        count = len(sizes) // num_minibatches + (g < len(sizes) % num_minibatches)
+        expected += [g] * count
+    assert [by_trajectory[name].pop() for name in names] == expected
+    # What the worker cuts: slot g of every rank's shard holds rows of update g only.
+    for r in range(dp_size):
+        shard = plan.order[r * num_minibatches * plan.slot_rows : (r + 1) * num_minibatches * plan.slot_rows]
+        for g in range(num_minibatches):
+            slot = shard[g * plan.slot_rows : (g + 1) * plan.slot_rows]
+            assert {plan.minibatch_of[p] for p in slot if p is not None} <= {g}
+
+
 def test_fewer_trajectories_than_updates():
     rows = [Row("u_0_0", 5), Row("u_0_1", 3)]
     plan = plan_minibatches(rows, num_minibatches=16, dp_size=2, mode="trajectory")
