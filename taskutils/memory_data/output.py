@@ -17,7 +17,7 @@ import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -142,13 +142,18 @@ class ResumableJsonl:
 
 
 def jsonl_to_parquet(src: Path, dest: Path, schema, batch_rows: int = 256) -> None:
-    """Convert JSON lines to parquet in row groups of ``batch_rows``, never holding more than one batch."""
+    """Convert JSON lines to parquet (see :func:`write_parquet`)."""
+    write_parquet(iter_jsonl(src), dest, schema, batch_rows)
+
+
+def write_parquet(records: Iterable[dict], dest: Path, schema, batch_rows: int = 256) -> None:
+    """Write ``records`` to parquet in row groups of ``batch_rows``, never holding more than one batch."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     with pq.ParquetWriter(dest, schema) as writer:
         batch: list[dict] = []
-        for record in iter_jsonl(src):
+        for record in records:
             batch.append(record)
             if len(batch) == batch_rows:
                 writer.write_table(pa.Table.from_pylist(batch, schema=schema))
