@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import itertools
 import logging
 import uuid
 from collections import Counter
@@ -17,6 +18,7 @@ from collections import Counter
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 from verl.trainer.ppo.utils import create_rl_dataset
 from verl.utils import tensordict_utils as tu
@@ -40,6 +42,21 @@ class FailingServer:
         if request_id == self.request_id and self.calls[request_id] == self.fail_at:
             raise ConnectionError(f"injected failure of request {self.calls[request_id]} of {request_id}")
         return await self.server.generate(request_id, **kwargs)
+
+
+class RecordingServer:
+    """Passes every request on to ``server`` and records what each successful one returned:
+    ``(request id, prompt ids, token ids, float32 log-probs)``."""
+
+    def __init__(self, server) -> None:
+        self.server = server
+        self.calls: Counter[tuple] = Counter()
+
+    async def generate(self, request_id: str, **kwargs):
+        output = await self.server.generate(request_id, **kwargs)
+        log_probs = torch.tensor(output.log_probs, dtype=torch.float32).tolist()
+        self.calls[request_id, tuple(kwargs["prompt_ids"]), tuple(output.token_ids), tuple(log_probs)] += 1
+        return output
 
 
 def make_batch(tmp_path, tokenizer, questions, mode, extra=()):
@@ -84,8 +101,12 @@ async def run_worker(config, batch_dict, uids, tokenizer, server, monkeypatch, m
     await asyncio.gather(*worker.background_tasks)
     stored = {}
     for put in log["rows"]:
+        fields = put["fields"]
+        log_probs = fields.get("rollout_log_probs", None)  # with rollout.calculate_log_probs
         for i, key in enumerate(put["keys"]):
-            stored[key] = (put["fields"]["prompts"][i].tolist(), put["fields"]["responses"][i].tolist())
+            stored[key] = (fields["prompts"][i].tolist(), fields["responses"][i].tolist())
+            if log_probs is not None:
+                stored[key] += (log_probs[i].tolist(),)
     statuses = {uid: [s for key, _, s in log["status"] if key == uid] for uid in uids}
     return stored, statuses
 
@@ -141,3 +162,39 @@ async def test_a_failed_request_and_an_oversize_question_lose_only_their_traject
     assert all(sorted(t) == list(range(len(t))) and len(t) >= 2 for t in turns.values())
     logged = caplog.text
     assert "injected failure" in logged and "question" in logged  # both causes reach the log
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_failed_prompts_first_leave_every_row_with_its_own_server_outputs(
+    tmp_path, monkeypatch, tiny_model_dir, tiny_tokenizer, tiny_server, mode
+):
+    # The failing prompts come first: the oversize question's trajectories never join the lockstep, so every
+    # later trajectory's lockstep index differs from its batch index (with them last, the two coincide).
+    questions = [QUESTIONS[2], QUESTIONS[0], QUESTIONS[1]]
+    uids = [uuid.uuid4().hex for _ in questions]
+    oversize, flaky, good = uids
+    extra = ["actor_rollout_ref.rollout.calculate_log_probs=true"]
+    config, batch_dict = make_batch(tmp_path, tiny_tokenizer, questions, mode, extra)
+    server = RecordingServer(FailingServer(tiny_server, request_id=flaky, fail_at=2))
+    stored, statuses = await run_worker(config, batch_dict, uids, tiny_tokenizer, server, monkeypatch, tiny_model_dir)
+    # Every stored row is one server call of its own prompt (request id = uid): the prompt sent, the tokens and
+    # the log-probs returned, each call behind one row at most.
+    unused = server.calls.copy()
+    for key, (prompt, response, log_probs) in stored.items():
+        call = (key.split("_")[0], tuple(prompt), tuple(response), tuple(log_probs))
+        assert unused[call] > 0, f"row {key} matches no call of its prompt"
+        unused[call] -= 1
+    n = config.actor_rollout_ref.rollout.n
+    assert trajectories_per_uid(stored) == Counter({good: n, flaky: n - 1})
+    assert statuses == {good: ["running", "finished"], flaky: ["running", "failure"], oversize: ["running", "failure"]}
+    # Each trajectory's turn k + 1 reads the memory its turn k wrote (the response without its eos and pad
+    # tokens): its rows chain within the trajectory.
+    ends = {tiny_tokenizer.eos_token_id, tiny_tokenizer.pad_token_id}
+    for trajectory in {key.rsplit("_", 1)[0] for key in stored}:
+        turns = sorted((int(k.rsplit("_", 1)[1]), v) for k, v in stored.items() if k.rsplit("_", 1)[0] == trajectory)
+        for (_, (_, response, _)), (_, (next_prompt, _, _)) in itertools.pairwise(turns):
+            assert _contains(next_prompt, [t for t in response if t not in ends]), trajectory
+
+
+def _contains(sequence: list[int], part: list[int]) -> bool:
+    return any(sequence[i : i + len(part)] == part for i in range(len(sequence) - len(part) + 1))
