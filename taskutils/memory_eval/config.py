@@ -7,6 +7,9 @@ environment variables (the original exported them and never unset them, so they 
 
 from __future__ import annotations
 
+import difflib
+import types
+import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -50,6 +53,54 @@ NEEDLE = "needle"
 NEEDLE_CHUNKS = (1, 2, 4, 8, 16, 32, 64)
 TASK_GROUPS = {"ruler": RULER_TASKS, "all": (HOTPOTQA, *RULER_TASKS)}
 KNOWN_TASKS = (HOTPOTQA, *RULER_TASKS, *RULER_EXTRA_TASKS, NEEDLE)
+SERVE_KINDS = ("auto", "vllm", "transformers")
+
+
+class ConfigError(ValueError):
+    """A model table or run-config file that cannot be used as it is; the message names the file, the line and
+    the field."""
+
+
+def _field_problem(name: str, value: Any, hint: Any) -> str | None:
+    """What is wrong with ``value`` as the field ``name`` of type ``hint`` (None: nothing). Every integer of the
+    table is a count or a size, so it must be >= 1. The one check of a field, whether the value comes from a
+    table file (which adds the line) or from code."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    if typing.get_origin(hint) is tuple:  # command-line arguments: numbers are written as they are
+        if isinstance(value, (list, tuple)) and all(
+            isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in value
+        ):
+            return None
+        return f"must be a list of strings, got {value!r}"
+    if hint is bool:
+        return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
+    if hint is int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            return f"must be an integer, got {value!r}"
+        return None if value >= 1 else f"must be >= 1, got {value!r}"
+    if hint is str:
+        if not isinstance(value, str) or not value.strip():
+            return f"must be a non-empty string, got {value!r}"
+        choices = {"method": tuple(METHODS), "serve": SERVE_KINDS}.get(name)
+        if choices and value not in choices:
+            return f"must be one of {', '.join(choices)}, got {value!r}"
+        return None
+    raise AssertionError(f"no check for field {name!r} of type {hint!r}")
+
+
+def _check_fields(obj: Any, owner: str) -> None:
+    """Raise ``ValueError`` naming the first field of the dataclass ``obj`` whose value is wrong."""
+    hints = typing.get_type_hints(type(obj))
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if f.name in ("memory", "direct"):
+            continue  # budgets check themselves
+        problem = _field_problem(f.name, value, hints[f.name])
+        if problem:
+            raise ValueError(f"{owner}: field {f.name!r} {problem}")
 
 
 @dataclass(frozen=True)
@@ -59,11 +110,17 @@ class MemoryBudget:
     final_max_new: int = 1024  # cap on the final answer
     max_context: int | None = None  # centre-truncate the document to this many tokens; None: read it all
 
+    def __post_init__(self) -> None:
+        _check_fields(self, "memory budget")
+
 
 @dataclass(frozen=True)
 class DirectBudget:
     max_input: int = 120000  # whole-prompt tokens kept by middle truncation (the paper's 60K + 60K)
     max_output: int = 10000
+
+    def __post_init__(self) -> None:
+        _check_fields(self, "direct budget")
 
 
 @dataclass(frozen=True)
@@ -88,43 +145,124 @@ class ModelEntry:
     direct: DirectBudget = field(default_factory=DirectBudget)
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"model {self.name!r}: method {self.method!r} is not one of {sorted(METHODS)}")
-        if self.serve not in ("auto", "vllm", "transformers"):
-            raise ValueError(f"model {self.name!r}: serve must be auto, vllm or transformers, got {self.serve!r}")
-        if self.tp < 1 or self.concurrency < 1:
-            raise ValueError(f"model {self.name!r}: tp and concurrency must be >= 1")
+        _check_fields(self, f"model {self.name!r}")
 
     @property
     def request_name(self) -> str:
         return self.served_name or self.checkpoint
 
 
+def read_yaml(path: str | Path) -> tuple[Any, yaml.Node | None]:
+    """The data of a YAML (or JSON) file and its node tree, whose marks give the line of every key and value.
+    A syntax error raises :class:`ConfigError` at the parser's line and column."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: not valid YAML ({err.problem or err.context})") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err})") from None
+    finally:
+        loader.dispose()
+    return data, node
+
+
+def where(path: str | Path, node: yaml.Node | None) -> str:
+    """``file:line`` of a node (the file alone without one)."""
+    return f"{path}:{node.start_mark.line + 1}" if node is not None else str(path)
+
+
+def key_nodes(node: yaml.Node | None) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+    """``key -> (key node, value node)`` of a mapping node ({} for anything else)."""
+    if not isinstance(node, yaml.MappingNode):
+        return {}
+    return {str(k.value): (k, v) for k, v in node.value}
+
+
+def _kind(value: Any) -> str:
+    return {dict: "mapping", list: "list", str: "string"}.get(type(value), type(value).__name__)
+
+
+def _check_raw(path: Path, raw: dict[str, Any], node: yaml.Node | None, owner: str, cls: type) -> None:
+    """Check the fields a table gives for ``cls`` (an entry, ``defaults`` or a budget) before any is used, naming
+    the file and the line of the first wrong one."""
+    nodes = key_nodes(node)
+    hints = typing.get_type_hints(cls)
+    for key, value in raw.items():
+        key = str(key)
+        key_node, value_node = nodes.get(key, (node, None))
+        at = where(path, key_node)
+        if key not in hints:
+            close = difflib.get_close_matches(key, list(hints), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{at}: {owner}: unknown field {key!r}{hint}; known: {', '.join(hints)}")
+        budget = {"memory": MemoryBudget, "direct": DirectBudget}.get(key)
+        if budget is not None:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{at}: {owner}: field {key!r} must be a mapping of budgets, got {value!r}")
+            _check_raw(path, value, value_node, f"{owner}, {key}", budget)
+            continue
+        problem = _field_problem(key, value, hints[key])
+        if problem:
+            raise ConfigError(f"{at}: {owner}: field {key!r} {problem}")
+
+
+def load_table(path: str | Path | None = None) -> list[ModelEntry]:
+    """The model table (YAML or JSON: ``defaults`` and a ``models`` list); the bundled paper table by default.
+    Every field of every entry is checked before anything runs: :class:`ConfigError` names the file, the line and
+    the field of the first wrong one."""
+    path = Path(path) if path else TABLE_PATH
+    data, node = read_yaml(path)
+    if not isinstance(data, dict) or not isinstance(data.get("models"), list):
+        got = f"a {_kind(data)}" if not isinstance(data, dict) else f"keys {', '.join(map(str, data)) or 'none'}"
+        raise ConfigError(f"{where(path, node)}: expected a mapping with a 'models' list, got {got}")
+    top = key_nodes(node)
+    for key in data:
+        if key not in ("defaults", "models"):
+            at = where(path, top.get(str(key), (node,))[0])
+            raise ConfigError(f"{at}: unknown key {key!r} (a model table has 'defaults' and 'models')")
+    defaults = data.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise ConfigError(f"{where(path, top['defaults'][1])}: 'defaults' must be a mapping, got {defaults!r}")
+    _check_raw(path, defaults, top["defaults"][1] if "defaults" in top else None, "defaults", ModelEntry)
+    entries: list[ModelEntry] = []
+    seen: dict[str, str] = {}
+    for k, (raw, item) in enumerate(zip(data["models"], top["models"][1].value, strict=True)):
+        at = where(path, item)
+        if not isinstance(raw, dict):
+            raise ConfigError(
+                f"{at}: model entry {k + 1} must be a mapping of fields (name: ..., checkpoint: ...), got a "
+                f"{_kind(raw)}: {raw!r}"
+            )
+        owner = f"model {raw['name']!r}" if isinstance(raw.get("name"), str) else f"model entry {k + 1}"
+        missing = [f for f in ("name", "checkpoint") if f not in raw and f not in defaults]
+        if missing:
+            raise ConfigError(f"{at}: {owner}: field {missing[0]!r} is missing; fields: {', '.join(map(str, raw))}")
+        _check_raw(path, raw, item, owner, ModelEntry)
+        entry = _entry(raw, defaults)
+        if entry.name in seen:
+            raise ConfigError(f"{at}: duplicate model name {entry.name!r} (first at {seen[entry.name]})")
+        seen[entry.name] = at
+        entries.append(entry)
+    return entries
+
+
 def _entry(raw: dict[str, Any], defaults: dict[str, Any]) -> ModelEntry:
-    known = {f.name for f in fields(ModelEntry)}
-    unknown = set(raw) - known
-    if unknown:
-        raise ValueError(f"model table entry {raw.get('name')!r}: unknown keys {sorted(unknown)}")
+    """An entry of a checked table: the entry's fields over the defaults, budgets merged field by field."""
     merged = {**{k: v for k, v in defaults.items() if k not in ("memory", "direct")}, **raw}
     merged["memory"] = MemoryBudget(**{**defaults.get("memory", {}), **raw.get("memory", {})})
     merged["direct"] = DirectBudget(**{**defaults.get("direct", {}), **raw.get("direct", {})})
     for key in ("vllm_args", "transformers_args"):
         merged[key] = tuple(str(a) for a in merged.get(key) or ())
     return ModelEntry(**merged)
-
-
-def load_table(path: str | Path | None = None) -> list[ModelEntry]:
-    """The model table (YAML or JSON: ``defaults`` and a ``models`` list); the bundled paper table by default."""
-    path = Path(path) if path else TABLE_PATH
-    data = yaml.safe_load(path.read_text())
-    if not isinstance(data, dict) or not isinstance(data.get("models"), list):
-        raise ValueError(f"{path}: expected a mapping with a 'models' list")
-    entries = [_entry(raw, data.get("defaults") or {}) for raw in data["models"]]
-    names = [e.name for e in entries]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise ValueError(f"{path}: duplicate model names {duplicates}")
-    return entries
 
 
 def select_models(table: list[ModelEntry], wanted: list[str] | None) -> list[ModelEntry]:

@@ -80,10 +80,15 @@ def _raw_items(path: Path) -> Iterator[tuple[str, Any]]:
     """``(where, raw)`` per item: the raw bytes of a JSON line, or a parsed element of a JSON array. ``where``
     is ``file:line`` or ``file: item k`` for error messages."""
     if path.suffix == ".json":
+        raw = path.read_bytes()
         try:
-            data = json.loads(path.read_bytes())
+            data = json.loads(raw)
         except json.JSONDecodeError as err:
             raise EvalDataError(f"{path}:{err.lineno}:{err.colno}: not valid JSON ({err.msg})") from err
+        except UnicodeDecodeError as err:
+            line = raw.count(b"\n", 0, err.start) + 1
+            column = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
+            raise EvalDataError(f"{path}:{line}:{column}: {_not_utf8(err)}") from None
         if not isinstance(data, list):
             raise EvalDataError(f"{path}: expected a JSON array of items, got a JSON {type(data).__name__}")
         for k, item in enumerate(data):
@@ -95,6 +100,10 @@ def _raw_items(path: Path) -> Iterator[tuple[str, Any]]:
                 yield f"{path}:{line_no}", line
 
 
+def _not_utf8(err: UnicodeDecodeError) -> str:
+    return f"not valid UTF-8 (byte 0x{err.object[err.start]:02x}: {err.reason})"
+
+
 def _parse(where: str, raw: Any) -> Any:
     if not isinstance(raw, bytes):
         return raw
@@ -103,6 +112,8 @@ def _parse(where: str, raw: Any) -> Any:
     except json.JSONDecodeError as err:
         line = raw.decode(errors="replace").strip()
         raise EvalDataError(f"{where}:{err.colno}: not valid JSON ({err.msg}): {_shown(line)}") from err
+    except UnicodeDecodeError as err:  # json.loads decodes bytes first: its error has no place in the file
+        raise EvalDataError(f"{where}:{err.start + 1}: {_not_utf8(err)}") from None
 
 
 def check_item(where: str, item: Any, pool_size: int | None) -> None:
@@ -111,6 +122,9 @@ def check_item(where: str, item: Any, pool_size: int | None) -> None:
     if not isinstance(item, dict):
         raise EvalDataError(f"{where}: an item must be a JSON object, got {_shown(item)}")
     fields = ", ".join(sorted(item))
+    index = item.get("index", 0)  # results are keyed by it, and resuming matches it against those keys
+    if not isinstance(index, (int, str)) or isinstance(index, bool):
+        raise EvalDataError(f"{where}: field 'index' must be an integer or a string, got {_shown(index)}")
     question = item.get("input")
     if not isinstance(question, str) or not question.strip():
         what = "is missing" if "input" not in item else f"must be a non-empty string, got {_shown(question)}"
@@ -119,8 +133,11 @@ def check_item(where: str, item: Any, pool_size: int | None) -> None:
     if gold_field is None:
         raise EvalDataError(f"{where}: no gold answers: neither 'answers' nor 'outputs'; fields: {fields}")
     gold = item[gold_field]
-    if not (isinstance(gold, str) and gold) and not (isinstance(gold, list) and gold):
+    if not isinstance(gold, list) or not gold:
         raise EvalDataError(f"{where}: field {gold_field!r} must be a non-empty list of strings, got {_shown(gold)}")
+    for k, answer in enumerate(gold):
+        if not isinstance(answer, str) or not answer.strip():  # "" would be a substring of every prediction
+            raise EvalDataError(f"{where}: field {gold_field!r}[{k}] must be a non-empty string, got {_shown(answer)}")
     if "context" not in item:
         raise EvalDataError(f"{where}: field 'context' is missing; fields: {fields}")
     context = item["context"]
@@ -129,6 +146,8 @@ def check_item(where: str, item: Any, pool_size: int | None) -> None:
     if not isinstance(context, list):
         what = f"must be text or a list of document indices, got {_shown(context)}"
         raise EvalDataError(f"{where}: field 'context' {what}")
+    if not context:
+        raise EvalDataError(f"{where}: field 'context' is an empty list: an item needs at least one document")
     if pool_size is None:
         raise EvalDataError(
             f"{where}: field 'context' lists document indices, which need {POOL_FILE} (the released sets' "

@@ -27,6 +27,7 @@ import math
 import re
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -134,15 +135,19 @@ def _split_dir(name: str) -> tuple[str, int] | None:
     return (match.group(1), int(match.group(2))) if match else None
 
 
-def collect(results_dir: str | Path, data_dir: str | Path | None = None) -> list[Row]:
-    """One row per ``<task>_<length>/<model>__<method>.jsonl`` under ``results_dir``."""
-    rows = []
-    data_dir = Path(data_dir) if data_dir else None
+def results_files(results_dir: str | Path) -> Iterator[tuple[Path, str, int]]:
+    """``(path, task, length)`` of every ``<task>_<length>/<model>__<method>.jsonl`` under ``results_dir``."""
     for path in sorted(Path(results_dir).glob("*/*.jsonl")):
         parsed = _split_dir(path.parent.name)
-        if parsed is None or "__" not in path.stem:
-            continue
-        task, length = parsed
+        if parsed is not None and "__" in path.stem:
+            yield path, *parsed
+
+
+def collect(results_dir: str | Path, data_dir: str | Path | None = None) -> list[Row]:
+    """One row per results file under ``results_dir``."""
+    rows = []
+    data_dir = Path(data_dir) if data_dir else None
+    for path, task, length in results_files(results_dir):
         records = list({r["id"]: r for r in read_jsonl(path)}.values())  # last line per id
         meta = results.read_meta(path)
         model = (records[0]["model"] if records else None) or meta.get("model") or path.stem.rsplit("__", 1)[0]
@@ -406,7 +411,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.results_dir.is_dir():
         parser.error(f"{args.results_dir} is not a folder")
-    written = write_report(args.results_dir, args.data_dir, args.out)
+    try:
+        if next(results_files(args.results_dir), None) is None:
+            # An empty summary would look like a run that scored nothing: say what the folder lacks instead.
+            parser.error(
+                f"{args.results_dir} holds no results files (<task>_<length>/<model>__<method>.jsonl): is it the "
+                "--results-dir of a run?"
+            )
+        written = write_report(args.results_dir, args.data_dir, args.out)
+    except ValueError as err:  # a corrupt results line or .meta.json: the message names the file
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     for path in written:
         print(path)
     if args.table2:

@@ -75,9 +75,20 @@ def meta_path(path: Path) -> Path:
 
 
 def read_meta(path: Path) -> dict[str, Any]:
-    """The sidecar of a results file ({} if there is none)."""
+    """The sidecar of a results file ({} if there is none). A corrupt one raises ``ValueError`` naming it."""
     meta = meta_path(path)
-    return json.loads(meta.read_text()) if meta.is_file() else {}
+    if not meta.is_file():
+        return {}
+    remedy = "delete it, or pass --overwrite to start its results file afresh"
+    try:
+        data = json.loads(meta.read_bytes())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{meta}:{err.lineno}:{err.colno}: not valid JSON ({err.msg}); {remedy}") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{meta}: not valid UTF-8 (at byte {err.start}); {remedy}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("settings", {}), dict):
+        raise ValueError(f"{meta}: expected a JSON object with a 'settings' object, got {data!r:.80}; {remedy}")
+    return data
 
 
 def prepare(
@@ -100,7 +111,7 @@ def prepare(
         path.unlink(missing_ok=True)
         meta.unlink(missing_ok=True)
     if meta.is_file() and path.exists():
-        stored = json.loads(meta.read_text()).get("settings") or {}
+        stored = read_meta(path).get("settings") or {}
         remedy = "use another --results-dir, or --overwrite to start this file afresh"
         check_settings(path, stored, settings, remedy)
     payload = {"version": FORMAT_VERSION, "settings": settings, **(info or {})}

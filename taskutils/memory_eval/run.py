@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import logging
 import os
 import signal
@@ -33,7 +34,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from tqdm import tqdm
 
 from recurrent.async_manager import cancel_and_wait
@@ -43,12 +43,13 @@ from recurrent.interface import Session
 from recurrent.models import ModelNotAvailableError, resolve_model_path
 from recurrent.serving import log_tail
 from recurrent.trace import TraceWriter
+from taskutils.cli import non_negative_int, positive_int
 
 from . import config as cfg
 from . import evalsets, results, scoring
 from .direct import DirectWorkflow
-from .runner import FileOutcome, run_items
-from .serve import Endpoint, ServerError, endpoint
+from .runner import EndpointDownError, FailureStreak, FileOutcome, run_items
+from .serve import Endpoint, ServerError, endpoint, endpoint_problem
 
 log = logging.getLogger("memory_eval")
 
@@ -78,6 +79,10 @@ def parse_list(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+def parse_lengths(text: str) -> list[int]:
+    return [positive_int(part) for part in parse_list(text)]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m taskutils.memory_eval.run",
@@ -102,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sel.add_argument(
         "--lengths",
-        type=lambda s: [int(x) for x in parse_list(s)],
+        type=parse_lengths,
         help="comma list applied to every task: documents for hotpotqa, tokens for RULER, 64-token chunks for needle "
         "(default: the paper's; needle 1,2,4,...,64)",
     )
@@ -112,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma list of {', '.join(cfg.METHODS)}; memory/direct use the paper's 'the answer is' prompt and "
         "the -boxed variants the training format (default: each model's method in the table)",
     )
-    sel.add_argument("--limit", type=int, help="only the first N items of every eval set")
+    sel.add_argument("--limit", type=positive_int, help="only the first N items of every eval set")
     io = parser.add_argument_group("data and results")
     io.add_argument(
         "--data-dir",
@@ -143,10 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument(
         "--serve", choices=("auto", "vllm", "transformers"), default="auto", help="server to start without a URL"
     )
-    srv.add_argument("--replicas", type=int, help="vLLM data-parallel replicas (default: GPUs // tp)")
+    srv.add_argument("--replicas", type=positive_int, help="vLLM data-parallel replicas (default: GPUs // tp)")
     srv.add_argument("--ready-timeout", type=float, default=1800.0, help="seconds to wait for a server to be ready")
     srv.add_argument("--log-dir", type=Path, help="server logs (default: <results-dir>/logs)")
-    srv.add_argument("--concurrency", type=int, help="requests in flight per model (default: the table's)")
+    srv.add_argument("--concurrency", type=positive_int, help="requests in flight per model (default: the table's)")
     srv.add_argument(
         "--timeout",
         type=float,
@@ -160,7 +165,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds added to an attempt's timeout per token of its prompt (estimated) and of its max_tokens "
         "(default 0.1: a 5000-token chunk with a 1024-token memory gets ~15 minutes)",
     )
-    srv.add_argument("--max-retries", type=int, default=3, help="retries of a failed request (with backoff)")
+    srv.add_argument(
+        "--max-retries", type=non_negative_int, default=3, help="retries of a failed request (with backoff)"
+    )
+    srv.add_argument(
+        "--max-connection-failures",
+        type=non_negative_int,
+        default=3,
+        help="stop a model when this many items in a row could not connect to its endpoint (their retries spent); "
+        "those and the items in flight are not recorded, so the same command resumes them (default 3; 0: never)",
+    )
     srv.add_argument("--backoff", type=float, default=1.0, help="first backoff in seconds (doubles each retry)")
     srv.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (paper: 0.7)")
     srv.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling (paper: 0.95)")
@@ -169,24 +183,58 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _option_value(action: argparse.Action, value: Any) -> Any:
+    """A --config value as its flag would give it: through the flag's type (a YAML list joined by commas for the
+    list options), true/false for a switch, one of the flag's choices."""
+    if value is None:
+        return None  # the flag's own default
+    if action.nargs == 0:  # --trace, --quiet, ...
+        if not isinstance(value, bool):
+            raise ValueError(f"must be true or false, got {value!r}")
+        return value
+    if isinstance(value, dict):
+        raise ValueError(f"must be a single value or a list, got a mapping {value!r}")
+    text = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
+    converted = action.type(text) if action.type is not None else text
+    if action.choices is not None and converted not in action.choices:
+        raise ValueError(f"must be one of {', '.join(map(str, action.choices))}, got {value!r}")
+    return converted
+
+
+def config_defaults(parser: argparse.ArgumentParser, path: Path) -> dict[str, Any]:
+    """The defaults a --config file sets (keys as the long flags, with - or _): :class:`config.ConfigError`
+    names the file, the line and the key of the first one that is wrong."""
+    data, node = cfg.read_yaml(path)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise cfg.ConfigError(f"{cfg.where(path, node)}: expected a mapping of options (limit: 16, ...), got {data!r}")
+    nodes = cfg.key_nodes(node)
+    flags = {a.dest: a for a in parser._actions if a.option_strings and a.dest not in ("help", "config")}
+    defaults = {}
+    for key, value in data.items():
+        at = cfg.where(path, nodes.get(str(key), (node,))[0])
+        action = flags.get(str(key).replace("-", "_"))
+        if action is None:
+            names = sorted(dest.replace("_", "-") for dest in flags)
+            close = difflib.get_close_matches(str(key).replace("_", "-"), names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise cfg.ConfigError(f"{at}: unknown option {key!r}{hint}; options: {', '.join(names)}")
+        try:
+            defaults[action.dest] = _option_value(action, value)
+        except (ValueError, TypeError, argparse.ArgumentTypeError) as err:
+            raise cfg.ConfigError(f"{at}: option {key!r}: {err}") from None
+    return defaults
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     pre, _ = parser.parse_known_args(argv)
     if pre.config:  # a config file sets defaults; flags on the command line still win
-        values = yaml.safe_load(pre.config.read_text()) or {}
-        dests = {a.dest: a for a in parser._actions}
-        defaults = {}
-        for key, value in values.items():
-            dest = key.replace("-", "_")
-            if dest not in dests:
-                parser.error(f"{pre.config}: unknown option {key!r}")
-            action = dests[dest]
-            if isinstance(value, list) and action.type is not None:
-                value = action.type(",".join(str(v) for v in value))
-            elif isinstance(value, str) and action.type is not None:
-                value = action.type(value)
-            defaults[dest] = value
-        parser.set_defaults(**defaults)
+        try:
+            parser.set_defaults(**config_defaults(parser, pre.config))
+        except (cfg.ConfigError, OSError) as err:
+            parser.error(str(err))
     args = parser.parse_args(argv)
     unknown = [m for m in args.method or [] if m not in cfg.METHODS]
     if unknown:
@@ -297,6 +345,7 @@ async def run_model(
 ) -> list[tuple[Job, FileOutcome]]:
     workflows = {method: make_workflow(entry, method, tokenizer) for method in {job.method for job in jobs}}
     pool = evalsets.pool_file(args.data_dir, args.hotpotqa_dev)
+    streak = FailureStreak(args.max_connection_failures)  # over all files of the model: one endpoint
     outcomes = []
     try:
         for job in jobs:
@@ -335,6 +384,7 @@ async def run_model(
                         entry.concurrency,
                         sampling,
                         bar,
+                        streak,
                     )
                 finally:
                     bar.close()
@@ -410,6 +460,12 @@ def run_entry(
     log_dir = args.log_dir or args.results_dir / "logs"
     with endpoint(entry, args.url, args.serve, args.replicas, log_dir, args.ready_timeout) as ep:
         log.info("%s: endpoint %s (%s), model %r", entry.name, ep.base_url, ep.kind, ep.model)
+        problem = endpoint_problem(ep.base_url) if ep.kind == "url" else None  # ours: ready already
+        if problem:
+            raise EndpointDownError(
+                f"the endpoint {ep.base_url} does not answer ({problem}); nothing was sent to it: check the URL "
+                "(--url or the table's url) and that its server is up"
+            )
         client = OpenAIChatClient(
             ep.base_url,
             ep.model,
@@ -480,8 +536,9 @@ def unfinished(plans: list[tuple[cfg.ModelEntry, list[Job]]]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Exit status: 0 when every selected item has a result; 1 when an item failed or did not run; 2 on bad input
-    (nothing is sent to a model then) or a results folder in use by another run; 130 when interrupted."""
+    """Exit status: 0 when every selected item has a result; 1 when an item failed or did not run (an endpoint
+    that does not answer included); 2 on bad input (nothing is sent to a model then) or a results folder in use by
+    another run; 130 when interrupted."""
     args = parse_args(argv)
     try:
         with results.locked(args.results_dir):
@@ -517,7 +574,7 @@ def evaluate(args: argparse.Namespace) -> int:
     rows: list[tuple[str, Job, FileOutcome]] = []
     skipped_models: list[str] = []
     try:
-        for entry, jobs in plans:
+        for k, (entry, jobs) in enumerate(plans):
             jobs = [job for job in jobs if job.pending]
             if not jobs:
                 log.info("%s: nothing to run (all items done)", entry.name)
@@ -529,6 +586,13 @@ def evaluate(args: argparse.Namespace) -> int:
                 # One model that cannot be served must not stop a multi-day run: report it, go on.
                 log.error("%s: skipped: %s", entry.name, err)
                 skipped_models.append(entry.name)
+                if args.url and isinstance(err, EndpointDownError):
+                    # Every model goes to that one endpoint: the others would wait on it the same way.
+                    rest = [e.name for e, js in plans[k + 1 :] if any(job.pending for job in js)]
+                    if rest:
+                        log.error("stopping: --url %s serves every selected model; not run: %s", args.url, rest)
+                    skipped_models.extend(rest)
+                    break
     except KeyboardInterrupt:
         print("\ninterrupted: finished items are saved; run the same command again to resume", file=sys.stderr)
         print_totals(rows)

@@ -13,6 +13,7 @@ vLLM's own data parallelism: ``--data-parallel-size GPUs // tp``, one OpenAI end
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import logging
 import os
@@ -20,11 +21,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from recurrent.models import resolve_model_path
 from recurrent.serving import ServerError, free_port, managed_server, transformers_serve
@@ -136,6 +139,29 @@ def served_models(base_url: str, timeout: float = 5.0, api_key: str | None = Non
     except (OSError, ValueError):
         return None
     return [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
+
+
+ENDPOINT_CHECK_TIMEOUT = 10.0  # seconds for the check of an endpoint given by URL
+
+
+def endpoint_problem(base_url: str, timeout: float = ENDPOINT_CHECK_TIMEOUT) -> str | None:
+    """Why ``base_url`` cannot be reached, or None when ``GET {base_url}/models`` gets an HTTP answer of any
+    status (a hosted deployment URL may have no /models: that is for its requests to report). Sends the key of
+    env ``API_KEY`` as the client does; a query string (Azure's ``?api-version=``) stays at the end."""
+    parts = urlsplit(base_url)
+    url = urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/") + "/models", parts.query, ""))
+    request = urllib.request.Request(url)
+    key = os.environ.get("API_KEY")
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+        request.add_header("api-key", key)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout):
+            return None
+    except urllib.error.HTTPError:
+        return None  # it answered
+    except (OSError, ValueError, http.client.HTTPException) as err:  # refused, unknown host, timeout, bad URL
+        return f"GET {url} failed: {getattr(err, 'reason', None) or err}"
 
 
 def models_probe(base_url: str, model: str) -> Callable[[], str | None]:

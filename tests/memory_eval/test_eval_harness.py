@@ -1,6 +1,7 @@
 """The harness end to end against real servers: a `transformers serve` with the tiny model (and, marked slow,
-SmolLM2), both methods at two lengths of two task kinds; a model behind a closed port (every item failed and
-counted); a run killed with SIGKILL and one stopped with SIGTERM, each resumed to exactly one line per item."""
+SmolLM2), both methods at two lengths of two task kinds; a model whose endpoint answers every request with an error
+(every item failed and counted; a closed port is refused before any item: test_eval_bad_inputs.py); a run killed
+with SIGKILL and one stopped with SIGTERM, each resumed to exactly one line per item."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ import yaml
 from eval_fixtures import harness_argv, hotpotqa_set, read_lines
 from process_helpers import pid_alive
 
-from recurrent.serving import free_port
 from taskutils.memory_eval.run import main as run_main
 
 TINY_BUDGETS = {
@@ -26,7 +26,7 @@ TINY_BUDGETS = {
 }
 
 
-def write_table(path: Path, server, broken_port: int | None = None) -> Path:
+def write_table(path: Path, server, broken: bool = False) -> Path:
     models = [
         {
             "name": "tiny",
@@ -37,12 +37,12 @@ def write_table(path: Path, server, broken_port: int | None = None) -> Path:
             **TINY_BUDGETS,
         }
     ]
-    if broken_port:
+    if broken:  # the same server under a path it does not serve: HTTP 404 for every request
         models.append(
             {
                 "name": "broken",
                 "checkpoint": "tiny",
-                "url": f"http://127.0.0.1:{broken_port}/v1",
+                "url": server.base_url + "/no-such-path",
                 "concurrency": 1,
                 **TINY_BUDGETS,
             }
@@ -63,7 +63,7 @@ def wait_for_lines(path: Path, n: int, process: subprocess.Popen, timeout: float
 
 
 def test_harness_runs_both_methods_at_two_lengths_and_counts_failures(tiny_server, eval_data, tmp_path, capsys):
-    table = write_table(tmp_path / "table.yaml", tiny_server, broken_port=free_port())
+    table = write_table(tmp_path / "table.yaml", tiny_server, broken=True)
     out = tmp_path / "results"
     # fmt: off
     argv = ["--table", str(table), "--models", "tiny,broken", "--method", "memory,direct",

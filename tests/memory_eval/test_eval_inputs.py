@@ -201,7 +201,7 @@ def test_an_oversize_question_is_reported_before_its_item_runs(tmp_path, caplog)
     long_question = "Which of these is the river? " + "river stone garden " * 600
     text = _lines(GOOD, {**GOOD, "index": 1, "input": long_question})
     code, path, out = _bad_run(tmp_path, text, extra=["--max-retries", "0"])
-    assert code == 1  # the closed port: both items fail, and the run says so
+    assert code == 1  # the closed port: its check fails before any item, and the run says so
     messages = [r.getMessage() for r in caplog.records]
     warned = next(i for i, m in enumerate(messages) if "over the 1024-token question budget" in m)
     assert messages[warned].startswith(f"{path}:2: the question has ")  # file and line of the item

@@ -132,7 +132,7 @@ def test_items_stream_with_limit_and_ids(tmp_path):
     assert [i["index"] for i in evalsets.iter_items(path, limit=4, only={11, 13, 14})] == [11, 13]
     plain = tmp_path / "eval_vt_8.jsonl"
     plain.write_text(
-        '{"input": "q", "context": "c", "outputs": ["a"]}\n\n{"input": "r", "context": "d", "outputs": "b"}\n'
+        '{"input": "q", "context": "c", "outputs": ["a"]}\n\n{"input": "r", "context": "d", "outputs": ["b"]}\n'
     )
     assert evalsets.scan(plain) == [0, 1] and [i["index"] for i in evalsets.iter_items(plain)] == [0, 1]
     assert evalsets.data_file(tmp_path, "vt", 8) == plain and evalsets.data_file(tmp_path, "vt", 9) is None

@@ -1,0 +1,370 @@
+"""Bad input that used to slip through (issue 20, item 3): each fails before any request, exit 2, with a message
+naming the file, the line and the field; and an unreachable endpoint (item 4): refused by a check before the first
+item, or, when it dies mid-run, the run stops after a few items in a row could not connect, keeping what finished.
+
+Every "nothing was sent" below is shown by a closed port and a 10-minute backoff: had any item gone out, the run
+would sit in its retries instead of exiting. The dying servers are driven by request counts, never by time."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from eval_fixtures import harness_argv, hotpotqa_set, read_lines
+
+from recurrent.serving import free_port
+from taskutils.memory_eval.instant_server import InstantServer
+from taskutils.memory_eval.report import main as report_main
+from taskutils.memory_eval.run import main as run_main
+
+REPO = Path(__file__).resolve().parents[2]
+GOOD = {"index": 0, "input": "q?", "context": "some text", "answers": ["a"]}
+NEVER = ("--backoff", "600")  # a request to the closed port would wait 10 minutes: the run must not send one
+
+
+def closed_url() -> str:
+    return f"http://127.0.0.1:{free_port()}/v1"  # bound, then closed: nothing listens there
+
+
+def _line(item: dict | str | bytes) -> bytes:
+    if isinstance(item, dict):
+        item = json.dumps(item)
+    return (item if isinstance(item, bytes) else item.encode()) + b"\n"
+
+
+def run_on(tmp_path: Path, content: bytes, *extra: str, name: str = "eval_2.jsonl") -> tuple[int | str, Path, Path]:
+    """The harness over one eval file (HotpotQA at 2 documents) against a closed port: (exit status, file,
+    results folder)."""
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    (data / name).write_bytes(content)
+    out = tmp_path / "results"
+    argv = harness_argv(data, out, 2, "--models", "tiny", "--url", closed_url(), *NEVER, *extra)
+    try:
+        code = run_main(argv)
+    except SystemExit as stop:  # argparse's exit (a --config error)
+        code = stop.code
+    return code, data / name, out
+
+
+# ---- eval-set items ----
+
+ITEMS = {  # the bad item, what the message says after "file:line: "
+    "index a list": (GOOD | {"index": [1, 2]}, "field 'index' must be an integer or a string, got [1, 2]"),
+    "index an object": (GOOD | {"index": {"i": 1}}, "field 'index' must be an integer or a string, got {'i': 1}"),
+    "index true": (GOOD | {"index": True}, "field 'index' must be an integer or a string, got True"),
+    "answers a bare string": (GOOD | {"answers": "a"}, "field 'answers' must be a non-empty list of strings, got 'a'"),
+    "outputs a bare string": (
+        {k: v for k, v in GOOD.items() if k != "answers"} | {"outputs": "7"},
+        "field 'outputs' must be a non-empty list of strings, got '7'",
+    ),
+    "an answer null": (GOOD | {"answers": ["a", None]}, "field 'answers'[1] must be a non-empty string, got None"),
+    "an output an object": (
+        {k: v for k, v in GOOD.items() if k != "answers"} | {"outputs": [{"x": 2}]},
+        "field 'outputs'[0] must be a non-empty string, got {'x': 2}",
+    ),
+    "an answer empty": (GOOD | {"answers": [""]}, "field 'answers'[0] must be a non-empty string, got ''"),
+    "empty index context": (
+        GOOD | {"context": []},
+        "field 'context' is an empty list: an item needs at least one document",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ITEMS))
+def test_a_bad_field_stops_the_run_naming_file_line_and_field(tmp_path, capsys, case):
+    item, expected = ITEMS[case]
+    if not case.startswith("index"):
+        item = item | {"index": 1}  # not a duplicate of the good item's index 0
+    # The bad item on line 2: the good one before it would have been sent were the file not checked as a whole.
+    code, path, out = run_on(tmp_path, _line(GOOD) + _line(item))
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert f"error: {path}:2: {expected}" in err
+    assert not list(out.glob("*/*.jsonl"))
+
+
+def test_invalid_utf8_in_a_line_names_file_line_and_column(tmp_path, capsys):
+    bad = b'{"index": 1, "input": "caf\xe9?", "context": "c", "answers": ["a"]}'
+    # the byte 0xe9 is the 27th of its line: the 23 characters of '{"index": 1, "input": "', then 'caf'
+    assert bad.index(b"\xe9") + 1 == 27
+    code, path, out = run_on(tmp_path, _line(GOOD) + b"\n" + bad + b"\n")
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"error: {path}:3:27: not valid UTF-8 (byte 0xe9: invalid continuation byte)" in err
+    assert not list(out.glob("*/*.jsonl"))
+
+
+def test_invalid_utf8_in_a_json_array_names_line_and_column(tmp_path, capsys):
+    text = b'[\n  {"input": "q", "answers": ["a"],\n   "context": "ab\xff"}\n]'
+    # line 3 is '   "context": "ab\xff"}': the byte is its 18th (3 spaces, the 12 characters of '"context": "', 'ab')
+    code, path, _ = run_on(tmp_path, text, name="eval_2.json")
+    err = capsys.readouterr().err
+    assert code == 2 and f"error: {path}:3:18: not valid UTF-8 (byte 0xff: invalid start byte)" in err
+
+
+# ---- the model table (--table) and the run's --config file ----
+
+TABLES = {
+    "syntax error": ("models:\n  - {name: a, checkpoint: tiny\n", ":3:1: not valid YAML (expected ',' or '}'"),
+    "unknown key": (
+        "models:\n  - name: a\n    checkpoint: tiny\n    concurency: 1\n",
+        ":4: model 'a': unknown field 'concurency' (did you mean 'concurrency'?); known: name, checkpoint,",
+    ),
+    "bare list entry": (
+        "models:\n  - {name: a, checkpoint: tiny}\n  - tiny\n",
+        ":3: model entry 2 must be a mapping of fields (name: ..., checkpoint: ...), got a string: 'tiny'",
+    ),
+    "non-numeric concurrency": (
+        "models:\n  - name: a\n    checkpoint: tiny\n    concurrency: lots\n",
+        ":4: model 'a': field 'concurrency' must be an integer, got 'lots'",
+    ),
+    "zero concurrency in defaults": (
+        "defaults:\n  concurrency: 0\nmodels:\n  - {name: a, checkpoint: tiny}\n",
+        ":2: defaults: field 'concurrency' must be >= 1, got 0",
+    ),
+    "a budget of the wrong type": (
+        "models:\n  - name: a\n    checkpoint: tiny\n    memory:\n      chunk_size: 5k\n",
+        ":5: model 'a', memory: field 'chunk_size' must be an integer, got '5k'",
+    ),
+    "an unknown method": (
+        "models:\n  - {name: a, checkpoint: tiny, method: recurrent}\n",
+        ":2: model 'a': field 'method' must be one of memory, memory-boxed, direct, direct-boxed, got 'recurrent'",
+    ),
+    "no checkpoint": ("models:\n  - {name: a}\n", ":2: model 'a': field 'checkpoint' is missing; fields: name"),
+    "duplicate names": (
+        "models:\n  - {name: a, checkpoint: tiny}\n  - {name: a, checkpoint: x}\n",
+        ":3: duplicate model name 'a' (first at ",
+    ),
+    "not a table": ("- a\n- b\n", ":1: expected a mapping with a 'models' list, got a list"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TABLES))
+def test_a_bad_model_table_names_file_line_and_field(tmp_path, capsys, case):
+    text, expected = TABLES[case]
+    table = tmp_path / "table.yaml"
+    table.write_text(text)
+    code, _, out = run_on(tmp_path, _line(GOOD), "--table", str(table), "--models", "a")
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert f"error: {table}{expected}" in err and "Traceback" not in err
+    assert not list(out.glob("*/*"))
+
+
+CONFIGS = {
+    "syntax error": ("limit: [1, 2\n", ":2:1: not valid YAML (expected ',' or ']'"),
+    "unknown key": ("limit: 2\nlimti: 3\n", ":2: unknown option 'limti' (did you mean 'limit'?); options: backoff,"),
+    "bare list": ("- tiny\n- direct\n", ":1: expected a mapping of options (limit: 16, ...), got ['tiny', 'direct']"),
+    "non-numeric concurrency": ("quiet: true\nconcurrency: many\n", ":2: option 'concurrency': must be an integer"),
+    "zero limit": ("limit: 0\n", ":1: option 'limit': must be a positive integer, got 0"),
+    "a switch given a number": ("trace: 1\n", ":1: option 'trace': must be true or false, got 1"),
+    "an unknown choice": ("serve: docker\n", ":1: option 'serve': must be one of auto, vllm, transformers"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONFIGS))
+def test_a_bad_config_file_names_file_line_and_key(tmp_path, capsys, case):
+    text, expected = CONFIGS[case]
+    config = tmp_path / "run.yaml"
+    config.write_text(text)
+    code, _, out = run_on(tmp_path, _line(GOOD), "--config", str(config))
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"error: {config}{expected}" in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_a_good_config_file_still_sets_defaults(tmp_path):
+    from taskutils.memory_eval.run import parse_args
+
+    config = tmp_path / "run.yaml"
+    config.write_text("lengths: [2, 4]\ntrace: true\nserve: vllm\nconcurrency: 8\nmax-connection-failures: 0\n")
+    args = parse_args(["--config", str(config), "--concurrency", "2"])
+    assert (args.lengths, args.trace, args.serve, args.concurrency) == ([2, 4], True, "vllm", 2)
+    assert args.max_connection_failures == 0
+
+
+# ---- a corrupt .meta.json, the report on a folder without results ----
+
+
+def test_a_corrupt_meta_sidecar_is_named(tmp_path, capsys):
+    out = tmp_path / "results"
+    (out / "hotpotqa_2").mkdir(parents=True)
+    (out / "hotpotqa_2" / "tiny__memory.jsonl").write_text(json.dumps({"id": 0, "error": None}) + "\n")
+    meta = out / "hotpotqa_2" / "tiny__memory.meta.json"
+    meta.write_text('{\n  "settings": {\n')  # cut short, as a full disk leaves it
+    code, _, _ = run_on(tmp_path, _line(GOOD))
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"error: {meta}:3:1: not valid JSON (Expecting property name enclosed in double quotes)" in err
+    assert "delete it, or pass --overwrite" in err
+    assert report_main([str(out)]) == 2  # the report reads the sidecars too
+    assert f"error: {meta}:3:1: not valid JSON" in capsys.readouterr().err
+    meta.write_text("[1, 2]")
+    assert report_main([str(out)]) == 2
+    assert f"error: {meta}: expected a JSON object with a 'settings' object, got [1, 2]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("folder", ["empty", "data folder", "missing"])
+def test_the_report_refuses_a_folder_without_results(tmp_path, capsys, folder):
+    target = tmp_path / folder
+    if folder != "missing":
+        target.mkdir()
+    if folder == "data folder":  # a mistyped --results-dir: the eval sets' folder
+        (target / "eval_2.jsonl").write_text(json.dumps(GOOD) + "\n")
+        (target / "sources").mkdir()
+    with pytest.raises(SystemExit) as stop:
+        report_main([str(target)])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    what = "is not a folder" if folder == "missing" else "holds no results files (<task>_<length>/<model>__<method>"
+    assert f"error: {target} {what}" in err
+    assert not (target / "summary.md").exists()
+
+
+# ---- quickstart: a zero chunk or cap is refused, not replaced by the default ----
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--chunk", "0"), ("--max-new", "0"), ("--chunk", "-5")])
+def test_quickstart_refuses_a_non_positive_budget(capsys, flag, value):
+    spec = importlib.util.spec_from_file_location("quickstart_args", REPO / "quickstart.py")
+    quickstart = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(quickstart)
+    with pytest.raises(SystemExit) as stop:
+        quickstart.main([flag, value, "--model", "tiny"])
+    assert stop.value.code == 2
+    assert f"error: argument {flag}: must be a positive integer, got {value}" in capsys.readouterr().err
+
+
+# ---- item 4: an endpoint that does not answer ----
+
+
+def test_a_closed_port_is_refused_before_the_first_item(tmp_path, capsys, caplog, tiny_model_dir):
+    data = tmp_path / "data"
+    data.mkdir()
+    hotpotqa_set(data, 2, items=8)
+    out = tmp_path / "results"
+    url = closed_url()
+    argv = harness_argv(data, out, 2, "--models", "tiny,smollm2-135m-instruct", "--url", url, *NEVER)
+    assert run_main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"tiny: skipped: the endpoint {url} does not answer (GET {url}/models failed: " in caplog.text
+    assert "Connection refused" in caplog.text and "nothing was sent to it" in caplog.text
+    # One endpoint for every model: the second is not tried (its tokenizer is not even loaded).
+    assert f"stopping: --url {url} serves every selected model; not run: ['smollm2-135m-instruct']" in caplog.text
+    assert "error: model(s) not evaluated: tiny, smollm2-135m-instruct" in err
+    assert "tiny memory hotpotqa_2: 0 failed, 8 not run" in err
+    assert not [r for r in caplog.records if r.name == "recurrent.client"]  # no request, so no retry
+    assert not list(out.glob("*/*.jsonl"))
+
+
+class ScriptedServer(InstantServer):
+    """An OpenAI-compatible server that answers chat requests until ``drop(n)`` says the n-th (1-based) is not
+    to be answered: then it hangs up without a reply, and with ``die`` it also stops listening, so every later
+    connection is refused (a server process that died). Runs in a thread with its own event loop."""
+
+    def __init__(self, drop: Callable[[int], bool], die: bool = False) -> None:
+        super().__init__(model="tiny", reply="Therefore, the answer is 1234.")
+        self.drop, self.die = drop, die
+        self.chat_requests = 0  # every chat request that reached the server, answered or not
+        self.answered = 0
+        self.listener: asyncio.Server | None = None
+
+    async def _respond(self, path: str, method: str, body: bytes) -> tuple[int, dict]:
+        if method == "POST" and path.endswith("/chat/completions"):
+            self.chat_requests += 1
+            if self.drop(self.chat_requests):
+                if self.die:
+                    self.listener.close()
+                raise ConnectionResetError("hang up")  # InstantServer.handle closes the connection unanswered
+            self.answered += 1
+        return await super()._respond(path, method, body)
+
+    @contextmanager
+    def running(self) -> Iterator[str]:
+        ready, loop_box = threading.Event(), {}
+
+        async def main() -> None:
+            loop_box["stop"] = asyncio.Event()
+            loop_box["loop"] = asyncio.get_running_loop()
+            self.listener = await asyncio.start_server(self.handle, "127.0.0.1", 0)
+            loop_box["port"] = self.listener.sockets[0].getsockname()[1]
+            ready.set()
+            await loop_box["stop"].wait()
+            self.listener.close()
+
+        thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+        thread.start()
+        ready.wait()
+        try:
+            yield f"http://127.0.0.1:{loop_box['port']}/v1"
+        finally:
+            loop_box["loop"].call_soon_threadsafe(loop_box["stop"].set)
+            thread.join()
+
+
+def _dying_run(tmp_path: Path, server: ScriptedServer, *extra: str) -> tuple[int, Path, Path]:
+    """The harness over 8 items against ``server``: (exit status, results file, eval file)."""
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    if not (data / "eval_2.jsonl").exists():
+        hotpotqa_set(data, 2, items=8)
+    out = tmp_path / "results"
+    with server.running() as url:
+        # direct: one request per item; one item at a time, so the order of requests is the order of items
+        argv = harness_argv(
+            data, out, 2, "--models", "tiny", "--method", "direct", "--url", url, "--concurrency", "1",
+            "--backoff", "0", *extra,
+        )  # fmt: skip
+        code = run_main(argv)
+    return code, out / "hotpotqa_2" / "tiny__direct.jsonl", data / "eval_2.jsonl"
+
+
+def test_a_server_that_dies_mid_run_stops_it_and_keeps_what_finished(tmp_path, capsys, caplog, tiny_model_dir):
+    server = ScriptedServer(drop=lambda n: n > 3, die=True)  # answers 3 requests, then is gone
+    code, results, data = _dying_run(tmp_path, server, "--max-retries", "1")
+    err = capsys.readouterr().err
+    assert code == 1
+    assert server.answered == 3 and server.chat_requests == 4  # the 4th was cut; after it, connections are refused
+    ids = [r["index"] for r in read_lines(data)]
+    lines = read_lines(results)
+    assert [r["id"] for r in lines] == ids[:3]  # the finished items, in order; none of the failed ones
+    assert all(r["error"] is None and r["response"] for r in lines)
+    assert "tiny: skipped: 3 items in a row could not connect to the endpoint (last: ChatRequestError:" in caplog.text
+    assert "error: model(s) not evaluated: tiny" in err and "tiny direct hotpotqa_2: 0 failed, 5 not run" in err
+    # The same command against a server that answers: the other 5 items run, once each.
+    again = ScriptedServer(drop=lambda n: False)
+    assert _dying_run(tmp_path, again, "--max-retries", "1")[0] == 0
+    assert again.answered == 5
+    assert sorted(r["id"] for r in read_lines(results)) == sorted(ids)
+
+
+def test_a_dead_endpoint_is_given_a_bounded_number_of_requests(tmp_path, caplog, tiny_model_dir):
+    # Answers 2 requests, then hangs up on every one (counted): 3 items in a row x (1 + 2 retries) requests.
+    server = ScriptedServer(drop=lambda n: n > 2)
+    code, results, _ = _dying_run(tmp_path, server, "--max-retries", "2")
+    assert code == 1
+    assert server.answered == 2 and server.chat_requests == 2 + 3 * 3
+    assert [r["error"] for r in read_lines(results)] == [None, None]
+    assert "3 items in a row could not connect" in caplog.text
+
+
+def test_failures_between_answers_are_recorded_and_do_not_stop_the_run(tmp_path, capsys, tiny_model_dir):
+    # Requests 3 and 4 are cut (2 items in a row, below the limit of 3); the endpoint answers again after them.
+    server = ScriptedServer(drop=lambda n: n in (3, 4))
+    code, results, data = _dying_run(tmp_path, server, "--max-retries", "0")
+    err = capsys.readouterr().err
+    assert code == 1 and server.chat_requests == 8
+    errors = {r["id"]: r["error"] for r in read_lines(results)}
+    ids = [r["index"] for r in read_lines(data)]
+    assert sorted(errors) == sorted(ids)  # every item has its line
+    failed = [i for i in ids if errors[i]]
+    assert failed == ids[2:4] and all("ChatRequestError: chat request to" in errors[i] for i in failed)
+    assert "tiny direct hotpotqa_2: 2 failed, 0 not run" in err
