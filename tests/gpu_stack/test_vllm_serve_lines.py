@@ -84,3 +84,16 @@ def test_an_unknown_flag_is_refused(model_dirs):
     line = vllm_command_for(entry, str(model_dirs["Qwen2.5-14B-Instruct"]), port=8000, gpus=GPUS_PER_NODE)
     with pytest.raises(SystemExit):
         parse_serve_line([*line, "--tensor-paralel-size", "2"])
+
+
+def test_the_readmes_serve_line_for_a_merged_checkpoint(model_dirs):
+    # README, "From a training checkpoint to the paper's table": the merged folder served by vLLM, as written there
+    from readme_blocks import readme_commands
+
+    _, commands = readme_commands("## From a training checkpoint to the paper's table")
+    serve = next(argv for argv in commands if argv[:2] == ["vllm", "serve"])
+    folder = str(model_dirs["Qwen2.5-7B-Instruct"])  # the merged 7B: its config.json is the base model's
+    engine_args = parse_serve_line([serve[0], serve[1], folder, *serve[3:]])
+    assert engine_args.tensor_parallel_size * engine_args.data_parallel_size == GPUS_PER_NODE
+    assert engine_args.served_model_name == ["memagent"]
+    assert engine_args.create_model_config().max_model_len == NATIVE_CONTEXT

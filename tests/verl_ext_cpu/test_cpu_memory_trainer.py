@@ -32,7 +32,6 @@ import json
 import math
 import os
 import re
-import shlex
 import subprocess
 import sys
 from collections import defaultdict
@@ -40,6 +39,7 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
+from readme_blocks import readme_commands
 from trainer_run import REPO, STAGES, adam_steps, load_safetensors, read_jsonl, read_metrics, run_script, tail
 
 RUN_TIMEOUT_S = 400  # each of the two runs; ~90 s and ~80 s on 2 idle cores
@@ -226,21 +226,6 @@ def test_weights_changed_and_the_checkpoint_loads_as_a_hugging_face_model(runs, 
 README_SECTION = "## From a training checkpoint to the paper's table"
 
 
-def readme_commands() -> tuple[dict[str, str], list[list[str]]]:
-    """The section's shell block: its variable assignments, and its commands as argv lists (comments dropped)."""
-    section = (REPO / "README.md").read_text().split(README_SECTION, 1)[1]
-    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
-    variables, commands = {}, []
-    for line in block.replace("\\\n", " ").splitlines():
-        argv = shlex.split(line, comments=True)
-        if len(argv) == 1 and re.fullmatch(r"[A-Z_]+=\S+", argv[0]):
-            name, value = argv[0].split("=", 1)
-            variables[name] = value
-        elif argv:
-            commands.append(argv)
-    return variables, commands
-
-
 def option(argv: list[str], flag: str) -> str:
     return argv[argv.index(flag) + 1]
 
@@ -249,7 +234,7 @@ def option(argv: list[str], flag: str) -> str:
 def merged(runs, tmp_path_factory):
     """The README's merge command run on the last checkpoint of the trainer run, in a user's environment; the
     section's other commands with its variables set the same way."""
-    variables, commands = readme_commands()
+    variables, commands = readme_commands(README_SECTION)
     assert set(variables) == {"CKPT", "MODEL"} and len(commands) == 3, (variables, commands)
     ckpt = runs["out"] / "checkpoints"
     step = (ckpt / "latest_checkpointed_iteration.txt").read_text().strip()
