@@ -85,7 +85,8 @@ if [ "$MODE" = gpu ]; then
       "FLASH_ATTN=<wheel> for a wheel built for torch 2.11 + CUDA 13 + this Python"
   else
     if [ "$CHOICE" = build ] || [ "$CHOICE" = auto ]; then TARGET=flash-attn==2.8.3; else TARGET=$CHOICE; fi
-    echo "[setup] flash-attn: installing $TARGET against torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)')"
+    echo "[setup] flash-attn: installing $TARGET against torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)')" \
+      "(a build from source takes an hour or more; FLASH_ATTN=skip skips it, training then uses sdpa)"
     if ! MAX_JOBS=${MAX_JOBS:-4} "${PIP[@]}" install --no-build-isolation --no-deps "$TARGET"; then
       echo "[setup] flash-attn: the install failed (above); training runs use attn_implementation=sdpa" >&2
     fi
