@@ -12,7 +12,7 @@ Resolution reads package metadata only (no wheel is downloaded) and takes second
 
     python scripts/locks.py                  # write requirements/*.txt
     python scripts/locks.py --check          # exit 1 if a lock is out of sync with pyproject.toml
-    python scripts/locks.py --resolve gpu --pyproject /tmp/copy/pyproject.toml   # resolve only, print conflicts
+    python scripts/locks.py --resolve gpu --pyproject COPY/pyproject.toml   # resolve only, print conflicts
 """
 
 from __future__ import annotations
