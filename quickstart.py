@@ -105,17 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load_tokenizer(name: str) -> Any:
-    from transformers import AutoTokenizer
-
-    from recurrent.models import resolve_model_path
-
-    return AutoTokenizer.from_pretrained(resolve_model_path(name))
-
-
 def endpoint_tokenizer(args: argparse.Namespace, model: str) -> Any:
     """The tokenizer to chunk with when the model is behind a URL (it may not exist locally)."""
-    from recurrent.models import ModelNotAvailableError
+    from recurrent.models import ModelNotAvailableError, load_tokenizer
 
     if args.tokenizer:
         return load_tokenizer(args.tokenizer)
@@ -177,8 +169,8 @@ def _any_case(text: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from recurrent.async_manager import run_session
     from recurrent.client import OpenAIChatClient
-    from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
-    from recurrent.models import KNOWN_MODELS, ModelNotAvailableError, resolve_model_path
+    from recurrent.impls.memory import inference_workflow
+    from recurrent.models import KNOWN_MODELS, ModelNotAvailableError, load_tokenizer, resolve_model_path
     from recurrent.serving import transformers_serve
     from recurrent.trace import TraceWriter
 
@@ -216,19 +208,7 @@ def run(args: argparse.Namespace) -> int:
                 f"log {args.server_log})",
                 flush=True,
             )
-        config = MemoryConfig(
-            context_key="context",
-            question_key="input",
-            max_prompt_length=10**9,  # the question is not capped at inference
-            chunk_size=chunk,
-            max_memorization_length=max_new,
-            max_final_response_length=max_new,
-            max_chunks=max(1, args.max_context // chunk) if args.max_context > 0 else None,
-            final_prompt=final_prompt,
-            strip_context=True,
-            strip_think=True,
-        )
-        workflow = MemoryWorkflow(config, tokenizer, token_prompts=False, keep_prompts=False)
+        workflow = inference_workflow(tokenizer, chunk, max_new, max_new, args.max_context or None, final_prompt)
         session = workflow.session({"input": question, "context": document})
         print(
             f"document: {args.context_file.name}, {session.original_context_tokens} tokens -> {session.num_chunks} "

@@ -292,6 +292,13 @@ def resolve_model_path(name_or_path: str) -> str:
         ) from err
 
 
+def load_tokenizer(name_or_path: str) -> Any:
+    """The tokenizer of a model folder, an offline alias or a cached hub id (:func:`resolve_model_path`)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m recurrent.models",

@@ -352,4 +352,36 @@ class MemorySession(Session):
         return out
 
 
+UNCAPPED_QUESTION = 10**9  # the paper's evaluation never caps the question (training's budget is 1024 tokens)
+
+
+def inference_workflow(
+    tokenizer: Any,
+    chunk_size: int = 5000,
+    max_new: int = 1024,
+    final_max_new: int = 1024,
+    max_context: int | None = None,
+    final_prompt: Literal["boxed", "boxed_released", "answer_is"] = "answer_is",
+) -> MemoryWorkflow:
+    """The memory agent at inference, as the paper's evaluation runs it behind an OpenAI-style endpoint (the
+    evaluation harness, the quickstart and the server all build it here): text in, text out; the question kept
+    whole (a sample is ``{"input": question, "context": document}``); the context stripped and, with
+    ``max_context``, centre-truncated to that many tokens in whole chunks (at least one); a reasoning model's
+    memory is its text after "</think>"; one chunk held at a time, not every prompt. The defaults are the
+    paper's budgets (5000-token chunks, 1024-token memory and answer) and its "the answer is" prompt."""
+    config = MemoryConfig(
+        context_key="context",
+        question_key="input",
+        max_prompt_length=UNCAPPED_QUESTION,
+        chunk_size=chunk_size,
+        max_memorization_length=max_new,
+        max_final_response_length=final_max_new,
+        max_chunks=None if max_context is None else max(1, max_context // chunk_size),
+        final_prompt=final_prompt,
+        strip_context=True,
+        strip_think=True,
+    )
+    return MemoryWorkflow(config, tokenizer, token_prompts=False, keep_prompts=False)
+
+
 REGISTER = WorkflowRegistration(name="memory", config_cls=MemoryConfig, workflow_cls=MemoryWorkflow)

@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from recurrent.options import ConfigError, key_nodes, read_yaml, where
+
 TABLE_PATH = Path(__file__).with_name("models.yaml")
 
 # method -> (agent, final prompt). "memory" and "direct" are the paper's protocol ("the answer is", lenient
@@ -54,11 +56,6 @@ NEEDLE_CHUNKS = (1, 2, 4, 8, 16, 32, 64)
 TASK_GROUPS = {"ruler": RULER_TASKS, "all": (HOTPOTQA, *RULER_TASKS)}
 KNOWN_TASKS = (HOTPOTQA, *RULER_TASKS, *RULER_EXTRA_TASKS, NEEDLE)
 SERVE_KINDS = ("auto", "vllm", "transformers")
-
-
-class ConfigError(ValueError):
-    """A model table or run-config file that cannot be used as it is; the message names the file, the line and
-    the field."""
 
 
 def _field_problem(name: str, value: Any, hint: Any) -> str | None:
@@ -150,41 +147,6 @@ class ModelEntry:
     @property
     def request_name(self) -> str:
         return self.served_name or self.checkpoint
-
-
-def read_yaml(path: str | Path) -> tuple[Any, yaml.Node | None]:
-    """The data of a YAML (or JSON) file and its node tree, whose marks give the line of every key and value.
-    A syntax error raises :class:`ConfigError` at the parser's line and column."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        data = loader.construct_document(node) if node is not None else None
-    except yaml.MarkedYAMLError as err:
-        mark = err.problem_mark or err.context_mark
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise ConfigError(f"{where}: not valid YAML ({err.problem or err.context})") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({err})") from None
-    finally:
-        loader.dispose()
-    return data, node
-
-
-def where(path: str | Path, node: yaml.Node | None) -> str:
-    """``file:line`` of a node (the file alone without one)."""
-    return f"{path}:{node.start_mark.line + 1}" if node is not None else str(path)
-
-
-def key_nodes(node: yaml.Node | None) -> dict[str, tuple[yaml.Node, yaml.Node]]:
-    """``key -> (key node, value node)`` of a mapping node ({} for anything else)."""
-    if not isinstance(node, yaml.MappingNode):
-        return {}
-    return {str(k.value): (k, v) for k, v in node.value}
 
 
 def _kind(value: Any) -> str:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import difflib
 import logging
 import os
 import signal
@@ -38,9 +37,10 @@ from tqdm import tqdm
 
 from recurrent.async_manager import cancel_and_wait
 from recurrent.client import OpenAIChatClient
-from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
+from recurrent.impls.memory import MemoryConfig, inference_workflow
 from recurrent.interface import Session
-from recurrent.models import ModelNotAvailableError, resolve_model_path
+from recurrent.models import ModelNotAvailableError, load_tokenizer
+from recurrent.options import parse_with_config
 from recurrent.serving import log_tail
 from recurrent.trace import TraceWriter
 from taskutils.cli import non_negative_int, positive_int
@@ -54,7 +54,6 @@ from .serve import Endpoint, ServerError, endpoint, endpoint_problem
 log = logging.getLogger("memory_eval")
 
 T = TypeVar("T")
-QUESTION_BUDGET = 10**9  # the paper's evaluation never caps the question (training's budget is 1024 tokens)
 
 
 @dataclass
@@ -183,93 +182,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _option_value(action: argparse.Action, value: Any) -> Any:
-    """A --config value as its flag would give it: through the flag's type (a YAML list joined by commas for the
-    list options), true/false for a switch, one of the flag's choices."""
-    if value is None:
-        return None  # the flag's own default
-    if action.nargs == 0:  # --trace, --quiet, ...
-        if not isinstance(value, bool):
-            raise ValueError(f"must be true or false, got {value!r}")
-        return value
-    if isinstance(value, dict):
-        raise ValueError(f"must be a single value or a list, got a mapping {value!r}")
-    text = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
-    converted = action.type(text) if action.type is not None else text
-    if action.choices is not None and converted not in action.choices:
-        raise ValueError(f"must be one of {', '.join(map(str, action.choices))}, got {value!r}")
-    return converted
-
-
-def config_defaults(parser: argparse.ArgumentParser, path: Path) -> dict[str, Any]:
-    """The defaults a --config file sets (keys as the long flags, with - or _): :class:`config.ConfigError`
-    names the file, the line and the key of the first one that is wrong."""
-    data, node = cfg.read_yaml(path)
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise cfg.ConfigError(f"{cfg.where(path, node)}: expected a mapping of options (limit: 16, ...), got {data!r}")
-    nodes = cfg.key_nodes(node)
-    flags = {a.dest: a for a in parser._actions if a.option_strings and a.dest not in ("help", "config")}
-    defaults = {}
-    for key, value in data.items():
-        at = cfg.where(path, nodes.get(str(key), (node,))[0])
-        action = flags.get(str(key).replace("-", "_"))
-        if action is None:
-            names = sorted(dest.replace("_", "-") for dest in flags)
-            close = difflib.get_close_matches(str(key).replace("_", "-"), names, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise cfg.ConfigError(f"{at}: unknown option {key!r}{hint}; options: {', '.join(names)}")
-        try:
-            defaults[action.dest] = _option_value(action, value)
-        except (ValueError, TypeError, argparse.ArgumentTypeError) as err:
-            raise cfg.ConfigError(f"{at}: option {key!r}: {err}") from None
-    return defaults
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
-    pre, _ = parser.parse_known_args(argv)
-    if pre.config:  # a config file sets defaults; flags on the command line still win
-        try:
-            parser.set_defaults(**config_defaults(parser, pre.config))
-        except (cfg.ConfigError, OSError) as err:
-            parser.error(str(err))
-    args = parser.parse_args(argv)
+    args = parse_with_config(parser, argv)  # a config file sets defaults; flags on the command line still win
     unknown = [m for m in args.method or [] if m not in cfg.METHODS]
     if unknown:
         parser.error(f"unknown method(s) {unknown}; choose from {', '.join(cfg.METHODS)}")
     return args
 
 
-def load_tokenizer(name: str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(resolve_model_path(name))
-
-
 def make_workflow(entry: cfg.ModelEntry, method: str, tokenizer: Any) -> Callable[[dict[str, Any]], Session]:
     """The session factory of one method: the memory agent of ``recurrent`` or the direct baseline."""
     agent, final_prompt = cfg.METHODS[method]
     if agent == "memory":
-        b = entry.memory
-        workflow = MemoryWorkflow(
-            MemoryConfig(
-                context_key="context",
-                question_key="input",
-                max_prompt_length=QUESTION_BUDGET,
-                chunk_size=b.chunk_size,
-                max_memorization_length=b.max_new,
-                max_final_response_length=b.final_max_new,
-                max_chunks=None if b.max_context is None else max(1, b.max_context // b.chunk_size),
-                final_prompt=final_prompt,
-                strip_context=True,  # the paper's evaluation strips the context
-                strip_think=True,  # and keeps a reasoning model's memory after "</think>"
-            ),
-            tokenizer,
-            token_prompts=False,  # text in, text out: an OpenAI-style endpoint applies the chat template
-            keep_prompts=False,  # hold one chunk at a time, not every prompt of a 3.5M-token document
-        )
+        workflow = inference_workflow(tokenizer, final_prompt=final_prompt, **asdict(entry.memory))
     else:
         workflow = DirectWorkflow(tokenizer, entry.direct.max_input, entry.direct.max_output, final_prompt)
 

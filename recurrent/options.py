@@ -1,0 +1,110 @@
+"""Option files: YAML (or JSON) files whose keys are a command's long flags, read with the line of every key so
+that an error names the file, the line and the key.
+
+The one reader of such files: the evaluation harness's ``--config`` and model table
+(``taskutils.memory_eval``) and the server's ``--config`` (``python -m recurrent.serve``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used as it is; the message names the file, the line and the field."""
+
+
+def read_yaml(path: str | Path) -> tuple[Any, yaml.Node | None]:
+    """The data of a YAML (or JSON) file and its node tree, whose marks give the line of every key and value.
+    A syntax error raises :class:`ConfigError` at the parser's line and column."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where_ = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise ConfigError(f"{where_}: not valid YAML ({err.problem or err.context})") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err})") from None
+    finally:
+        loader.dispose()
+    return data, node
+
+
+def where(path: str | Path, node: yaml.Node | None) -> str:
+    """``file:line`` of a node (the file alone without one)."""
+    return f"{path}:{node.start_mark.line + 1}" if node is not None else str(path)
+
+
+def key_nodes(node: yaml.Node | None) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+    """``key -> (key node, value node)`` of a mapping node ({} for anything else)."""
+    if not isinstance(node, yaml.MappingNode):
+        return {}
+    return {str(k.value): (k, v) for k, v in node.value}
+
+
+def option_value(action: argparse.Action, value: Any) -> Any:
+    """A config-file value as its flag would give it: through the flag's type (a YAML list joined by commas for
+    the list options), true/false for a switch, one of the flag's choices."""
+    if value is None:
+        return None  # the flag's own default
+    if action.nargs == 0:  # --trace, --quiet, ...
+        if not isinstance(value, bool):
+            raise ValueError(f"must be true or false, got {value!r}")
+        return value
+    if isinstance(value, dict):
+        raise ValueError(f"must be a single value or a list, got a mapping {value!r}")
+    text = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
+    converted = action.type(text) if action.type is not None else text
+    if action.choices is not None and converted not in action.choices:
+        raise ValueError(f"must be one of {', '.join(map(str, action.choices))}, got {value!r}")
+    return converted
+
+
+def config_defaults(parser: argparse.ArgumentParser, path: Path) -> dict[str, Any]:
+    """The defaults a ``--config`` file sets for ``parser`` (keys as the long flags, with - or _):
+    :class:`ConfigError` names the file, the line and the key of the first one that is wrong."""
+    data, node = read_yaml(path)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where(path, node)}: expected a mapping of options (limit: 16, ...), got {data!r}")
+    nodes = key_nodes(node)
+    flags = {a.dest: a for a in parser._actions if a.option_strings and a.dest not in ("help", "config")}
+    defaults = {}
+    for key, value in data.items():
+        at = where(path, nodes.get(str(key), (node,))[0])
+        action = flags.get(str(key).replace("-", "_"))
+        if action is None:
+            names = sorted(dest.replace("_", "-") for dest in flags)
+            close = difflib.get_close_matches(str(key).replace("_", "-"), names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{at}: unknown option {key!r}{hint}; options: {', '.join(names)}")
+        try:
+            defaults[action.dest] = option_value(action, value)
+        except (ValueError, TypeError, argparse.ArgumentTypeError) as err:
+            raise ConfigError(f"{at}: option {key!r}: {err}") from None
+    return defaults
+
+
+def parse_with_config(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
+    """``parser.parse_args(argv)`` where a ``--config FILE`` option sets the defaults: flags on the command line
+    still win. A bad file stops with the parser's usage error (exit 2) naming its file, line and key."""
+    pre, _ = parser.parse_known_args(argv)
+    if getattr(pre, "config", None):
+        try:
+            parser.set_defaults(**config_defaults(parser, pre.config))
+        except (ConfigError, OSError) as err:
+            parser.error(str(err))
+    return parser.parse_args(argv)
