@@ -45,13 +45,17 @@ async def run_session(
     client: ChatClient,
     sampling: dict[str, Any] | None = None,
     on_turn: Callable[[Turn, Reply], None] | None = None,
+    final_sampling: dict[str, Any] | None = None,
 ) -> Session:
     """Drive one session to its end: ask for the next turn, call the model, hand the reply back, then tell
     ``on_turn`` (the quickstart prints there). The one turn loop of every asynchronous caller. A session whose
-    task was cancelled stops between turns, even if the cancellation arrived together with a reply."""
+    task was cancelled stops between turns, even if the cancellation arrived together with a reply.
+    ``final_sampling`` is merged over ``sampling`` for turns flagged final (the server's client-given stop
+    strings shape the answer, not the memory)."""
     sampling = sampling or {}
+    final = {**sampling, **(final_sampling or {})}
     while (turn := session.next_turn()) is not None:
-        reply = await client.chat(turn.messages, turn.max_tokens, **sampling)
+        reply = await client.chat(turn.messages, turn.max_tokens, **(final if turn.final else sampling))
         if _stop_requested():
             raise asyncio.CancelledError("cancelled between turns")
         session.record(reply)

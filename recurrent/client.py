@@ -276,7 +276,21 @@ class OpenAIChatClient:
             attempt += 1
             await asyncio.sleep(delay)
 
-    def _failure(self, error: BaseException, attempts: int, transient: bool) -> ChatRequestError:
+    async def list_models(self, timeout: float = 5.0) -> list[str]:
+        """The model ids ``GET /models`` lists (one attempt within ``timeout`` seconds, no retry: a health check).
+        A failure raises :class:`ChatRequestError`, its message naming the endpoint and the key redacted."""
+        client, _ = self._bind()
+        try:
+            async with _deadline(timeout):
+                response = await client.get("/models", cast_to=object)
+        except (TimeoutError, openai.APIError) as err:
+            raise self._failure(err, 1, _is_transient(err), what="GET /models") from err
+        data = response.get("data") if isinstance(response, dict) else None
+        return [m.get("id") for m in data or [] if isinstance(m, dict)]
+
+    def _failure(
+        self, error: BaseException, attempts: int, transient: bool, what: str = "chat request"
+    ) -> ChatRequestError:
         self.stats.failures += 1
         # A server may echo the key in its error body ("invalid key sk-..."): scrub the chained cause too, since
         # tracebacks print it.
@@ -284,8 +298,8 @@ class OpenAIChatClient:
             error.args = tuple(self._redact(a) if isinstance(a, str) else a for a in error.args)
             if isinstance(getattr(error, "message", None), str):
                 error.message = self._redact(error.message)  # type: ignore[attr-defined]
-        what = f"failed after {attempts} attempt{'s' * (attempts != 1)}" if transient else "failed (not retried)"
-        message = self._redact(f"chat request to {self.base_url} {what}: {_describe(error)}")
+        outcome = f"failed after {attempts} attempt{'s' * (attempts != 1)}" if transient else "failed (not retried)"
+        message = self._redact(f"{what} to {self.base_url} {outcome}: {_describe(error)}")
         status = getattr(error, "status_code", None)
         return ChatRequestError(message, attempts=attempts, status_code=status, transient=transient)
 

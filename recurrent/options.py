@@ -1,8 +1,10 @@
-"""Option files: YAML (or JSON) files whose keys are a command's long flags, read with the line of every key so
-that an error names the file, the line and the key.
+"""Command-line options shared by the project's commands: argument types, and option files.
 
-The one reader of such files: the evaluation harness's ``--config`` and model table
-(``taskutils.memory_eval``) and the server's ``--config`` (``python -m recurrent.serve``).
+The argument types refuse a count given as 0 or a negative number in argparse (exit 2, naming the option) instead
+of replacing it by a default or failing later with a traceback. Option files are YAML (or JSON) files whose keys
+are a command's long flags, read with the line of every key so that an error names the file, the line and the
+key: the one reader of the evaluation harness's ``--config`` and model table (``taskutils.memory_eval``) and the
+server's ``--config`` (``python -m recurrent.serve``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,40 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (a count or a size)."""
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0 (where 0 has a meaning of its own, such as 'no cap')."""
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A duration in seconds, >= 0 (where 0 may mean 'no limit')."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {text}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
 
 
 class ConfigError(ValueError):

@@ -1,0 +1,220 @@
+"""The HTTP face of the MemAgent service (FastAPI): ``GET /v1/models``, ``POST /v1/chat/completions`` (plain and
+streamed), ``GET /health``. A request's client going away cancels its document; a stream opens once the first
+turn is in, so that an error before then is an HTTP status (docs/serving.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from recurrent.serve.protocol import ApiError, bad_request, parse_request
+from recurrent.serve.service import Document, MemAgentService, Outcome
+
+log = logging.getLogger("recurrent.serve")
+
+CLIENT_CLOSED = 499  # the status logged for a request whose client went away (nginx's convention)
+
+
+async def _client_gone(request: Request) -> None:
+    """Returns when the client closes its connection (the body has been read: the next message is the
+    disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _chunk(doc: Document, model: str, **fields: Any) -> str:
+    payload = {"id": doc.id, "object": "chat.completion.chunk", "created": doc.created, "model": model, **fields}
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def _usage(outcome: Outcome) -> dict[str, int]:
+    total = outcome.prompt_tokens + outcome.completion_tokens
+    return {
+        "prompt_tokens": outcome.prompt_tokens,
+        "completion_tokens": outcome.completion_tokens,
+        "total_tokens": total,
+    }
+
+
+class _EventStream(StreamingResponse):
+    """A stream that, however it ends (finished, client gone), cancels what its document still runs."""
+
+    def __init__(self, content: AsyncIterator[str], doc: Document) -> None:
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.doc = doc
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self.doc.task is not None and not self.doc.task.done():
+                self.doc.cancel("client disconnected")
+                await asyncio.gather(self.doc.task, return_exceptions=True)
+
+
+def _failure(doc: Document) -> ApiError | None:
+    """The error of a finished document task (None when it answered)."""
+    task = doc.task
+    if task.cancelled():
+        if doc.cancel_reason == "shutdown":
+            return ApiError(
+                503,
+                f"the server is shutting down; the document was cancelled {doc.progress()}",
+                "server_error",
+                "shutting_down",
+            )
+        return ApiError(503, f"the document was cancelled {doc.progress()}", "server_error", "cancelled")
+    error = task.exception()
+    if error is None:
+        return None
+    return error if isinstance(error, ApiError) else ApiError(500, f"{type(error).__name__}: {error}", "server_error")
+
+
+def build_app(service: MemAgentService) -> FastAPI:
+    """The FastAPI app of one service: ``GET /v1/models``, ``POST /v1/chat/completions``, ``GET /health``."""
+    settings = service.settings
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service.loop = asyncio.get_running_loop()
+        health_status, health = await service.health()
+        if health_status != 200:
+            log.warning("the upstream does not answer yet: %s", health["upstream"].get("error"))
+        yield
+        await service.client.aclose()
+        service.stopped = True
+
+    app = FastAPI(title="MemAgent", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    def authorized(request: Request) -> bool:
+        if settings.server_key is None:
+            return True
+        given = request.headers.get("authorization", "")
+        given = given[7:] if given.lower().startswith("bearer ") else request.headers.get("api-key", "")
+        return hmac.compare_digest(given.encode(), settings.server_key.encode())
+
+    unauthorized = ApiError(401, "missing or wrong API key", "invalid_request_error", "invalid_api_key")
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        status, body = await service.health()
+        return JSONResponse(body, status_code=status)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> JSONResponse:
+        if not authorized(request):
+            return unauthorized.response()
+        entry = {"id": settings.model, "object": "model", "created": 0, "owned_by": "memagent"}
+        return JSONResponse({"object": "list", "data": [entry]})
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        if not authorized(request):
+            return unauthorized.response()
+        try:
+            body = json.loads(await request.body())
+        except (ValueError, UnicodeDecodeError) as err:
+            return bad_request(f"the request body is not valid JSON: {err}").response()
+        try:
+            doc = await service.start(parse_request(body, settings.model))
+        except ApiError as err:
+            return err.response()
+        gone = asyncio.ensure_future(_client_gone(request))
+        try:
+            if doc.request.stream:
+                return await _stream(doc, gone)
+            await asyncio.wait({doc.task, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not doc.task.done():  # the client went away: stop its turns
+                doc.cancel("client disconnected")
+                await asyncio.gather(doc.task, return_exceptions=True)
+                return Response(status_code=CLIENT_CLOSED)
+            error = _failure(doc)
+            if error is not None:
+                return error.response()
+            outcome: Outcome = doc.task.result()
+            return JSONResponse(
+                {
+                    "id": doc.id,
+                    "object": "chat.completion",
+                    "created": doc.created,
+                    "model": settings.model,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": outcome.answer},
+                            "finish_reason": outcome.finish_reason,
+                            "logprobs": None,
+                        }
+                    ],
+                    "usage": _usage(outcome),
+                    "memagent": outcome.memagent,
+                }
+            )
+        finally:
+            gone.cancel()
+
+    async def _stream(doc: Document, gone: asyncio.Future) -> Response:
+        """The stream opens once the first turn is in (or the document is done): an error before then is an
+        HTTP status, after it an error event in the stream."""
+        first = asyncio.ensure_future(doc.events.get())
+        await asyncio.wait({first, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not first.done():
+            first.cancel()
+            doc.cancel("client disconnected")
+            await asyncio.gather(doc.task, return_exceptions=True)
+            return Response(status_code=CLIENT_CLOSED)
+        event = first.result()
+        if event[0] == "end":
+            error = _failure(doc)
+            if error is not None:
+                return error.response()
+        return _EventStream(_events(doc, event), doc)
+
+    async def _events(doc: Document, event: tuple | None) -> AsyncIterator[str]:
+        model = settings.model
+        yield _chunk(doc, model, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}}])
+        while True:
+            if event is None:
+                try:
+                    event = await asyncio.wait_for(doc.events.get(), settings.keepalive)
+                except TimeoutError:
+                    yield ": keepalive\n\n"  # an SSE comment: clients skip it, proxies see the stream alive
+                    continue
+            if event[0] == "turn":
+                turn = event[1]
+                if not turn.final:
+                    chunk, chunks = turn.meta["chunk"] + 1, doc.session.num_chunks
+                    if doc.request.ext.return_memories:
+                        memory = doc.session.memory_trace[chunk - 1]  # this turn's, however far the session is
+                        progress = {"chunk": chunk, "chunks": chunks, "memory": memory}
+                        yield _chunk(doc, model, choices=[], memagent=progress)
+                    else:
+                        yield f": read chunk {chunk} of {chunks}\n\n"
+            else:
+                error = _failure(doc)
+                if error is not None:
+                    yield f"data: {json.dumps(error.body(), ensure_ascii=False)}\n\n"
+                else:
+                    outcome: Outcome = doc.task.result()
+                    yield _chunk(doc, model, choices=[{"index": 0, "delta": {"content": outcome.answer}}])
+                    yield _chunk(
+                        doc,
+                        model,
+                        choices=[{"index": 0, "delta": {}, "finish_reason": outcome.finish_reason}],
+                        memagent=outcome.memagent,
+                    )
+                    if doc.request.include_usage:
+                        yield _chunk(doc, model, choices=[], usage=_usage(outcome))
+                yield "data: [DONE]\n\n"
+                return
+            event = None
+
+    return app

@@ -1,0 +1,125 @@
+"""Where a chat request holds the document and where the question: the server's question modes.
+
+An OpenAI request is a list of messages; the memory agent needs a (document, question) pair. Each mode is one
+rule, chosen per server (``--question-mode``) or per request (``memagent.question_mode``), and each answers a
+request where it finds no question with a :class:`QuestionError` saying what it looked for (HTTP 400):
+
+- ``field``: the document in the request's ``memagent.document``, the question in ``memagent.question`` or
+  else the last user message (a harness that has the two apart sends them apart);
+- ``messages``: the document in the user messages before the last one (joined by a blank line), the question in
+  the last user message (a chat UI: paste the document, then ask);
+- ``split``: one message cut in two by a rule: after the last occurrence of a marker string
+  (``--split-marker``, ``memagent.split_marker``; the marker belongs to neither part), or, without a marker,
+  after the last blank line (the RULER and LongBench/HotpotQA prompts end with their question after a blank
+  line). The user messages are joined by a blank line first, so one message is the usual case;
+- ``auto`` (the default): ``field`` when the request has ``memagent.document``, else ``messages`` when it has
+  several user messages, else ``split``.
+
+System, developer and assistant messages are not read: the agent's prompts are fixed (docs/serving.md).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+QUESTION_MODES = ("auto", "field", "messages", "split")
+BLANK_LINE = re.compile(r"\n[ \t]*\n")
+
+
+class QuestionError(ValueError):
+    """The request has no question where its mode looks for one (or no document where the mode needs it)."""
+
+
+@dataclass(frozen=True)
+class Found:
+    document: str
+    question: str
+    mode: str  # the rule that found them (auto resolves to one of the others)
+
+
+def find_question(
+    user_texts: list[str],
+    mode: str,
+    split_marker: str | None = None,
+    field_document: str | None = None,
+    field_question: str | None = None,
+) -> Found:
+    """The document and the question of a request whose user messages have the texts ``user_texts`` (in order),
+    by the rule ``mode`` (one of :data:`QUESTION_MODES`)."""
+    if mode == "auto":
+        if field_document is not None:
+            mode = "field"
+        elif len(user_texts) > 1:
+            mode = "messages"
+        else:
+            mode = "split"
+    if mode == "field":
+        return _by_field(user_texts, field_document, field_question)
+    if mode == "messages":
+        return _by_messages(user_texts)
+    if mode == "split":
+        return _by_split(user_texts, split_marker)
+    raise QuestionError(f"unknown question mode {mode!r}; choose one of {', '.join(QUESTION_MODES)}")
+
+
+def _by_field(user_texts: list[str], document: str | None, question: str | None) -> Found:
+    if document is None:
+        raise QuestionError(
+            "question mode 'field' reads the document from the request field memagent.document, which is missing"
+        )
+    if question is None:
+        if not user_texts:
+            raise QuestionError(
+                "found no question: question mode 'field' reads it from memagent.question or else the last user "
+                "message, and the request has neither"
+            )
+        question = user_texts[-1]
+    if not question.strip():
+        raise QuestionError("found no question: the question is empty (question mode 'field')")
+    return Found(document, question, "field")
+
+
+def _by_messages(user_texts: list[str]) -> Found:
+    if not user_texts:
+        raise QuestionError(
+            "found no question: question mode 'messages' reads it from the last user message, and "
+            "the request has no user message"
+        )
+    if len(user_texts) < 2:
+        raise QuestionError(
+            "found no document: question mode 'messages' reads the document from the user messages before the "
+            "last one (the question), and the request has one user message; send the document and the question "
+            "as two user messages, or use question mode 'split' or 'field'"
+        )
+    question = user_texts[-1]
+    if not question.strip():
+        raise QuestionError("found no question: the last user message is empty (question mode 'messages')")
+    return Found("\n\n".join(user_texts[:-1]), question, "messages")
+
+
+def _by_split(user_texts: list[str], marker: str | None) -> Found:
+    if not user_texts:
+        raise QuestionError("found no question: question mode 'split' reads the user message, and there is none")
+    text = "\n\n".join(user_texts)
+    if marker:
+        document, found, question = text.rpartition(marker)
+        if not found:
+            raise QuestionError(
+                f"found no question: question mode 'split' takes the text after the last {marker!r} (the split "
+                "marker), and the message does not contain it"
+            )
+    else:
+        text = text.rstrip()
+        blanks = list(BLANK_LINE.finditer(text))
+        if not blanks:
+            raise QuestionError(
+                "found no question: question mode 'split' without a marker takes the text after the last blank line "
+                "as the question, and the message has no blank line (set memagent.split_marker, or use question "
+                "mode 'field' or 'messages')"
+            )
+        cut = blanks[-1]
+        document, question = text[: cut.start()], text[cut.end() :]
+    if not question.strip():
+        raise QuestionError("found no question: the text after the split is empty (question mode 'split')")
+    return Found(document, question, "split")

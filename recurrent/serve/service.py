@@ -1,0 +1,385 @@
+"""The MemAgent service: one request is one document, read by the memory agent through the upstream.
+
+Its question and document are found by a question mode (:mod:`recurrent.serve.questions`); the memory agent of
+:func:`recurrent.impls.memory.inference_workflow` reads the document chunk by chunk; every turn goes upstream
+through :class:`recurrent.client.OpenAIChatClient`, driven by :func:`recurrent.async_manager.run_session` (the turn
+loop of the harness and the quickstart). Around it, what a service needs: a limit on documents in flight with a
+bounded queue, cancellation of a document's remaining turns, timeouts, upstream failures as HTTP statuses that
+quote the upstream (:func:`recurrent.serve.protocol.upstream_error`), a drain on SIGTERM, counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from recurrent.async_manager import run_session
+from recurrent.client import ChatRequestError, OpenAIChatClient
+from recurrent.impls.memory import FINAL_TEMPLATES, MemorySession, MemoryWorkflow, inference_workflow
+from recurrent.interface import Reply, Turn
+from recurrent.serve.protocol import ApiError, ChatRequest, bad_request, upstream_error
+from recurrent.serve.questions import QUESTION_MODES, Found, QuestionError, find_question
+
+log = logging.getLogger("recurrent.serve")
+
+# A message longer than this many characters per token of the chunk budget cannot fit one chunk (no tokenizer's
+# token is that long): the pass-through check need not tokenize it.
+MAX_CHARS_PER_TOKEN = 64
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """What a server answers with. Budgets and prompt default to the paper's evaluation protocol (the harness's
+    ``memory`` method): 5000-token chunks, 1024-token memory and answer, the whole document, "the answer is"."""
+
+    model: str  # the name clients use (GET /v1/models lists it)
+    chunk_size: int = 5000
+    max_new: int = 1024  # cap on a memory update
+    final_max_new: int = 1024  # cap on the answer (a request's max_tokens replaces it)
+    max_context: int | None = None  # centre-truncate documents to this many tokens; None: read all
+    final_prompt: str = "answer_is"
+    question_mode: str = "auto"
+    split_marker: str | None = None
+    passthrough: bool = False  # a request that fits in one chunk goes upstream as it is
+    temperature: float | None = 0.7  # used when a request gives none (the paper's sampling)
+    top_p: float | None = 0.95
+    max_documents: int = 4  # documents in flight (each has at most one upstream request at a time)
+    max_queue: int = 64  # documents waiting for a slot; beyond that: 503
+    queue_timeout: float | None = None  # seconds a document may wait for a slot; None: as long as its client
+    document_timeout: float | None = None  # seconds a document may run; None: no limit
+    shutdown_grace: float = 30.0  # seconds documents in flight get to finish after SIGTERM
+    keepalive: float = 15.0  # seconds between SSE comments while a streamed document reads
+    server_key: str | None = field(default=None, repr=False)  # clients must send it (Bearer), when set
+
+    def __post_init__(self) -> None:
+        for name in ("chunk_size", "max_new", "final_max_new", "max_documents"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
+        if self.question_mode not in QUESTION_MODES:
+            raise ValueError(f"question_mode must be one of {', '.join(QUESTION_MODES)}, got {self.question_mode!r}")
+        if self.final_prompt not in FINAL_TEMPLATES:
+            raise ValueError(f"final_prompt must be one of {', '.join(FINAL_TEMPLATES)}, got {self.final_prompt!r}")
+
+
+@dataclass
+class Outcome:
+    answer: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    memagent: dict[str, Any]
+
+
+@dataclass(eq=False)  # identity: documents live in a set
+class Document:
+    """One request in the service: its events feed a stream, its task runs the turns."""
+
+    request: ChatRequest
+    id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
+    created: int = field(default_factory=lambda: int(time.time()))
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    task: asyncio.Task | None = None
+    found: Found | None = None
+    passthrough: bool = False  # the request goes upstream as it is
+    session: MemorySession | None = None
+    state: str = "new"  # new, queued, running, done
+    cancel_reason: str | None = None  # why the service cancelled it: "client disconnected", "shutdown"
+
+    def progress(self) -> str:
+        if self.session is None:
+            return f"while {self.state}"
+        return f"after {len(self.session.history)} of {self.session.num_chunks + 1} turns"
+
+    def cancel(self, reason: str) -> None:
+        if self.task is not None and not self.task.done():
+            self.cancel_reason = self.cancel_reason or reason
+            self.task.cancel(reason)
+
+
+@dataclass
+class Counters:
+    """Totals since start (``GET /health``): tests and operators read them."""
+
+    documents: int = 0  # admitted to a slot
+    completed: int = 0
+    failed: int = 0  # answered with an error after admission
+    cancelled: int = 0  # stopped by a client disconnect or a shutdown
+    rejected: int = 0  # refused before a slot: queue full, queue timeout, shutting down
+    turns: int = 0  # upstream replies
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+def _cut_stop(text: str, stops: list[str]) -> str:
+    """OpenAI's answers leave the stop string out; the client appends one an upstream reports (vLLM's
+    stop_reason) and some upstreams keep it: cut it."""
+    for stop in stops:
+        if text.endswith(stop):
+            return text[: -len(stop)]
+    return text
+
+
+class MemAgentService:
+    """Documents in flight against one upstream: admission, the turns, cancellation, counters, the drain."""
+
+    def __init__(self, settings: ServeSettings, tokenizer: Any, client: OpenAIChatClient) -> None:
+        self.settings = settings
+        self.tokenizer = tokenizer
+        self.client = client
+        self.workflow = self._workflow(settings.final_max_new)
+        self.counters = Counters()
+        self.documents: set[Document] = set()
+        self.draining = False
+        self.stopped = False  # set once the server has shut down cleanly (the CLI reads it)
+        self._slots: asyncio.Semaphore | None = None
+        self._queued = 0
+        self._running = 0
+        self._drain_task: asyncio.Task | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def _workflow(self, final_max_new: int) -> MemoryWorkflow:
+        s = self.settings
+        return inference_workflow(self.tokenizer, s.chunk_size, s.max_new, final_max_new, s.max_context, s.final_prompt)
+
+    # ---- admission ----
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, doc: Document) -> AsyncIterator[None]:
+        s = self.settings
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(s.max_documents)
+        if self.draining:
+            self.counters.rejected += 1
+            raise ApiError(503, "the server is shutting down", "server_error", "shutting_down")
+        if self._slots.locked() and self._queued >= s.max_queue:
+            self.counters.rejected += 1
+            raise ApiError(
+                503,
+                f"server busy: {self._running} documents in flight (the limit) and {self._queued} queued (the queue "
+                "limit); retry later",
+                "server_error",
+                "queue_full",
+            )
+        doc.state = "queued"
+        self._queued += 1
+        try:
+            async with asyncio.timeout(s.queue_timeout):
+                await self._slots.acquire()
+        except TimeoutError:
+            self.counters.rejected += 1
+            raise ApiError(
+                503, f"no document slot free within {s.queue_timeout:g} s; retry later", "server_error", "queue_timeout"
+            ) from None
+        finally:
+            self._queued -= 1
+        doc.state = "running"
+        self._running += 1
+        self.counters.documents += 1
+        try:
+            yield
+        finally:
+            self._running -= 1
+            self._slots.release()
+            doc.state = "done"
+
+    # ---- running ----
+
+    async def start(self, request: ChatRequest) -> Document:
+        """Start the request's document, its question found first (a 400 before anything waits), unless it
+        passes through."""
+        doc = Document(request)
+        if self._passes_through(request, check_tokens=False):
+            doc.passthrough = await asyncio.to_thread(self._passes_through, request, True)
+        if not doc.passthrough:
+            doc.found = self._find(request)
+        doc.task = asyncio.create_task(self._drive(doc))
+        self.documents.add(doc)
+        doc.task.add_done_callback(lambda _: (self.documents.discard(doc), doc.events.put_nowait(("end",))))
+        return doc
+
+    def _find(self, request: ChatRequest) -> Found:
+        ext = request.ext
+        try:
+            return find_question(
+                request.user_texts,
+                ext.question_mode or self.settings.question_mode,
+                ext.split_marker if ext.split_marker is not None else self.settings.split_marker,
+                ext.document,
+                ext.question,
+            )
+        except QuestionError as err:
+            raise bad_request(str(err), "messages") from None
+
+    def _passes_through(self, request: ChatRequest, check_tokens: bool) -> bool:
+        """Whether the request goes upstream as it is: pass-through on (server or request) and every message
+        together within one chunk. Without ``check_tokens``, whether it may (the characters allow it)."""
+        on = request.ext.passthrough if request.ext.passthrough is not None else self.settings.passthrough
+        if not on or request.ext.document is not None:
+            return False
+        texts = [m["content"] for m in request.messages]
+        if sum(len(t) for t in texts) > self.settings.chunk_size * MAX_CHARS_PER_TOKEN:
+            return False
+        if not check_tokens:
+            return True
+        tokens = sum(len(self.tokenizer.encode(t, add_special_tokens=False)) for t in texts)
+        return tokens <= self.settings.chunk_size
+
+    def _sampling(self, request: ChatRequest) -> dict[str, Any]:
+        defaults = {"temperature": self.settings.temperature, "top_p": self.settings.top_p}
+        return {**{k: v for k, v in defaults.items() if v is not None}, **request.sampling}
+
+    async def _drive(self, doc: Document) -> Outcome:
+        began = time.perf_counter()
+        try:
+            async with self._slot(doc):
+                try:
+                    async with asyncio.timeout(self.settings.document_timeout):
+                        outcome = await (self._pass_through(doc) if doc.passthrough else self._read(doc))
+                except TimeoutError:
+                    raise ApiError(
+                        504,
+                        f"the document was not answered within {self.settings.document_timeout:g} s (the server's "
+                        f"document timeout), {doc.progress()}",
+                        "server_error",
+                        "document_timeout",
+                    ) from None
+                except ChatRequestError as err:
+                    raise upstream_error(err, f"upstream failure {doc.progress()}") from None
+        except asyncio.CancelledError:
+            self.counters.cancelled += 1
+            log.info("%s cancelled (%s) %s", doc.id, doc.cancel_reason or "cancelled", doc.progress())
+            raise
+        except ApiError as err:
+            if doc.state != "new" and doc.state != "queued":
+                self.counters.failed += 1
+            log.warning("%s answered %d: %s", doc.id, err.status, err.message)
+            raise
+        except Exception as err:
+            self.counters.failed += 1
+            log.exception("%s failed %s", doc.id, doc.progress())
+            raise ApiError(
+                500, f"internal error {doc.progress()}: {type(err).__name__}: {err}", "server_error"
+            ) from err
+        self.counters.completed += 1
+        log.info(
+            "%s answered: %s, %d turns, %d+%d tokens, %.2f s",
+            doc.id,
+            outcome.memagent.get("question_mode", "passthrough"),
+            outcome.memagent["turns"],
+            outcome.prompt_tokens,
+            outcome.completion_tokens,
+            time.perf_counter() - began,
+        )
+        return outcome
+
+    async def _pass_through(self, doc: Document) -> Outcome:
+        request = doc.request
+        sampling = self._sampling(request)
+        if request.stop:
+            sampling["stop"] = request.stop
+        reply = await self.client.chat(request.messages, request.max_tokens or self.settings.final_max_new, **sampling)
+        self._count(reply)
+        answer = _cut_stop(reply.text, request.stop) if reply.finish_reason == "stop" else reply.text
+        memagent = {"passthrough": True, "turns": 1}
+        return Outcome(answer, reply.finish_reason, reply.prompt_tokens, reply.completion_tokens, memagent)
+
+    def _count(self, reply: Reply) -> None:
+        self.counters.turns += 1
+        self.counters.prompt_tokens += reply.prompt_tokens
+        self.counters.completion_tokens += reply.completion_tokens
+
+    async def _read(self, doc: Document) -> Outcome:
+        request, found = doc.request, doc.found
+        workflow = self.workflow if request.max_tokens is None else self._workflow(request.max_tokens)
+        sample = {"input": found.question.strip(), "context": found.document}  # as the harness builds its items
+        try:
+            doc.session = await asyncio.to_thread(workflow.session, sample)
+        except ValueError as err:
+            raise bad_request(f"cannot read this document: {err}") from None
+
+        def on_turn(turn: Turn, reply: Reply) -> None:
+            self._count(reply)
+            doc.events.put_nowait(("turn", turn, reply))
+
+        final = {"stop": request.stop} if request.stop else None
+        session = await run_session(doc.session, self.client, self._sampling(request), on_turn, final)
+        history = session.history
+        last = history[-1].reply
+        memory_turns = [rec for rec in history if not rec.turn.final]
+        memagent: dict[str, Any] = {
+            "question_mode": found.mode,
+            "document_tokens": session.original_context_tokens,
+            "document_tokens_read": len(session.context_ids),
+            "chunks": session.num_chunks,
+            "turns": len(history),
+            "memory_truncated": sum(rec.reply.finish_reason == "length" for rec in memory_turns),
+        }
+        if request.ext.return_memories:
+            memagent["memories"] = list(session.memory_trace)
+        answer = _cut_stop(last.text, request.stop) if last.finish_reason == "stop" else last.text
+        return Outcome(
+            answer,
+            last.finish_reason,
+            sum(rec.reply.prompt_tokens for rec in history),
+            sum(rec.reply.completion_tokens for rec in history),
+            memagent,
+        )
+
+    # ---- shutdown ----
+
+    def begin_drain(self) -> None:
+        """SIGTERM: refuse new documents, cancel the queued ones, give the running ones ``shutdown_grace`` seconds,
+        then cancel them (their clients get 503; their upstream requests are closed)."""
+        if self.draining:
+            return
+        self.draining = True
+        running = [doc for doc in self.documents if doc.state == "running"]
+        for doc in self.documents:
+            if doc.state in ("new", "queued"):
+                doc.cancel("shutdown")
+        log.info("shutting down: %d document(s) in flight get %g s", len(running), self.settings.shutdown_grace)
+        self._drain_task = asyncio.create_task(self._drain(running))
+
+    async def _drain(self, running: list[Document]) -> None:
+        tasks = [doc.task for doc in running if doc.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.settings.shutdown_grace)
+        for doc in running:
+            doc.cancel("shutdown")
+
+    # ---- status ----
+
+    async def health(self) -> tuple[int, dict[str, Any]]:
+        upstream: dict[str, Any] = {"url": self.client.base_url, "model": self.client.model}
+        status = 200
+        try:
+            await self.client.list_models()
+            upstream["reachable"] = True
+        except ChatRequestError as err:
+            # Any HTTP answer means it is up (a hosted deployment URL may have no /models); no answer: 503.
+            upstream["reachable"] = err.status_code is not None
+            upstream["error"] = str(err)
+            if err.status_code is None:
+                status = 503
+        s = self.settings
+        body = {
+            "status": "shutting down" if self.draining else ("ok" if status == 200 else "upstream unreachable"),
+            "model": s.model,
+            "upstream": upstream,
+            "documents": {
+                "running": self._running,
+                "queued": self._queued,
+                "max_documents": s.max_documents,
+                "max_queue": s.max_queue,
+            },
+            "counters": vars(self.counters),
+        }
+        return (503 if self.draining else status), body
