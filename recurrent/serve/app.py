@@ -108,12 +108,27 @@ def build_app(service: MemAgentService) -> FastAPI:
         status, body = await service.health()
         return JSONResponse(body, status_code=status)
 
+    entry = {"id": settings.model, "object": "model", "created": 0, "owned_by": "memagent"}
+
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:
         if not authorized(request):
             return unauthorized.response()
-        entry = {"id": settings.model, "object": "model", "created": 0, "owned_by": "memagent"}
         return JSONResponse({"object": "list", "data": [entry]})
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str, request: Request) -> JSONResponse:
+        if not authorized(request):
+            return unauthorized.response()
+        if model != settings.model:
+            message = f"model {model!r} is not served here; this server serves {settings.model!r}"
+            return ApiError(404, message, code="model_not_found", param="model").response()
+        return JSONResponse(entry)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, err: Exception) -> JSONResponse:
+        log.error("internal error on %s %s", request.method, request.url.path, exc_info=err)
+        return ApiError(500, f"internal error: {type(err).__name__}: {err}", "server_error").response()
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:

@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     svc.add_argument(
         "--shutdown-grace", type=seconds, default=30.0, help="seconds in-flight documents get after SIGTERM (30)"
     )
-    svc.add_argument("--keepalive", type=seconds, default=15.0, help="seconds between stream keep-alives (15)")
+    svc.add_argument("--keepalive", type=seconds, default=15.0, help="seconds between stream keep-alives (15; 0: none)")
     svc.add_argument(
         "--server-key-env", metavar="VAR", help="environment variable holding a key clients must send (Bearer)"
     )
@@ -215,7 +215,7 @@ def serve(args: argparse.Namespace, stop: _Stop) -> int:
             queue_timeout=args.queue_timeout or None,
             document_timeout=args.document_timeout or None,
             shutdown_grace=args.shutdown_grace,
-            keepalive=args.keepalive or 15.0,
+            keepalive=args.keepalive or None,
             server_key=os.environ[args.server_key_env] if args.server_key_env else None,
         )
         client = OpenAIChatClient(

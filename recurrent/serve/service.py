@@ -54,7 +54,7 @@ class ServeSettings:
     queue_timeout: float | None = None  # seconds a document may wait for a slot; None: as long as its client
     document_timeout: float | None = None  # seconds a document may run; None: no limit
     shutdown_grace: float = 30.0  # seconds documents in flight get to finish after SIGTERM
-    keepalive: float = 15.0  # seconds between SSE comments while a streamed document reads
+    keepalive: float | None = 15.0  # seconds between SSE comments while a streamed document reads; None: none
     server_key: str | None = field(default=None, repr=False)  # clients must send it (Bearer), when set
 
     def __post_init__(self) -> None:

@@ -1,0 +1,99 @@
+"""`python -m recurrent.serve` as a process: SIGTERM lets a document in flight finish within --shutdown-grace, or
+cancels it (its client gets 503, its upstream request is closed), and the process exits 0; keys are never in its
+log; a bad --config names its file, line and key."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from serve_helpers import REPO, WAIT, serve_command, serve_process, wait_event, wait_until
+
+QUESTION = "Which river runs past the stone village?"
+MESSAGES = [{"role": "user", "content": f"The river runs past the stone village.\n\n{QUESTION}"}]
+UPSTREAM_KEY = "sk-upstream-SECRET-5be1"
+SERVER_KEY = "sk-server-SECRET-0a77"
+
+
+def _log_says(path: Path, text: str) -> bool:
+    return text in path.read_text(errors="replace")
+
+
+@pytest.fixture
+def keys(monkeypatch):
+    monkeypatch.setenv("TEST_UPSTREAM_KEY", UPSTREAM_KEY)
+    monkeypatch.setenv("TEST_SERVER_KEY", SERVER_KEY)
+
+
+def _args(scripted, tiny_model_dir: str, *extra: str) -> list[str]:
+    return ["--upstream", scripted.url, "--model", scripted.model, "--tokenizer", tiny_model_dir, *extra]
+
+
+def test_sigterm_lets_a_document_in_flight_finish(scripted, tiny_model_dir, tmp_path, keys):
+    scripted.hold = {1}
+    log = tmp_path / "serve.log"
+    args = _args(scripted, tiny_model_dir, "--shutdown-grace", "600", "--log-level", "debug")
+    args += ["--api-key-env", "TEST_UPSTREAM_KEY", "--server-key-env", "TEST_SERVER_KEY"]
+    with serve_process(*args, log_path=log) as (base, process), ThreadPoolExecutor(1) as pool:
+        headers = {"Authorization": f"Bearer {SERVER_KEY}"}
+        request = {"model": scripted.model, "messages": MESSAGES}
+        answer = pool.submit(httpx.post, f"{base}/chat/completions", json=request, headers=headers, timeout=WAIT)
+        wait_event(scripted.arrived[1], "the first turn upstream")
+        process.send_signal(signal.SIGTERM)
+        wait_until(lambda: _log_says(log, "shutting down: 1 document(s) in flight"), "the server to start draining")
+        scripted.release()
+        response = answer.result(WAIT)
+        assert process.wait(WAIT) == 0
+    assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == scripted.reply
+    assert scripted.requests == 2 and scripted.headers[0]["Authorization"] == f"Bearer {UPSTREAM_KEY}"
+    text = log.read_text()
+    assert "answered" in text and UPSTREAM_KEY not in text and SERVER_KEY not in text
+
+
+def test_sigterm_cancels_a_document_past_the_grace(scripted, tiny_model_dir, tmp_path):
+    scripted.hold = {1}  # never released: only the shutdown ends it
+    log = tmp_path / "serve.log"
+    with serve_process(*_args(scripted, tiny_model_dir, "--shutdown-grace", "0"), log_path=log) as (base, process):
+        with ThreadPoolExecutor(1) as pool:
+            request = {"model": scripted.model, "messages": MESSAGES}
+            answer = pool.submit(httpx.post, f"{base}/chat/completions", json=request, timeout=WAIT)
+            wait_event(scripted.arrived[1], "the first turn upstream")
+            process.send_signal(signal.SIGTERM)
+            response = answer.result(WAIT)
+        wait_event(scripted.aborted[1], "the upstream request to be closed")
+        assert process.wait(WAIT) == 0
+    error = response.json()["error"]
+    assert response.status_code == 503 and error["code"] == "shutting_down"
+    assert "cancelled after 0 of 2 turns" in error["message"]
+    assert scripted.requests == 1
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(serve_command(*args), cwd=REPO, env=env, capture_output=True, text=True, timeout=WAIT)
+
+
+def test_a_bad_config_file_names_file_line_and_key(tmp_path):
+    config = tmp_path / "serve.yaml"
+    config.write_text("chunk-size: 128\nmax_new: 16\nchunk-sise: 5\n")
+    result = _run("--model", "x", "--upstream", "http://127.0.0.1:9/v1", "--config", str(config))
+    assert result.returncode == 2
+    assert f"{config}:3: unknown option 'chunk-sise' (did you mean 'chunk-size'?)" in result.stderr
+    config.write_text("max-new: 0\n")
+    result = _run("--model", "x", "--config", str(config))
+    assert result.returncode == 2 and f"{config}:1: option 'max-new': must be a positive integer" in result.stderr
+
+
+def test_the_command_line_refuses_what_it_cannot_serve():
+    assert "--question-mode" in _run("--help").stdout
+    missing = _run("--upstream", "http://127.0.0.1:9/v1")
+    assert missing.returncode == 2 and "--model is required" in missing.stderr
+    unset = _run("--model", "x", "--upstream", "http://127.0.0.1:9/v1", "--api-key-env", "NO_SUCH_VARIABLE_HERE")
+    assert unset.returncode == 2 and "NO_SUCH_VARIABLE_HERE is not set" in unset.stderr
+    no_tokenizer = _run("--model", "some-hosted-model", "--upstream", "http://127.0.0.1:9/v1")
+    assert no_tokenizer.returncode != 0 and "pass --tokenizer" in no_tokenizer.stderr
