@@ -12,7 +12,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_helpers import REPO, WAIT, serve_command, serve_process, wait_event, wait_until
+from readme_blocks import README, readme_commands
+from serve_helpers import REPO, WAIT, serve_command, serve_process, served, wait_event, wait_until
+
+from recurrent.serve.cli import parse_args
 
 QUESTION = "Which river runs past the stone village?"
 MESSAGES = [{"role": "user", "content": f"The river runs past the stone village.\n\n{QUESTION}"}]
@@ -97,3 +100,17 @@ def test_the_command_line_refuses_what_it_cannot_serve():
     assert unset.returncode == 2 and "NO_SUCH_VARIABLE_HERE is not set" in unset.stderr
     no_tokenizer = _run("--model", "some-hosted-model", "--upstream", "http://127.0.0.1:9/v1")
     assert no_tokenizer.returncode != 0 and "pass --tokenizer" in no_tokenizer.stderr
+
+
+def test_the_readme_section_runs(scripted, tiny_tokenizer, capsys):
+    # Its command lines are the server's; its Python runs against a server (the README's name and address swapped).
+    _, commands = readme_commands("## Serve a trained agent")
+    lines = [argv[3:] for argv in commands if argv[:3] == ["python", "-m", "recurrent.serve"]]
+    assert len(lines) == 2 and all(parse_args(argv).model for argv in lines)
+    section = README.read_text().split("## Serve a trained agent", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    name = "BytedTsinghua-SIA/RL-MemoryAgent-14B"
+    with served(scripted.url, scripted.model, tiny_tokenizer, model=name, chunk_size=16) as (base, _):
+        exec(code.replace("http://127.0.0.1:8000/v1", base), {"long_document": "The river runs. " * 20})
+    printed = capsys.readouterr().out
+    assert printed.startswith(scripted.reply) and f"'{scripted.reply}'" in printed  # the answer, then the memories
