@@ -204,9 +204,9 @@ def build_app(service: MemAgentService) -> FastAPI:
                     yield ": keepalive\n\n"  # an SSE comment: clients skip it, proxies see the stream alive
                     continue
             if event[0] == "turn":
-                turn = event[1]
-                if not turn.final:
-                    chunk, chunks = turn.meta["chunk"] + 1, doc.session.num_chunks
+                final, index = event[1], event[2]
+                if not final:
+                    chunk, chunks = index + 1, doc.session.num_chunks
                     if doc.request.ext.return_memories:
                         memory = doc.session.memory_trace[chunk - 1]  # this turn's, however far the session is
                         progress = {"chunk": chunk, "chunks": chunks, "memory": memory}

@@ -307,7 +307,8 @@ class MemAgentService:
 
         def on_turn(turn: Turn, reply: Reply) -> None:
             self._count(reply)
-            doc.events.put_nowait(("turn", turn, reply))
+            if request.stream:  # a stream reports each chunk; the event holds no prompt
+                doc.events.put_nowait(("turn", turn.final, turn.meta.get("chunk")))
 
         final = {"stop": request.stop} if request.stop else None
         session = await run_session(doc.session, self.client, self._sampling(request), on_turn, final)
