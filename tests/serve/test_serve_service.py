@@ -103,6 +103,18 @@ def test_a_request_without_sampling_gets_the_servers_defaults(scripted, tiny_tok
         assert body["max_tokens"] == 1024  # the paper's memory and answer budgets
 
 
+def test_budgets_and_final_prompt_are_the_servers(scripted, tiny_tokenizer):
+    settings = {"chunk_size": 16, "max_context": 40, "final_prompt": "boxed"}
+    with served(scripted.url, scripted.model, tiny_tokenizer, **settings) as (base, _):
+        reply = post(base, field_request())
+    extension = reply.json()["memagent"]
+    # 40 tokens keep two whole 16-token chunks: the first and last 16 tokens of the document.
+    assert extension["document_tokens"] == len(tiny_tokenizer.encode(DOCUMENT, add_special_tokens=False))
+    assert (extension["document_tokens_read"], extension["chunks"], extension["turns"]) == (32, 2, 3)
+    assert "put the answer in \\boxed{}." in scripted.bodies[-1]["messages"][0]["content"]
+    assert "Therefore, the answer is" not in scripted.bodies[-1]["messages"][0]["content"]
+
+
 # ---- a client that goes away ----
 
 
