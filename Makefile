@@ -11,12 +11,13 @@ setup-gpu:
 	bash scripts/setup.sh --gpu
 
 # Two worker processes, a test file each at a time (module fixtures such as a trainer run stay in one process):
-# a trainer run's start-up is mostly one process importing at a time, so the other core runs other files.
+# a trainer run's start-up is mostly one process importing at a time, so the other core runs other files. Files go
+# out slowest first (the `slow` marker's seconds, tests/conftest.py), not xdist's default of most tests first.
 # OMP_NUM_THREADS=1: a core per worker; two-thread torch in each oversubscribes the cores (the SmolLM2 quickstart
 # test took 199 s beside a trainer run, 34 s alone). PYTHONFAULTHANDLER: a crash of any process (a worker, a server,
 # a trainer) prints every thread's stack.
 test:
-	OMP_NUM_THREADS=1 PYTHONFAULTHANDLER=1 .venv/bin/python -m pytest -n 2 --dist loadfile --durations=15
+	OMP_NUM_THREADS=1 PYTHONFAULTHANDLER=1 .venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
 # The GPU user's path on this machine: .venv-gpu from the GPU lock, then tests/gpu_stack with it (also in `make test`).
 check-gpu-stack:

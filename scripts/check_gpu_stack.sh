@@ -6,10 +6,13 @@
 # and on the engine arguments verl builds from the paper's configs, verl's validation, the launchers' DRY_RUN.
 #
 #   bash scripts/check_gpu_stack.sh [pytest options]      (make check-gpu-stack)
+#   SKIP_SETUP=1 bash scripts/check_gpu_stack.sh           (.venv-gpu as it is: the suite, right after make setup)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
-VENV=.venv-gpu SKIP_MODELS=1 FLASH_ATTN=skip bash scripts/setup.sh --gpu
+if [[ "${SKIP_SETUP:-0}" != 1 ]]; then
+  VENV=.venv-gpu SKIP_MODELS=1 FLASH_ATTN=skip bash scripts/setup.sh --gpu
+fi
 BUILT=$(date +%s)
 .venv-gpu/bin/python -c '
 import importlib.metadata as m, platform

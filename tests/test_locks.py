@@ -54,6 +54,7 @@ def test_a_conflicting_pin_fails_the_gpu_resolution(tmp_path, old, new, named):
     assert named in result.stderr and "vllm" in result.stderr
 
 
+@pytest.mark.slow(seconds=60)  # with the file's other resolutions
 def test_committed_locks_are_in_sync_with_pyproject():
     result = run_locks("--check")
     assert result.returncode == 0, result.stderr

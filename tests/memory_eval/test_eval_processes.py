@@ -129,6 +129,7 @@ def test_a_second_run_into_one_results_folder_is_refused(tmp_path, capsys):
     assert not list(out.glob("*/*"))  # the second run touched nothing
 
 
+@pytest.mark.slow(seconds=60)  # with the file's other server runs
 def test_quickstart_stops_its_server_on_sigterm(tmp_path):
     document = tmp_path / "long.txt"
     document.write_text("The sky was grey over the quiet harbour that morning. " * 4000)  # hundreds of chunks

@@ -76,7 +76,7 @@ def test_quickstart_errors_are_clear():
     assert no_model.returncode == 2 and "pass --model" in no_model.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=70)  # with the file's other quickstart runs
 def test_quickstart_with_no_arguments_uses_smollm2(smollm2_dir):
     run = quickstart(timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]

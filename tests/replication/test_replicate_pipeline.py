@@ -20,11 +20,12 @@ METHODS = ("memory-boxed", "direct-boxed")
 LENGTHS = (1, 2)
 DOCS = 2
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.slow(seconds=240), pytest.mark.timeout(1500)]
 
 
 def run_pipeline(out: Path, models_dir: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "QUICK": "1", "OUT_DIR": str(out), "MEMAGENT_MODELS_DIR": str(models_dir)}
+    # NGPUS=1: one FSDP rank and one rollout server (the pipeline's artefacts; two ranks: test_cpu_memory_trainer.py)
+    env = {**os.environ, "QUICK": "1", "NGPUS": "1", "OUT_DIR": str(out), "MEMAGENT_MODELS_DIR": str(models_dir)}
     env.pop("VERL_PLATFORM", None)
     return subprocess.run(
         ["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=1200, start_new_session=True

@@ -4,6 +4,7 @@ rollout servers do), the way ``AgentLoopWorkerTQ`` hands ``server_manager`` to a
 
 from __future__ import annotations
 
+import pytest
 import ray
 from process_helpers import in_a_fresh_process
 from verl.workers.rollout.llm_server import LLMServerClient
@@ -44,6 +45,7 @@ def agent_loop_through_ray(tiny_config, tiny_tokenizer, tiny_model_dir: str) -> 
         ray.shutdown()
 
 
+@pytest.mark.slow(seconds=50)
 def test_agent_loop_through_verls_llm_server_client(tiny_config, tiny_tokenizer, tiny_model_dir):
     seen = in_a_fresh_process(agent_loop_through_ray, tiny_config, tiny_tokenizer, tiny_model_dir)
     turns = seen["turns"]

@@ -1,13 +1,18 @@
 """Our trainer end to end on CPU: ``scripts/train_tiny_cpu.sh`` (TASK=memory: ``python -m verl_ext.main
---config-name tiny_cpu``) for 2 steps, then resumed to 3 (issue 7).
+--config-name tiny_cpu``) for 2 steps, then resumed to 3 (issues 7, 10). Two launches serve every trainer check of
+this module: a launch costs ~65 s on 2 idle cores (most of it start-up), a step ~5 s.
 
-The run: the memory agent (``memory_agent`` loop, ``MemoryAgentLoopManager``, ``RecurrentPPOTrainer``) on a
+The first run: the memory agent (``memory_agent`` loop, ``MemoryAgentLoopManager``, ``RecurrentPPOTrainer``) on a
 needle-in-a-haystack task made on the fly (documents of 2-4 chunks), GRPO with n=4 and no std division, the KL
 loss against the reference policy, two FSDP2 ranks, validation before training and after every step, a
-checkpoint every step, console + JSONL metrics, rollout dumps with each row's advantage. Checked:
+checkpoint every step, console + JSONL metrics, rollout dumps with each row's advantage. Its one change from
+``configs/tiny_cpu.yaml``: ``ppo_mini_batch_size=2``, so that the paper's count makes two updates per step (4
+prompts / 2) and a trajectory could be cut across them. Checked:
 
 - the actor's weights changed (the exported Hugging Face folder of each checkpoint, loaded with
   ``AutoModelForCausalLM``, against the initial tiny model);
+- the paper's update count, counted by the optimizer itself (AdamW's ``step`` in the checkpointed state): two
+  updates per step, each on two whole prompts with all rows of all their trajectories;
 - the README's path from a checkpoint to the paper's table, its commands as written there: verl's model merger
   turns the last checkpoint's FSDP shards into the exported model rounded to bf16, tensor for tensor, with its
   tokenizer; the merged folder served (``transformers serve`` standing in for ``vllm serve``) and run through the
@@ -16,14 +21,18 @@ checkpoint every step, console + JSONL metrics, rollout dumps with each row's ad
   advantage, equal to GRPO computed here by hand from the dumped final-answer scores (score minus the mean of
   its prompt's group); memory turns are present; padding rows have no advantage;
 - the logged metrics (reward of the final answers, KL, advantages) are finite and agree with the dumped rows;
+- the rollout memory is released while the actor trains (``free_cache_engine=true``, the default): the rollout
+  server's own event log (``hf_cpu``, the CPU twin of vLLM's server);
 - a second invocation with STEPS=3 loads the step-2 checkpoint, trains only step 3, and step 3 takes the
   prompts an uninterrupted run takes (the data is read in file order: step k takes the k-th batch of rows).
 
-The resumed run also switches on what the paper's defaults leave off, so that one launch checks them (a launch
-costs ~100 s here, the step itself ~5 s): verl's row counting of mini-batches (``recurrent.minibatch=rows``), the
-rollout kept in memory (``free_cache_engine=false``) and the credit ablation (``recurrent.credit=final_same_step``:
-only the answer turns are trained). A resume may change such settings: they are read at start-up, not checkpointed.
-Timings are printed (``pytest -s``).
+The resumed run also switches on what the paper's defaults leave off, so that one launch checks them: lockstep
+rollouts (``recurrent.mode=sync``, for validation and training), verl's row counting of mini-batches
+(``recurrent.minibatch=rows``), the rollout kept in memory (``free_cache_engine=false``) and the credit ablation
+(``recurrent.credit=final_same_step``: only the answer turns are trained). They act at different places (who
+drives the rollout, how rows are cut into updates, what the server keeps, which rows carry loss), so one step
+shows each. A resume may change such settings: they are read at start-up, not checkpointed. Timings are printed
+(``pytest -s``).
 """
 
 from __future__ import annotations
@@ -42,28 +51,42 @@ from omegaconf import OmegaConf
 from readme_blocks import readme_commands
 from trainer_run import REPO, STAGES, adam_steps, load_safetensors, read_jsonl, read_metrics, run_script, tail
 
-RUN_TIMEOUT_S = 400  # each of the two runs; ~90 s and ~80 s on 2 idle cores
+RUN_TIMEOUT_S = 400  # each of the two runs; ~65 s and ~60 s on 2 idle cores
 # The run's sizes, as configs/tiny_cpu.yaml sets them (prompts per step, trajectories per prompt, in validation).
 _CONFIG = OmegaConf.load(REPO / "configs" / "tiny_cpu.yaml")
 BATCH = _CONFIG.data.train_batch_size
 N = _CONFIG.actor_rollout_ref.rollout.n
 VAL_N = _CONFIG.actor_rollout_ref.rollout.val_kwargs.n
+VAL_PROMPTS = 4  # scripts/train_tiny_cpu.sh makes 4 validation questions (TASK=memory: --val 4)
 MINI_BATCH = _CONFIG.actor_rollout_ref.actor.ppo_mini_batch_size
 SOURCE = "toy_memory"
-# The resumed step 3: verl's row counting, the rollout kept in memory, credit on the final answers only.
+# The first run: half the prompts of a step per mini-batch, so the paper's count makes two updates per step.
+FIRST_MINI_BATCH = BATCH // 2
+UPDATES = BATCH // FIRST_MINI_BATCH
+# The resumed step 3: lockstep rollouts, verl's row counting, the rollout kept in memory, credit on the final
+# answers only.
 RESUMED_SWITCHES = (
+    "recurrent.mode=sync",
     "recurrent.minibatch=rows",
     "actor_rollout_ref.rollout.free_cache_engine=false",
     "recurrent.credit=final_same_step",
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow(seconds=300), pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("train_tiny_cpu_memory")
-    first = run_script(out_dir, steps=2, task="memory", timeout_s=RUN_TIMEOUT_S)
+    (out_dir / "events_first").mkdir()
+    first = run_script(
+        out_dir,
+        steps=2,
+        task="memory",
+        timeout_s=RUN_TIMEOUT_S,
+        overrides=(f"actor_rollout_ref.actor.ppo_mini_batch_size={FIRST_MINI_BATCH}",),
+        extra_env={"MEMAGENT_ROLLOUT_EVENTS": str(out_dir / "events_first")},
+    )
     assert first[0] == 0, tail(first[1])
     metrics_first = read_metrics(out_dir / "metrics.jsonl")
     (out_dir / "events").mkdir()
@@ -134,8 +157,8 @@ def test_two_steps_with_validation_log_finite_metrics(runs):
         assert data["actor/kl_loss"] >= 0.0  # low_var_kl is non-negative
         assert data["actor/grad_norm"] > 0
         assert data["memagent/num_trajectories"] == BATCH * N
-        # ppo_mini_batch_size = train_batch_size: one update per step, on every row (the paper's count)
-        assert data["memagent/minibatch/updates_made"] == 1
+        # the paper's count: train_batch_size / ppo_mini_batch_size updates, the actor's report agrees
+        assert data["memagent/minibatch/updates"] == data["memagent/minibatch/updates_made"] == UPDATES
         for stage in STAGES:
             assert math.isfinite(data[f"timing_s/{stage}"]), stage
         # the HF server's log-probs agree with the FSDP actor's recompute: the weight sync works
@@ -194,6 +217,47 @@ def test_every_turn_of_a_trajectory_gets_its_grpo_advantage(runs):
     assert nonzero > 0
 
 
+def test_the_papers_update_count_counted_by_the_optimizer(runs):
+    out, metrics = runs["out"], runs["metrics_first"]
+    ckpt = out / "checkpoints"
+    # AdamW's own step counter: 2 updates per training step (4 prompts / 2 per mini-batch), whatever the rows.
+    assert adam_steps(ckpt / "global_step_1" / "actor") == {UPDATES}
+    assert adam_steps(ckpt / "global_step_2" / "actor") == {2 * UPDATES}
+    for step in (1, 2):
+        rows = dumped(out, step)
+        by_trajectory = trajectories(rows)
+        update_of = {}
+        for name, turns in by_trajectory.items():
+            assert len({row["minibatch"] for row in turns}) == 1, name  # all rows of a trajectory: one update
+            update_of[name] = turns[0]["minibatch"]
+        assert sorted(set(update_of.values())) == list(range(UPDATES))
+        for update in range(UPDATES):  # each update: whole prompts with all their trajectories (mini-batch x n)
+            members = [name for name, u in update_of.items() if u == update]
+            assert len(members) == FIRST_MINI_BATCH * N
+            assert len({name.rsplit("_", 1)[0] for name in members}) == FIRST_MINI_BATCH
+        # rows per update (padding included) is what the worker was told, and the dump has every row
+        assert len(rows) == UPDATES * metrics[step]["memagent/minibatch/rows"]
+
+
+def test_rollout_memory_is_released_while_the_actor_trains(runs):
+    # free_cache_engine=true (the default): after every rollout verl sleeps the replicas and the server holds no
+    # weights until verl's worker resumes it for the weight sync; then generation starts again.
+    logs = [read_jsonl(path) for path in sorted((runs["out"] / "events_first").glob("*.jsonl"))]
+    assert logs, "no rollout server wrote events"
+    for events in logs:
+        names = [e["event"] for e in events]
+        # at start-up and after each training rollout (a validation and the next step's rollout share a wake-up)
+        assert names.count("sleep") >= 3
+        for i, name in enumerate(names):
+            if name == "sleep":
+                assert events[i]["held_parameter_bytes"] == 0
+                assert names[i + 1 : i + 4] == ["wake_up:weights", "update_weights", "wake_up:kv_cache"]
+            if name == "generate":
+                assert events[i]["held_parameter_bytes"] > 0
+                if i + 1 < len(names):
+                    assert names[i + 1] == "sleep"  # nothing else happens to the server before it sleeps
+
+
 def test_weights_changed_and_the_checkpoint_loads_as_a_hugging_face_model(runs, tiny_model_dir):
     import torch
     from transformers import AutoModelForCausalLM
@@ -205,8 +269,7 @@ def test_weights_changed_and_the_checkpoint_loads_as_a_hugging_face_model(runs, 
             assert (actor / f"model_world_size_2_rank_{rank}.pt").is_file()
             assert (actor / f"optim_world_size_2_rank_{rank}.pt").is_file()
         assert (ckpt / f"global_step_{step}" / "data.pt").is_file()  # dataloader state, for resume
-    for step in (1, 2):  # AdamW's own count: one update per training step (step 3 counts rows: see below)
-        assert adam_steps(ckpt / f"global_step_{step}" / "actor") == {step}
+    # (AdamW's own count of updates: test_the_papers_update_count_counted_by_the_optimizer)
 
     def weights(folder: Path) -> dict:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
@@ -369,6 +432,25 @@ def test_resume_starts_at_step_3_with_the_same_data_order(runs):
 # the resumed step 3: the switches (RESUMED_SWITCHES)
 
 
+def test_lockstep_rollouts_validate_and_train_the_resumed_step(runs):
+    rc, output, elapsed = runs["second"]
+    # lockstep: the whole batch in rounds of one turn per live trajectory: validation (4 prompts x 2), step 3
+    # (4 prompts x 4), validation; as many rounds as the longest trajectory has turns
+    lockstep = [
+        tuple(map(int, m))
+        for m in re.findall(r"\[memagent\] lockstep: (\d+) trajectories in (\d+) rounds, (\d+) failed", output)
+    ]
+    longest = max(len(turns) for turns in trajectories(dumped(runs["out"], 3)).values())
+    assert len(lockstep) == 3, lockstep  # validation at the resumed step, step 3, validation after it
+    validations, step_3 = (lockstep[0], lockstep[2]), lockstep[1]
+    for trajectories_, rounds, failed in validations:
+        assert (trajectories_, failed) == (VAL_PROMPTS * VAL_N, 0) and 3 <= rounds <= 5
+    assert step_3 == (BATCH * N, longest, 0)
+    metrics = read_metrics(runs["out"] / "metrics.jsonl")
+    assert 0.0 <= metrics[2][f"val-core/{SOURCE}/acc/mean@{VAL_N}"] <= 1.0
+    assert metrics[3]["memagent/rollout/failed_groups"] == 0 and metrics[3]["actor/grad_norm"] > 0
+
+
 def test_verls_row_counting_is_a_switch(runs):
     out = runs["out"]
     rows = dumped(out, 3)  # padding rows included: verl pads to whole mini-batches
@@ -377,8 +459,8 @@ def test_verls_row_counting_is_a_switch(runs):
     updates = len(rows) // per_update
     # 3-5 rows per trajectory: verl makes several times the paper's one update per step
     assert updates >= 3
-    # AdamW's own count: one update at each of steps 1 and 2, then step 3's
-    assert adam_steps(out / "checkpoints" / "global_step_3" / "actor") == {2 + updates}
+    # AdamW's own count: the paper's two updates at each of steps 1 and 2, then step 3's
+    assert adam_steps(out / "checkpoints" / "global_step_3" / "actor") == {2 * UPDATES + updates}
     assert all(row["minibatch"] is None for row in rows)
 
 
@@ -404,7 +486,7 @@ def test_final_answer_credit_trains_only_the_answers(runs):
 
 def test_a_kept_rollout_holds_its_weights_throughout(runs):
     # free_cache_engine=false: verl's sleep is a no-op and its worker never resumes: the weights stay throughout.
-    # (With the default, true, the server is emptied after every rollout: test_cpu_sync_minibatch.py.)
+    # (With the default, true, the server is emptied after every rollout: the first run, tested above.)
     folder = runs["out"] / "events"
     kept_events = [read_jsonl(path) for path in sorted(folder.glob("*.jsonl"))]
     assert kept_events, "no rollout server wrote events"
