@@ -15,7 +15,7 @@ import pytest
 from readme_blocks import README, readme_commands
 from serve_helpers import REPO, WAIT, serve_command, serve_process, served, wait_event, wait_until
 
-from recurrent.serve.cli import parse_args
+from recurrent.serve.cli import parse_args, serve
 
 QUESTION = "Which river runs past the stone village?"
 MESSAGES = [{"role": "user", "content": f"The river runs past the stone village.\n\n{QUESTION}"}]
@@ -92,14 +92,21 @@ def test_a_bad_config_file_names_file_line_and_key(tmp_path):
     assert result.returncode == 2 and f"{config}:1: option 'max-new': must be a positive integer" in result.stderr
 
 
-def test_the_command_line_refuses_what_it_cannot_serve():
+def _refused(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(argv)
+    assert exit_.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_the_command_line_refuses_what_it_cannot_serve(capsys):
     assert "--question-mode" in _run("--help").stdout
-    missing = _run("--upstream", "http://127.0.0.1:9/v1")
-    assert missing.returncode == 2 and "--model is required" in missing.stderr
-    unset = _run("--model", "x", "--upstream", "http://127.0.0.1:9/v1", "--api-key-env", "NO_SUCH_VARIABLE_HERE")
-    assert unset.returncode == 2 and "NO_SUCH_VARIABLE_HERE is not set" in unset.stderr
-    no_tokenizer = _run("--model", "some-hosted-model", "--upstream", "http://127.0.0.1:9/v1")
-    assert no_tokenizer.returncode != 0 and "pass --tokenizer" in no_tokenizer.stderr
+    assert "--model is required" in _refused(["--upstream", "http://127.0.0.1:9/v1"], capsys)
+    unset = ["--model", "x", "--upstream", "http://127.0.0.1:9/v1", "--api-key-env", "NO_SUCH_VARIABLE_HERE"]
+    assert "NO_SUCH_VARIABLE_HERE is not set" in _refused(unset, capsys)
+    with pytest.raises(SystemExit) as no_tokenizer:  # a hosted model's name: no local tokenizer to count chunks
+        serve(parse_args(["--model", "some-hosted-model", "--upstream", "http://127.0.0.1:9/v1"]), None)
+    assert "no tokenizer for 'some-hosted-model' (pass --tokenizer" in str(no_tokenizer.value)
 
 
 def test_the_readme_section_runs(scripted, tiny_tokenizer, capsys):
