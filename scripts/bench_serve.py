@@ -1,0 +1,292 @@
+"""Benchmark: what the OpenAI-compatible endpoint (``python -m recurrent.serve``) costs over calling the memory
+agent in process, per request and in memory, up to a 3.5M-token request (docs/third_party_eval.md, "What the
+endpoint costs").
+
+Both paths run the same memory agent (``recurrent.impls.memory.inference_workflow``, the paper's budgets by
+default: 5000-token chunks, 1024-token memory and answer) against the same upstream, an OpenAI-compatible server
+that answers instantly (``taskutils.memory_eval.instant_server``, which reports its own time per call), so what
+separates the two paths is the endpoint's own work: the HTTP hop, reading and parsing the request, the hand-over
+of tokenization to a worker thread, writing the response. Measured side by side in one run, one request at a time,
+the two paths alternating which goes first (so drift in the machine's load hits both):
+
+- (a) in process: tokenize the document, run the memory loop through ``recurrent.client.OpenAIChatClient``;
+- (b) through the endpoint: one ``POST /v1/chat/completions`` with the document and the question in one user
+  message (the body is serialized before the clock starts: that is the client's cost, not the endpoint's).
+
+Every pair is checked: same answer, same number of upstream calls. Printed per document length: the median wall
+time of (a) and (b); the difference (b) - (a) per request as the median and p90 over the pairs and as best-of-N
+(min (b) - min (a): the least disturbed run of each, as ``timeit`` reports); the CPU time of (a) (this process)
+and of the endpoint process for (b), per request (``/proc/PID/stat``, all threads), and their difference: a
+figure that a loaded machine disturbs much less than wall time; the upstream's own time per request; the endpoint
+process's peak RSS while it served that length (peak reset before each length through ``/proc/PID/clear_refs``;
+its idle RSS is printed too). Targets: the endpoint adds under 1 ms per request beyond the upstream's time, and its
+memory is flat in document length.
+
+The tokenizer is the offline ``tiny`` model's (no download); documents are English-like synthetic text.
+
+    .venv/bin/python scripts/bench_serve.py [--tokens 5000,50000,500000,3500000] [--repeats 30,10,4,2]
+        [--chunk 5000 --max-new 1024 --final-max-new 1024] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from recurrent.async_manager import run_session  # noqa: E402
+from recurrent.client import OpenAIChatClient  # noqa: E402
+from recurrent.impls.memory import inference_workflow  # noqa: E402
+from recurrent.models import TINY, _english_like_corpus, load_tokenizer, resolve_model_path  # noqa: E402
+from recurrent.serving import free_port, health_probe, managed_server  # noqa: E402
+
+QUESTION = "What is the special magic number mentioned in the provided text?"
+MODEL = "instant"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def make_document(tokenizer: Any, tokens: int) -> str:
+    """English-like text of about ``tokens`` tokens: a block of the tiny model's corpus generator (~350 tokens),
+    repeated (the exact count is what the agent reports; tokenizing a 3.5M-token text again and again to hit a
+    count exactly would take minutes)."""
+    block = "\n".join(_english_like_corpus(0, lines=20)) + "\n"
+    per_block = len(tokenizer.encode(block, add_special_tokens=False))
+    return block * max(1, round(tokens / per_block))
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def rss_kib(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) of a process, KiB: its resident memory now and at its peak."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            fields[key] = int(value.split()[0])
+    return fields["VmRSS"], fields["VmHWM"]
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time a process has used, all its threads, living or ended (utime + stime of /proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def reset_peak(pid: int) -> None:
+    """Reset a process's peak RSS to its current RSS (Linux: writing 5 to clear_refs)."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+class Endpoint:
+    """HTTP/1.1 to the endpoint, one request at a time, the body bytes ready in advance. The connection is made
+    before the clock starts: the server closes an idle keep-alive connection after a few seconds (uvicorn: 5 s),
+    shorter than an in-process pass over a long document."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    def chat(self, body: bytes) -> tuple[float, dict]:
+        seconds, status, reply = self.request("POST", "/v1/chat/completions", body)
+        if status != 200:
+            raise RuntimeError(f"endpoint answered {status}: {reply}")
+        return seconds, reply
+
+    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[float, int, dict]:
+        """(seconds, HTTP status, JSON reply) of one request on a fresh connection."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=3600)
+        connection.connect()
+        try:
+            start = time.perf_counter()
+            connection.request(method, path, body=body, headers={"Content-Type": "application/json"})
+            response = connection.getresponse()
+            data = response.read()
+            seconds = time.perf_counter() - start
+        finally:
+            connection.close()
+        return seconds, response.status, json.loads(data)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", default="5000,50000,500000,3500000", help="document lengths, comma list")
+    parser.add_argument("--repeats", default="30,10,4,2", help="request pairs per length, comma list")
+    parser.add_argument("--chunk", type=int, default=5000)
+    parser.add_argument("--max-new", type=int, default=1024)
+    parser.add_argument("--final-max-new", type=int, default=1024)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args(argv)
+    lengths = [int(x) for x in args.tokens.split(",")]
+    repeats = [int(x) for x in args.repeats.split(",")]
+    if len(repeats) != len(lengths):
+        parser.error("--repeats needs one count per --tokens length")
+
+    floor_requests = 50
+    tiny = resolve_model_path(TINY)
+    tokenizer = load_tokenizer(tiny)
+    workflow = inference_workflow(tokenizer, args.chunk, args.max_new, args.final_max_new)
+    logs = Path(tempfile.mkdtemp(prefix="bench-serve-"))
+    upstream_port, endpoint_port = free_port(), free_port()
+    upstream_root = f"http://127.0.0.1:{upstream_port}"
+    upstream_cmd = [sys.executable, "-m", "taskutils.memory_eval.instant_server", "--port", str(upstream_port),
+                    "--served-model-name", MODEL]  # fmt: skip
+    endpoint_cmd = [
+        sys.executable, "-m", "recurrent.serve", "--upstream", f"{upstream_root}/v1", "--model", MODEL,
+        "--tokenizer", str(tiny), "--port", str(endpoint_port), "--chunk-size", str(args.chunk),
+        "--max-new", str(args.max_new), "--final-max-new", str(args.final_max_new),
+    ]  # fmt: skip
+    rows = []
+    with (
+        managed_server(upstream_cmd, health_probe(f"{upstream_root}/health"), logs / "upstream.log", 60, 0.05),
+        managed_server(
+            endpoint_cmd, health_probe(f"http://127.0.0.1:{endpoint_port}/health"), logs / "endpoint.log", 120, 0.1
+        ) as endpoint_process,
+    ):
+        pid = endpoint_process.pid
+        client = OpenAIChatClient(f"{upstream_root}/v1", MODEL, max_concurrency=1, max_retries=0)
+        endpoint = Endpoint(endpoint_port)
+        loop = asyncio.new_event_loop()
+
+        def upstream_stats() -> tuple[int, float]:
+            stats = get_json(f"{upstream_root}/stats")
+            return stats["requests"], stats["server_seconds"]
+
+        def in_process(document: str) -> tuple[float, float, str, int, float, int]:
+            """(wall s, CPU s, answer, upstream calls, upstream s, document tokens) of one pass in this process."""
+            calls, upstream = upstream_stats()
+            wall, cpu = time.perf_counter(), time.process_time()
+            session = workflow.session({"input": QUESTION, "context": document})
+            loop.run_until_complete(run_session(session, client, {"temperature": 0.0}))
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            calls_after, upstream_after = upstream_stats()
+            tokens = session.original_context_tokens
+            return wall, cpu, session.answer, calls_after - calls, upstream_after - upstream, tokens
+
+        def served(body: bytes) -> tuple[float, float, str, int, float]:
+            """(wall s, the endpoint's CPU s, answer, upstream calls, upstream s) of one request to the endpoint."""
+            calls, upstream = upstream_stats()
+            cpu = cpu_seconds(pid)
+            wall, reply = endpoint.chat(body)
+            cpu = cpu_seconds(pid) - cpu
+            calls_after, upstream_after = upstream_stats()
+            answer = reply["choices"][0]["message"]["content"]
+            return wall, cpu, answer, calls_after - calls, upstream_after - upstream
+
+        warm = make_document(tokenizer, 2 * args.chunk)  # connections, caches and imports of both paths
+        for _ in range(3):
+            in_process(warm)
+            served(body_of(warm))
+        idle_rss = rss_kib(pid)[0]
+        print(f"endpoint pid {pid}: idle RSS {idle_rss / 1024:.1f} MiB", flush=True)
+        # The HTTP stack's own round trip, no agent: GET /v1/models, and the 5K-token request refused for naming
+        # another model (its body read and parsed, then a 404).
+        refused = body_of(make_document(tokenizer, lengths[0]), model="another")
+        floors = {
+            "get_models_ms": [endpoint.request("GET", "/v1/models") for _ in range(floor_requests)],
+            "post_refused_ms": [
+                endpoint.request("POST", "/v1/chat/completions", refused) for _ in range(floor_requests)
+            ],
+        }
+        if {r[1] for r in floors["get_models_ms"]} != {200} or {r[1] for r in floors["post_refused_ms"]} != {404}:
+            raise RuntimeError("the HTTP-stack requests did not answer 200 and 404")
+        floors = {name: 1000 * statistics.median(r[0] for r in replies) for name, replies in floors.items()}
+        print(json.dumps(floors), flush=True)
+        for tokens, count in zip(lengths, repeats, strict=True):
+            document = make_document(tokenizer, tokens)
+            body = body_of(document)
+            reset_peak(pid)
+            walls_a, walls_b, cpus_a, cpus_b, diffs, upstream_ms = [], [], [], [], [], []
+            for pair in range(count):
+                if pair % 2:  # alternate which path goes first: drift in the machine's load hits both
+                    b = served(body)
+                    a = in_process(document)
+                else:
+                    a = in_process(document)
+                    b = served(body)
+                wall_a, cpu_a, answer, calls, upstream_a, doc_tokens = a
+                wall_b, cpu_b, reply, calls_b, upstream_b = b
+                if reply != answer or calls_b != calls:
+                    raise RuntimeError(f"the paths differ: {answer!r} in {calls} calls, {reply!r} in {calls_b}")
+                walls_a.append(wall_a)
+                walls_b.append(wall_b)
+                cpus_a.append(cpu_a)
+                cpus_b.append(cpu_b)
+                diffs.append(wall_b - wall_a)
+                upstream_ms.append(1000 * (upstream_a + upstream_b) / 2)  # the upstream's time per request
+            rss, peak = rss_kib(pid)
+            row = {
+                "tokens": doc_tokens,
+                "document_mib": len(document) / 2**20,
+                "upstream_calls": calls,
+                "pairs": count,
+                "in_process_s": statistics.median(walls_a),
+                "endpoint_s": statistics.median(walls_b),
+                "added_ms_median": 1000 * statistics.median(diffs),
+                "added_ms_p90": 1000 * percentile(diffs, 0.9),
+                "added_ms_best": 1000 * (min(walls_b) - min(walls_a)),  # best of N each: the least disturbed
+                "in_process_cpu_ms": 1000 * statistics.fmean(cpus_a),
+                "endpoint_cpu_ms": 1000 * statistics.fmean(cpus_b),
+                "added_cpu_ms": 1000 * (statistics.fmean(cpus_b) - statistics.fmean(cpus_a)),
+                "upstream_ms": statistics.median(upstream_ms),
+                "peak_rss_mib": peak / 1024,
+                "rss_after_mib": rss / 1024,
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        loop.run_until_complete(client.aclose())
+        loop.close()
+
+    print()
+    print(
+        "| document tokens | MiB | upstream calls | pairs | in process (s) | endpoint (s) | added ms, median | "
+        "added ms, p90 | added ms, best | CPU ms in process | CPU ms endpoint | added CPU ms | upstream ms | "
+        "endpoint peak RSS (MiB) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['tokens']:,} | {r['document_mib']:.1f} | {r['upstream_calls']} | {r['pairs']} | "
+            f"{r['in_process_s']:.3f} | {r['endpoint_s']:.3f} | {r['added_ms_median']:.2f} | {r['added_ms_p90']:.2f} | "
+            f"{r['added_ms_best']:.2f} | "
+            f"{r['in_process_cpu_ms']:.1f} | {r['endpoint_cpu_ms']:.1f} | {r['added_cpu_ms']:.1f} | "
+            f"{r['upstream_ms']:.1f} | {r['peak_rss_mib']:.0f} |"
+        )
+    print(f"\nendpoint idle RSS: {idle_rss / 1024:.0f} MiB")
+    print(
+        f"HTTP stack alone (median of {floor_requests}): GET /v1/models {floors['get_models_ms']:.2f} ms; the "
+        f"{lengths[0]:,}-token request refused (404, body read and parsed) {floors['post_refused_ms']:.2f} ms"
+    )
+    if args.json:
+        figures = {"idle_rss_mib": idle_rss / 1024, "http_floor": floors, "rows": rows}
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+def body_of(document: str, model: str = MODEL) -> bytes:
+    """The request a chat client sends: document and question in one user message, split at the last blank line
+    (the endpoint's default question mode)."""
+    message = {"role": "user", "content": f"{document.strip()}\n\n{QUESTION}"}
+    return json.dumps({"model": model, "messages": [message], "temperature": 0.0}).encode()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
