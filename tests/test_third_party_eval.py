@@ -105,7 +105,7 @@ def test_an_item_twice_in_lm_evals_samples_is_refused(tmp_path):
         tpe.lm_eval_answers(samples)
 
 
-@pytest.mark.slow  # 34-110 s on 2 shared cores, ~30 s CPU (lm-eval start-up, three servers); builds its venv once
+@pytest.mark.slow(seconds=40)  # ~30 s CPU (lm-eval start-up, three servers); 34-110 s on the shared cores
 def test_lm_eval_through_the_endpoint_answers_as_our_harness(tmp_path):
     """The whole script at toy size: the tiny model (greedy), two RULER needle items of 512 tokens, 128-token
     chunks. lm-eval, unmodified, sends each item as one chat request to our endpoint; our harness runs the same
