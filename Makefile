@@ -2,10 +2,12 @@
 .PHONY: setup setup-gpu test lint check-gpu-stack locks
 
 # .venv (the CPU set: development, tests) and .venv-gpu (the GPU set as a cluster installs it, CUDA wheels and
-# vLLM; never run on a GPU here: the suite checks the GPU path with it, docs/cluster.md).
+# vLLM; never run on a GPU here: the suite checks the GPU path with it, docs/cluster.md); .cache/venv-lmeval, the
+# third-party harness that evaluates our endpoint in the suite (docs/third_party_eval.md; not our dependency).
 setup:
 	bash scripts/setup.sh
 	VENV=.venv-gpu SKIP_MODELS=1 FLASH_ATTN=skip bash scripts/setup.sh --gpu
+	.venv/bin/python scripts/third_party_eval.py --setup-only
 
 setup-gpu:
 	bash scripts/setup.sh --gpu

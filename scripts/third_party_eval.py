@@ -22,6 +22,7 @@ Steps, all offline on CPU:
 
     .venv/bin/python scripts/third_party_eval.py [--model smollm2-135m-instruct] [--items 6] [--length 1024]
         [--chunk 256 --max-new 64 --final-max-new 32] [--work .cache/third_party_eval]
+    .venv/bin/python scripts/third_party_eval.py --setup-only   # step 1 alone (make setup)
 
 Exit status: 0 when every item's two answers are equal, 1 when one differs or is missing, 2 on bad arguments.
 """
@@ -210,11 +211,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--work", type=Path, default=DEFAULT_WORK, help="work folder (.cache/third_party_eval)")
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="lm-eval environment (.cache/venv-lmeval)")
+    parser.add_argument(
+        "--setup-only", action="store_true", help="build the lm-eval environment and stop (make setup runs this)"
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.setup_only:
+        print(f"lm-eval {LM_EVAL_VERSION}: {lm_eval_python(args.venv.resolve())}")
+        return 0
     work = args.work.resolve()
     shutil.rmtree(work, ignore_errors=True)  # a fresh data set, fresh results: nothing resumed from another run
     work.mkdir(parents=True)
