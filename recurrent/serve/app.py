@@ -30,6 +30,17 @@ async def _client_gone(request: Request) -> None:
         pass
 
 
+async def _read_json(request: Request) -> Any:
+    """The request body parsed as JSON, read once into one buffer that is gone before the parse ends (Starlette's
+    ``request.body()`` joins the parts and keeps the bytes for the whole request: a long document twice more)."""
+    buffer = bytearray()
+    async for part in request.stream():
+        buffer += part
+    text = buffer.decode(json.detect_encoding(buffer), "surrogatepass")  # as json.loads decodes bytes
+    del buffer
+    return json.loads(text)
+
+
 def _chunk(doc: Document, model: str, **fields: Any) -> str:
     payload = {"id": doc.id, "object": "chat.completion.chunk", "created": doc.created, "model": model, **fields}
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
@@ -135,13 +146,16 @@ def build_app(service: MemAgentService) -> FastAPI:
         if not authorized(request):
             return unauthorized.response()
         try:
-            body = json.loads(await request.body())
+            body = await _read_json(request)
         except (ValueError, UnicodeDecodeError) as err:
             return bad_request(f"the request body is not valid JSON: {err}").response()
         try:
-            doc = await service.start(parse_request(body, settings.model))
+            parsed = parse_request(body, settings.model)
+            del body  # the parsed structure: the request keeps the texts it needs, the rest goes now
+            doc = await service.start(parsed)
         except ApiError as err:
             return err.response()
+        del parsed
         gone = asyncio.ensure_future(_client_gone(request))
         try:
             if doc.request.stream:

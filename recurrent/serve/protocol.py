@@ -83,6 +83,12 @@ class ChatRequest:
     def user_texts(self) -> list[str]:
         return [m["content"] for m in self.messages if m["role"] == "user"]
 
+    def drop_texts(self) -> None:
+        """Forget the messages and the document field once the document and the question are found: a long
+        document is then held only where the service put it."""
+        self.messages = []
+        self.ext.document = None
+
 
 def bad_request(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)

@@ -21,6 +21,7 @@ System, developer and assistant messages are not read: the agent's prompts are f
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass
 
 QUESTION_MODES = ("auto", "field", "messages", "split")
@@ -110,16 +111,19 @@ def _by_split(user_texts: list[str], marker: str | None) -> Found:
                 "marker), and the message does not contain it"
             )
     else:
-        text = text.rstrip()
-        blanks = list(BLANK_LINE.finditer(text))
-        if not blanks:
+        # Offsets, not copies: rstrip() and a list of every blank line would each hold a long document again.
+        end = len(text)
+        while end and text[end - 1].isspace():  # str.isspace is what rstrip() strips
+            end -= 1
+        last = deque(BLANK_LINE.finditer(text, 0, end), maxlen=1)  # the last blank line, none kept before it
+        if not last:
             raise QuestionError(
                 "found no question: question mode 'split' without a marker takes the text after the last blank line "
                 "as the question, and the message has no blank line (set memagent.split_marker, or use question "
                 "mode 'field' or 'messages')"
             )
-        cut = blanks[-1]
-        document, question = text[: cut.start()], text[cut.end() :]
+        cut = last[0]
+        document, question = text[: cut.start()], text[cut.end() : end]
     if not question.strip():
         raise QuestionError("found no question: the text after the split is empty (question mode 'split')")
     return Found(document, question, "split")

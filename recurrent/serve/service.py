@@ -299,11 +299,18 @@ class MemAgentService:
     async def _read(self, doc: Document) -> Outcome:
         request, found = doc.request, doc.found
         workflow = self.workflow if request.max_tokens is None else self._workflow(request.max_tokens)
-        sample = {"input": found.question.strip(), "context": found.document}  # as the harness builds its items
+        # A long document is held once: the request's texts go before it is stripped (a copy when its edges
+        # are blank) and it goes once tokenized; the session holds the ids (docs/third_party_eval.md).
+        document, question = found.document, found.question.strip()
+        doc.found = found = Found("", found.question, found.mode)
+        request.drop_texts()
+        sample = {"input": question, "context": document.strip()}  # as the harness builds its items (stripped)
+        del document
         try:
             doc.session = await asyncio.to_thread(workflow.session, sample)
         except ValueError as err:
             raise bad_request(f"cannot read this document: {err}") from None
+        del sample
 
         def on_turn(turn: Turn, reply: Reply) -> None:
             self._count(reply)

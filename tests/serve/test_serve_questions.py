@@ -12,6 +12,13 @@ def test_split_takes_the_text_after_the_last_blank_line():
     assert find_question([text], "split") == Found("Doc one.\n\nDoc two.", "Question: who? Answer:", "split")
 
 
+def test_split_blank_lines_pair_up_from_the_left_and_trailing_blank_lines_are_not_a_split():
+    # Three newlines: the first two are a blank line, the third starts the question; the blank lines at the end
+    # are trailing whitespace, not the split (worked out by hand from "a line holding only spaces or tabs").
+    assert find_question(["Doc.\n\n\nWhy?\n\n \n"], "split") == Found("Doc.", "\nWhy?", "split")
+    assert find_question(["Doc.\u2028\n\nWhy?\u3000"], "split") == Found("Doc.\u2028", "Why?", "split")
+
+
 def test_split_at_a_marker_takes_its_last_occurrence_and_drops_it():
     text = "Q: in the document\nmore text\nQ: the real question?"
     assert find_question([text], "split", "Q:") == Found(
