@@ -31,6 +31,10 @@ log = logging.getLogger("recurrent.serve")
 # A message longer than this many characters per token of the chunk budget cannot fit one chunk (no tokenizer's
 # token is that long): the pass-through check need not tokenize it.
 MAX_CHARS_PER_TOKEN = 64
+# A document up to this many characters (~8K tokens) is tokenized on the event loop: a few ms, less than what two
+# hand-overs to a worker thread and back cost on a loaded machine (docs/third_party_eval.md). A longer one goes to
+# a thread, so that the loop keeps serving the other documents while it is tokenized.
+INLINE_TOKENIZE_CHARS = 32_768
 
 
 @dataclass(frozen=True)
@@ -307,7 +311,10 @@ class MemAgentService:
         sample = {"input": question, "context": document.strip()}  # as the harness builds its items (stripped)
         del document
         try:
-            doc.session = await asyncio.to_thread(workflow.session, sample)
+            if len(sample["context"]) <= INLINE_TOKENIZE_CHARS:
+                doc.session = workflow.session(sample)
+            else:
+                doc.session = await asyncio.to_thread(workflow.session, sample)
         except ValueError as err:
             raise bad_request(f"cannot read this document: {err}") from None
         del sample
