@@ -6,8 +6,8 @@ Both paths run the same memory agent (``recurrent.impls.memory.inference_workflo
 default: 5000-token chunks, 1024-token memory and answer) against the same upstream, an OpenAI-compatible server
 that answers instantly (``taskutils.memory_eval.instant_server``, which reports its own time per call), so what
 separates the two paths is the endpoint's own work: the HTTP hop, reading and parsing the request, the hand-over
-of tokenization to a worker thread, writing the response. Measured side by side in one run, one request at a time,
-the two paths alternating which goes first (so drift in the machine's load hits both):
+of a long document's tokenization to a worker thread, writing the response. Measured side by side in one run, one
+request at a time, the two paths alternating which goes first (so drift in the machine's load hits both):
 
 - (a) in process: tokenize the document, run the memory loop through ``recurrent.client.OpenAIChatClient``;
 - (b) through the endpoint: one ``POST /v1/chat/completions`` with the document and the question in one user
