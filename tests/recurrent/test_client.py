@@ -4,7 +4,6 @@ OpenAI-style HTTP server written here (aiohttp, in a thread) that fails, refuses
 import asyncio
 import gc
 import logging
-import threading
 import time
 import traceback
 import warnings
@@ -12,6 +11,7 @@ import warnings
 import openai
 import pytest
 from aiohttp import web
+from threaded_http import serve_in_a_thread
 
 from recurrent.async_manager import run_session
 from recurrent.client import ChatRequestError, OpenAIChatClient
@@ -84,27 +84,9 @@ def fake():
     state = FakeOpenAI()
     app = web.Application()
     app.router.add_post("/{tail:.*}", state.handle)
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app, shutdown_timeout=0.2)
-    ready = threading.Event()
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
-        host, port = runner.addresses[0][:2]
-        state.url = f"http://{host}:{port}/v1"
-        ready.set()
-        loop.run_forever()
-        loop.run_until_complete(runner.cleanup())
-        loop.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    assert ready.wait(10)
-    yield state
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
+    with serve_in_a_thread(app, 10) as url:
+        state.url = url
+        yield state
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import uvicorn
 from aiohttp import web
+from threaded_http import serve_in_a_thread
 
 from recurrent.client import OpenAIChatClient
 from recurrent.serve.app import build_app
@@ -105,31 +106,16 @@ class ScriptedUpstream:
         app = web.Application()
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat)
-        loop = asyncio.new_event_loop()
-        runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.2)
-        ready = threading.Event()
 
-        def serve() -> None:
-            asyncio.set_event_loop(loop)
+        def started(loop: asyncio.AbstractEventLoop) -> None:
             self._loop, self._release = loop, asyncio.Event()
-            loop.run_until_complete(runner.setup())
-            loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
-            host, port = runner.addresses[0][:2]
-            self.url = f"http://{host}:{port}/v1"
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(runner.cleanup())
-            loop.close()
 
-        thread = threading.Thread(target=serve, daemon=True)
-        thread.start()
-        assert ready.wait(WAIT)
-        try:
-            yield self
-        finally:
-            self.release()  # held requests end, so the loop can stop
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(WAIT)
+        with serve_in_a_thread(app, WAIT, on_start=started, handler_cancellation=True) as url:
+            self.url = url
+            try:
+                yield self
+            finally:
+                self.release()  # held requests end, so the loop can stop
 
 
 @contextlib.contextmanager
