@@ -20,15 +20,32 @@ logger = logging.getLogger(__name__)
 TOKEN_DTYPE = np.int32
 
 
+class SeamError(ValueError):
+    """A tokenizer's window seams do not agree with an overlapping encoding: encode the whole text at once."""
+
+
 def encode_long(text: str, tokenizer, window_chars: int = 64_000, margin_chars: int = 1_000) -> np.ndarray:
     """Token ids of ``text`` (no special tokens added), identical to ``tokenizer.encode(text)``, computed
     window by window so that peak memory is the ids plus one window's encoding."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or len(text) <= window_chars:
         return _encode_whole(text, tokenizer)
+    try:
+        return np.concatenate(list(encode_windows(text, backend, window_chars, margin_chars)))
+    except SeamError as err:
+        logger.warning("%s; encoding the whole text at once", err)
+        return _encode_whole(text, tokenizer)
+
+
+def encode_windows(
+    text: Any, backend: Any, window_chars: int = 64_000, margin_chars: int = 1_000
+) -> Iterator[np.ndarray]:
+    """The ids of ``text`` as consecutive parts, one per window of ``window_chars`` characters: together they are
+    ``backend.encode(text).ids``. ``text`` is anything with ``len()`` whose slices are strings (a document held
+    on disk), ``backend`` a Hugging Face fast tokenizer's ``backend_tokenizer``. :class:`SeamError` when a seam
+    cannot be made exact (the parts already yielded are then of no use: encode the whole text instead)."""
     if margin_chars * 4 > window_chars:
         raise ValueError(f"margin_chars={margin_chars} is too large for window_chars={window_chars}")
-    parts: list[np.ndarray] = []
     start = 0  # char offset of the current window in ``text``
     expected: list[int] = []  # tokens the previous window predicts right after the seam
     while True:
@@ -36,17 +53,15 @@ def encode_long(text: str, tokenizer, window_chars: int = 64_000, margin_chars: 
         enc = backend.encode(text[start:end], add_special_tokens=False)
         ids = np.asarray(enc.ids, dtype=TOKEN_DTYPE)
         if expected and ids[: len(expected)].tolist() != expected:
-            logger.warning("tokenizer seams do not agree; encoding the whole text at once")
-            return _encode_whole(text, tokenizer)
+            raise SeamError("tokenizer seams do not agree")
         if end == len(text):
-            parts.append(ids)
-            break
+            yield ids
+            return
         # Per-token accessors, not enc.offsets / enc.word_ids: those build Python lists of the whole window.
         cut = _last_word_start(enc, len(ids), limit=(end - start) - 2 * margin_chars)
         if cut is None:
-            logger.warning("no safe seam found in a window; encoding the whole text at once")
-            return _encode_whole(text, tokenizer)
-        parts.append(ids[:cut])
+            raise SeamError("no safe seam found in a window")
+        yield ids[:cut]
         # Tokens after the seam that end well before this window's edge are final: the next window must agree.
         stable_end = (end - start) - margin_chars
         expected = []
@@ -55,7 +70,6 @@ def encode_long(text: str, tokenizer, window_chars: int = 64_000, margin_chars: 
                 break
             expected.append(int(ids[j]))
         start += enc.token_to_chars(cut)[0]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=TOKEN_DTYPE)
 
 
 def end_token_ids(tokenizer: Any) -> frozenset[int]:
