@@ -16,7 +16,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from recurrent.serve.protocol import ApiError, bad_request, parse_request
-from recurrent.serve.service import Document, MemAgentService, Outcome
+from recurrent.serve.service import Document, MemAgentService, Outcome, ServeSettings
+from recurrent.serve.spool import Spools, parse_spooled
 
 log = logging.getLogger("recurrent.serve")
 
@@ -36,9 +37,44 @@ async def _read_json(request: Request) -> Any:
     buffer = bytearray()
     async for part in request.stream():
         buffer += part
+    return _loads(buffer)
+
+
+def _loads(buffer: bytearray) -> Any:
     text = buffer.decode(json.detect_encoding(buffer), "surrogatepass")  # as json.loads decodes bytes
-    del buffer
+    del buffer[:]
     return json.loads(text)
+
+
+async def _read_body(request: Request, settings: ServeSettings) -> tuple[Any, Spools | None]:
+    """The request body parsed as JSON, and the files of a long one: a body over ``settings.spool_bytes`` (by its
+    Content-Length, or as it arrives) is read into a temporary file and parsed from there with its long strings
+    kept on disk (:mod:`recurrent.serve.spool`). The files are closed here if reading or parsing fails."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) <= settings.spool_bytes:
+        return await _read_json(request), None
+    buffer = bytearray()
+    spools: Spools | None = None
+    try:
+        async for part in request.stream():
+            if spools is not None:
+                spools.body.write(part)
+                continue
+            buffer += part
+            if len(buffer) > settings.spool_bytes:
+                spools = Spools(settings.spool_dir)
+                spools.new_body().write(buffer)
+                buffer = bytearray()
+        if spools is None:
+            return _loads(buffer), None
+        spools.body.seek(0)
+        body = await asyncio.to_thread(parse_spooled, spools.body, spools.new_text(), settings.spool_string_chars)
+        spools.close_body()
+        return body, spools
+    except BaseException:
+        if spools is not None:
+            spools.close()
+        raise
 
 
 def _chunk(doc: Document, model: str, **fields: Any) -> str:
@@ -146,15 +182,19 @@ def build_app(service: MemAgentService) -> FastAPI:
         if not authorized(request):
             return unauthorized.response()
         try:
-            body = await _read_json(request)
+            body, spools = await _read_body(request, settings)
         except (ValueError, UnicodeDecodeError) as err:
             return bad_request(f"the request body is not valid JSON: {err}").response()
+        doc = None
         try:
             parsed = parse_request(body, settings.model)
             del body  # the parsed structure: the request keeps the texts it needs, the rest goes now
-            doc = await service.start(parsed)
+            doc = await service.start(parsed, spools)
         except ApiError as err:
             return err.response()
+        finally:
+            if doc is None and spools is not None:
+                spools.close()  # refused before its document started: nothing else will close them
         del parsed
         gone = asyncio.ensure_future(_client_gone(request))
         try:

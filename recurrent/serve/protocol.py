@@ -11,7 +11,8 @@ import openai
 from fastapi.responses import JSONResponse
 
 from recurrent.client import ChatRequestError
-from recurrent.serve.questions import QUESTION_MODES
+from recurrent.serve.questions import QUESTION_MODES, Text
+from recurrent.serve.spool import LongText, join_texts
 
 # Sampling fields of a request that go to every turn upstream, as the request gives them (vLLM reads all of
 # them; an upstream that rejects one answers 400, which is passed on with its message).
@@ -63,15 +64,15 @@ class Extension:
 
     question_mode: str | None = None
     split_marker: str | None = None
-    document: str | None = None
-    question: str | None = None
+    document: Text | None = None  # a LongText when the request was long (recurrent.serve.spool)
+    question: Text | None = None
     return_memories: bool = False
     passthrough: bool | None = None
 
 
 @dataclass
 class ChatRequest:
-    messages: list[dict[str, str]]  # role and text content, in order
+    messages: list[dict[str, Text]]  # role and text content (a LongText when long), in order
     stream: bool = False
     include_usage: bool = False
     max_tokens: int | None = None
@@ -80,7 +81,7 @@ class ChatRequest:
     ext: Extension = field(default_factory=Extension)
 
     @property
-    def user_texts(self) -> list[str]:
+    def user_texts(self) -> list[Text]:
         return [m["content"] for m in self.messages if m["role"] == "user"]
 
     def drop_texts(self) -> None:
@@ -94,20 +95,24 @@ def bad_request(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
 
 
-def _text_content(content: Any, where: str) -> str:
+def _text_content(content: Any, where: str) -> Text:
     """A message's content as text: a string, or a list of text parts (joined by newlines, as vLLM does)."""
     if content is None:
         return ""
-    if isinstance(content, str):
+    if isinstance(content, (str, LongText)):
         return content
     if isinstance(content, list):
         texts = []
         for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), (str, LongText))
+            ):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise bad_request(f"{where}.content: only text parts are read, got a {kind!r} part", f"{where}.content")
             texts.append(part["text"])
-        return "\n".join(texts)
+        return join_texts("\n", texts)
     raise bad_request(f"{where}.content must be a string or a list of text parts", f"{where}.content")
 
 
@@ -201,7 +206,7 @@ def _extension(raw: Any) -> Extension:
     ext = Extension(**raw)
     for name in ("question_mode", "split_marker", "document", "question"):
         value = getattr(ext, name)
-        if value is not None and not isinstance(value, str):
+        if value is not None and not isinstance(value, (str, LongText) if name in ("document", "question") else str):
             raise bad_request(f"memagent.{name} must be a string", f"memagent.{name}")
     for name in ("return_memories", "passthrough"):
         value = getattr(ext, name)

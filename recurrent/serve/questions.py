@@ -16,6 +16,9 @@ request where it finds no question with a :class:`QuestionError` saying what it 
   several user messages, else ``split``.
 
 System, developer and assistant messages are not read: the agent's prompts are fixed (docs/serving.md).
+
+A text may be a :class:`recurrent.serve.spool.LongText` (a long request held on disk): the rules are the same, the
+document found stays on disk and the question is read.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ from __future__ import annotations
 import re
 from collections import deque
 from dataclasses import dataclass
+
+from recurrent.serve.spool import LongText, as_str, join_texts
+
+Text = str | LongText
 
 QUESTION_MODES = ("auto", "field", "messages", "split")
 BLANK_LINE = re.compile(r"\n[ \t]*\n")
@@ -34,17 +41,17 @@ class QuestionError(ValueError):
 
 @dataclass(frozen=True)
 class Found:
-    document: str
+    document: Text
     question: str
     mode: str  # the rule that found them (auto resolves to one of the others)
 
 
 def find_question(
-    user_texts: list[str],
+    user_texts: list[Text],
     mode: str,
     split_marker: str | None = None,
-    field_document: str | None = None,
-    field_question: str | None = None,
+    field_document: Text | None = None,
+    field_question: Text | None = None,
 ) -> Found:
     """The document and the question of a request whose user messages have the texts ``user_texts`` (in order),
     by the rule ``mode`` (one of :data:`QUESTION_MODES`)."""
@@ -64,7 +71,7 @@ def find_question(
     raise QuestionError(f"unknown question mode {mode!r}; choose one of {', '.join(QUESTION_MODES)}")
 
 
-def _by_field(user_texts: list[str], document: str | None, question: str | None) -> Found:
+def _by_field(user_texts: list[Text], document: Text | None, question: Text | None) -> Found:
     if document is None:
         raise QuestionError(
             "question mode 'field' reads the document from the request field memagent.document, which is missing"
@@ -76,12 +83,13 @@ def _by_field(user_texts: list[str], document: str | None, question: str | None)
                 "message, and the request has neither"
             )
         question = user_texts[-1]
+    question = as_str(question)
     if not question.strip():
         raise QuestionError("found no question: the question is empty (question mode 'field')")
     return Found(document, question, "field")
 
 
-def _by_messages(user_texts: list[str]) -> Found:
+def _by_messages(user_texts: list[Text]) -> Found:
     if not user_texts:
         raise QuestionError(
             "found no question: question mode 'messages' reads it from the last user message, and "
@@ -93,16 +101,16 @@ def _by_messages(user_texts: list[str]) -> Found:
             "last one (the question), and the request has one user message; send the document and the question "
             "as two user messages, or use question mode 'split' or 'field'"
         )
-    question = user_texts[-1]
+    question = as_str(user_texts[-1])
     if not question.strip():
         raise QuestionError("found no question: the last user message is empty (question mode 'messages')")
-    return Found("\n\n".join(user_texts[:-1]), question, "messages")
+    return Found(join_texts("\n\n", user_texts[:-1]), question, "messages")
 
 
-def _by_split(user_texts: list[str], marker: str | None) -> Found:
+def _by_split(user_texts: list[Text], marker: str | None) -> Found:
     if not user_texts:
         raise QuestionError("found no question: question mode 'split' reads the user message, and there is none")
-    text = "\n\n".join(user_texts)
+    text = join_texts("\n\n", user_texts)
     if marker:
         document, found, question = text.rpartition(marker)
         if not found:
@@ -111,19 +119,30 @@ def _by_split(user_texts: list[str], marker: str | None) -> Found:
                 "marker), and the message does not contain it"
             )
     else:
-        # Offsets, not copies: rstrip() and a list of every blank line would each hold a long document again.
-        end = len(text)
-        while end and text[end - 1].isspace():  # str.isspace is what rstrip() strips
-            end -= 1
-        last = deque(BLANK_LINE.finditer(text, 0, end), maxlen=1)  # the last blank line, none kept before it
-        if not last:
+        cut = _last_blank_line(text)
+        if cut is None:
             raise QuestionError(
                 "found no question: question mode 'split' without a marker takes the text after the last blank line "
                 "as the question, and the message has no blank line (set memagent.split_marker, or use question "
                 "mode 'field' or 'messages')"
             )
-        cut = last[0]
-        document, question = text[: cut.start()], text[cut.end() : end]
+        start, stop, end = cut
+        document = text[:start] if isinstance(text, str) else text.view(0, start)
+        question = text[stop:end]
     if not question.strip():
         raise QuestionError("found no question: the text after the split is empty (question mode 'split')")
     return Found(document, question, "split")
+
+
+def _last_blank_line(text: Text) -> tuple[int, int, int] | None:
+    """(start, end) of the last blank line of ``text.rstrip()`` and where that ends; None without one."""
+    if isinstance(text, LongText):
+        end = text.rstrip_end()
+        found = text.last_match(BLANK_LINE, end)
+        return None if found is None else (*found, end)
+    # Offsets, not copies: rstrip() and a list of every blank line would each hold a long document again.
+    end = len(text)
+    while end and text[end - 1].isspace():  # str.isspace is what rstrip() strips
+        end -= 1
+    last = deque(BLANK_LINE.finditer(text, 0, end), maxlen=1)  # the last blank line, none kept before it
+    return None if not last else (last[0].start(), last[0].end(), end)

@@ -25,6 +25,8 @@ from recurrent.impls.memory import FINAL_TEMPLATES, MemorySession, MemoryWorkflo
 from recurrent.interface import Reply, Turn
 from recurrent.serve.protocol import ApiError, ChatRequest, bad_request, upstream_error
 from recurrent.serve.questions import QUESTION_MODES, Found, QuestionError, find_question
+from recurrent.serve.spool import LongText, Spools, as_str
+from recurrent.tokens import SeamError, encode_long, encode_windows
 
 log = logging.getLogger("recurrent.serve")
 
@@ -35,6 +37,9 @@ MAX_CHARS_PER_TOKEN = 64
 # hand-overs to a worker thread and back cost on a loaded machine (docs/third_party_eval.md). A longer one goes to
 # a thread, so that the loop keeps serving the other documents while it is tokenized.
 INLINE_TOKENIZE_CHARS = 32_768
+# A request body over this many bytes is read into a temporary file and its long strings are kept on disk
+# (recurrent.serve.spool): the endpoint's memory does not grow with the document (docs/serving.md).
+SPOOL_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -59,12 +64,20 @@ class ServeSettings:
     document_timeout: float | None = None  # seconds a document may run; None: no limit
     shutdown_grace: float = 30.0  # seconds documents in flight get to finish after SIGTERM
     keepalive: float | None = 15.0  # seconds between SSE comments while a streamed document reads; None: none
+    spool_bytes: int = SPOOL_BYTES  # a longer request body is held on disk (docs/serving.md, "Long requests")
+    spool_dir: str | None = None  # where its files are made (unlinked at once); None: the system's temp folder
+    spool_string_chars: int = 65_536  # in a body on disk, a longer string stays on disk
+    tokenize_window: int = 64_000  # a document on disk is tokenized this many characters at a time
     server_key: str | None = field(default=None, repr=False)  # clients must send it (Bearer), when set
 
     def __post_init__(self) -> None:
-        for name in ("chunk_size", "max_new", "final_max_new", "max_documents"):
+        for name in ("chunk_size", "max_new", "final_max_new", "max_documents", "spool_string_chars"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.spool_bytes < 0:
+            raise ValueError(f"spool_bytes must be >= 0, got {self.spool_bytes}")
+        if self.tokenize_window < 4:
+            raise ValueError(f"tokenize_window must be >= 4, got {self.tokenize_window}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
         if self.question_mode not in QUESTION_MODES:
@@ -96,6 +109,7 @@ class Document:
     session: MemorySession | None = None
     state: str = "new"  # new, queued, running, done
     cancel_reason: str | None = None  # why the service cancelled it: "client disconnected", "shutdown"
+    spools: Spools | None = None  # a long request's files, closed when its task ends
 
     def progress(self) -> str:
         if self.session is None:
@@ -196,14 +210,18 @@ class MemAgentService:
 
     # ---- running ----
 
-    async def start(self, request: ChatRequest) -> Document:
+    async def start(self, request: ChatRequest, spools: Spools | None = None) -> Document:
         """Start the request's document, its question found first (a 400 before anything waits), unless it
-        passes through."""
+        passes through. The document takes ``spools`` (a long request's files): its task's end closes them; a
+        400 here leaves them to the caller."""
         doc = Document(request)
         if self._passes_through(request, check_tokens=False):
             doc.passthrough = await asyncio.to_thread(self._passes_through, request, True)
-        if not doc.passthrough:
+        if doc.passthrough:
+            request.messages = [{**m, "content": as_str(m["content"])} for m in request.messages]
+        else:
             doc.found = self._find(request)
+        doc.spools = spools
         doc.task = asyncio.create_task(self._drive(doc))
         self.documents.add(doc)
         doc.task.add_done_callback(lambda _: (self.documents.discard(doc), doc.events.put_nowait(("end",))))
@@ -233,7 +251,7 @@ class MemAgentService:
             return False
         if not check_tokens:
             return True
-        tokens = sum(len(self.tokenizer.encode(t, add_special_tokens=False)) for t in texts)
+        tokens = sum(len(self.tokenizer.encode(as_str(t), add_special_tokens=False)) for t in texts)
         return tokens <= self.settings.chunk_size
 
     def _sampling(self, request: ChatRequest) -> dict[str, Any]:
@@ -272,6 +290,8 @@ class MemAgentService:
             raise ApiError(
                 500, f"internal error {doc.progress()}: {type(err).__name__}: {err}", "server_error"
             ) from err
+        finally:
+            self._close_spools(doc)
         self.counters.completed += 1
         log.info(
             "%s answered: %s, %d turns, %d+%d tokens, %.2f s",
@@ -295,6 +315,37 @@ class MemAgentService:
         memagent = {"passthrough": True, "turns": 1}
         return Outcome(answer, reply.finish_reason, reply.prompt_tokens, reply.completion_tokens, memagent)
 
+    def _spooled_session(
+        self, workflow: MemoryWorkflow, question: str, document: LongText, spools: Spools
+    ) -> MemorySession:
+        """The session of a document held on disk: ``workflow.session({"input": question, "context": document})``
+        with the ids written to a file window by window (exactly ``encode_long``'s ids) and mapped, not held."""
+        context = document.strip()  # what the workflow's context_text does (strip_context)
+        ids = spools.new_ids()
+        window = self.settings.tokenize_window
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        try:
+            if backend is None or len(context) <= window:
+                raise SeamError("no fast tokenizer" if backend is None else "one window")
+            for part in encode_windows(context, backend, window, min(1_000, window // 4)):
+                ids.write(part)
+        except SeamError as err:
+            if backend is not None and len(context) > window:
+                log.warning("%s; the %d-character document is tokenized whole, in memory", err, len(context))
+            ids.close()
+            ids = spools.new_ids()
+            ids.write(encode_long(str(context), self.tokenizer))
+        spools.text.close()  # the text is read: its file goes
+        return workflow.session_from_ids(question, ids.array())
+
+    def _close_spools(self, doc: Document) -> None:
+        """A long request's files close with its task; the session's ids, mapped from one of them, go first."""
+        if doc.spools is None:
+            return
+        if doc.session is not None and doc.spools.ids is not None:
+            doc.session.context_ids = doc.session.context_ids[:0].copy()  # nothing reads them after the task
+        doc.spools.close()
+
     def _count(self, reply: Reply) -> None:
         self.counters.turns += 1
         self.counters.prompt_tokens += reply.prompt_tokens
@@ -308,18 +359,25 @@ class MemAgentService:
         document, question = found.document, found.question.strip()
         doc.found = found = Found("", found.question, found.mode)
         request.drop_texts()
-        sample = {"input": question, "context": document.strip()}  # as the harness builds its items (stripped)
-        del document
         try:
-            if len(sample["context"]) <= INLINE_TOKENIZE_CHARS:
-                doc.session = workflow.session(sample)
+            if isinstance(document, LongText):  # on disk: tokenized into a file of ids, read back a chunk at a time
+                doc.session = await asyncio.to_thread(self._spooled_session, workflow, question, document, doc.spools)
             else:
-                doc.session = await asyncio.to_thread(workflow.session, sample)
+                sample = {"input": question, "context": document.strip()}  # as the harness builds its items
+                del document
+                if len(sample["context"]) <= INLINE_TOKENIZE_CHARS:
+                    doc.session = workflow.session(sample)
+                else:
+                    doc.session = await asyncio.to_thread(workflow.session, sample)
+                del sample
         except ValueError as err:
             raise bad_request(f"cannot read this document: {err}") from None
-        del sample
+        document = None
+        ids = doc.spools.ids if doc.spools is not None else None
 
         def on_turn(turn: Turn, reply: Reply) -> None:
+            if ids is not None:
+                ids.release()  # the chunk read leaves resident memory: the ids stay on disk
             self._count(reply)
             if request.stream:  # a stream reports each chunk; the event holds no prompt
                 doc.events.put_nowait(("turn", turn.final, turn.meta.get("chunk")))
