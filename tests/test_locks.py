@@ -1,12 +1,15 @@
 """The dependency sets: the GPU set resolves from package metadata, a conflicting pin is caught, the committed
 locks are in sync with pyproject.toml, and the CPU and GPU sets agree wherever both need a package.
 
-The resolution tests ask the package index for metadata (uv, seconds; no wheel is downloaded)."""
+The resolution tests ask the package index for metadata (uv; no wheel is downloaded). Each resolution is mostly
+waiting on the index (about 2 s of CPU in 7 to 30 s), so the ones the selected tests need start side by side, in
+their own processes, when the first of them is needed; each test then reads its own."""
 
 import shutil
 import subprocess
 import sys
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,58 +20,105 @@ LOCKS = REPO / "scripts" / "locks.py"
 sys.path.insert(0, str(LOCKS.parent))
 import locks  # noqa: E402  (scripts/ is not a package)
 
+LOCK_SETS = ("cpu-py311", "cpu-py312", "gpu-py311", "gpu-py312")
 
-def run_locks(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(LOCKS), *args], capture_output=True, text=True, timeout=300)
+# Each resolution the tests read: scripts/locks.py's arguments and, where it resolves a copy of pyproject.toml with
+# one pin changed, (old, new). "--lock-dir" stands for a copy of requirements/ made for that resolution alone.
+RESOLUTIONS: dict[str, tuple[tuple[str, ...], tuple[str, str] | None]] = {
+    **{f"gpu-{python}": (("--resolve", "gpu", "--python", python), None) for python in locks.PYTHONS},
+    # the two pins that kept `make setup-gpu` from installing: vLLM 0.24.0 asks fastapi<0.137 and, through
+    # mistral-common, numpy<2.4
+    "fastapi": (("--resolve", "gpu"), ('"fastapi==0.136.1"', '"fastapi==0.165.0"')),
+    "numpy": (("--resolve", "gpu"), ('"numpy==2.3.5"', '"numpy==2.4.6"')),
+    "in-sync": (("--check",), None),
+    # a dependency dropped: every set still resolves, to locks without it
+    "stale": (("--check", "--lock-dir"), ('"wonderwords==3.0.1",', "")),
+}
 
 
-def pyproject_with(tmp_path: Path, old: str, new: str) -> Path:
+def pyproject_with(folder: Path, old: str, new: str) -> Path:
     """A copy of pyproject.toml with one pin changed (the original is never touched)."""
     text = (REPO / "pyproject.toml").read_text()
     assert old in text
-    copy = tmp_path / "pyproject.toml"
+    copy = folder / "pyproject.toml"
     copy.write_text(text.replace(old, new))
     return copy
 
 
-@pytest.mark.parametrize("python", locks.PYTHONS)
-def test_gpu_set_resolves_from_metadata(python):
-    result = run_locks("--resolve", "gpu", "--python", python)
+class Resolutions:
+    """The resolutions the selected tests of this module read, started together; ``result`` waits for one."""
+
+    def __init__(self, names: set[str], root: Path) -> None:
+        self.folders: dict[str, Path] = {}
+        self.running: dict[str, subprocess.Popen] = {}
+        self.done: dict[str, subprocess.CompletedProcess] = {}
+        for name in sorted(names):
+            args, change = RESOLUTIONS[name]
+            folder = self.folders[name] = root / name
+            folder.mkdir()
+            command = [sys.executable, str(LOCKS), *args]
+            if "--lock-dir" in args:
+                shutil.copytree(REPO / "requirements", folder / "requirements")
+                command.append(str(folder / "requirements"))
+            if change is not None:
+                command += ["--pyproject", str(pyproject_with(folder, *change))]
+            self.running[name] = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def result(self, name: str) -> subprocess.CompletedProcess:
+        if name not in self.done:
+            process = self.running.pop(name)
+            stdout, stderr = process.communicate(timeout=300)
+            self.done[name] = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+        return self.done[name]
+
+    def stop(self) -> None:
+        for process in self.running.values():  # a test that failed before reading its own
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def resolutions(request, tmp_path_factory) -> Iterator[Resolutions]:
+    names = set()  # what the selected tests of this module read: nothing more is started
+    for item in request.session.items:
+        callspec = getattr(item, "callspec", None)
+        if getattr(item, "module", None) is request.module and callspec is not None and "resolution" in callspec.params:
+            names.add(callspec.params["resolution"])
+    started = Resolutions(names, tmp_path_factory.mktemp("resolutions"))
+    yield started
+    started.stop()
+
+
+@pytest.mark.parametrize("resolution", [f"gpu-{python}" for python in locks.PYTHONS])
+def test_gpu_set_resolves_from_metadata(resolution, resolutions):
+    result = resolutions.result(resolution)
     assert result.returncode == 0, result.stderr
+    python = resolution.removeprefix("gpu-")
     assert f"the gpu set resolves for Python {python}" in result.stdout
 
 
-@pytest.mark.parametrize(
-    ("old", "new", "named"),
-    [
-        # the two pins that kept `make setup-gpu` from installing: vLLM 0.24.0 asks fastapi<0.137 and, through
-        # mistral-common, numpy<2.4
-        ('"fastapi==0.136.1"', '"fastapi==0.165.0"', "fastapi"),
-        ('"numpy==2.3.5"', '"numpy==2.4.6"', "numpy"),
-    ],
-)
-def test_a_conflicting_pin_fails_the_gpu_resolution(tmp_path, old, new, named):
-    result = run_locks("--resolve", "gpu", "--pyproject", str(pyproject_with(tmp_path, old, new)))
+@pytest.mark.parametrize(("resolution", "named"), [("fastapi", "fastapi"), ("numpy", "numpy")])
+def test_a_conflicting_pin_fails_the_gpu_resolution(resolution, named, resolutions):
+    result = resolutions.result(resolution)
     assert result.returncode == 1
     assert "No solution found" in result.stderr
     assert named in result.stderr and "vllm" in result.stderr
 
 
-@pytest.mark.slow(seconds=60)  # with the file's other resolutions
-def test_committed_locks_are_in_sync_with_pyproject():
-    result = run_locks("--check")
+@pytest.mark.slow(seconds=40)  # every resolution of the file, side by side
+@pytest.mark.parametrize("resolution", ["in-sync"])
+def test_committed_locks_are_in_sync_with_pyproject(resolution, resolutions):
+    result = resolutions.result(resolution)
     assert result.returncode == 0, result.stderr
 
 
-def test_a_changed_pin_makes_the_locks_stale(tmp_path):
-    # a dependency dropped: every set still resolves, to locks without it
-    pyproject = pyproject_with(tmp_path, '"wonderwords==3.0.1",', "")
-    lock_dir = tmp_path / "requirements"
-    shutil.copytree(REPO / "requirements", lock_dir)
-    result = run_locks("--check", "--pyproject", str(pyproject), "--lock-dir", str(lock_dir))
+@pytest.mark.parametrize("resolution", ["stale"])
+def test_a_changed_pin_makes_the_locks_stale(resolution, resolutions):
+    result = resolutions.result(resolution)
     assert result.returncode == 1
-    for name in ("cpu-py311", "cpu-py312", "gpu-py311", "gpu-py312"):
+    for name in LOCK_SETS:
         assert f"{name}.txt is out of sync" in result.stderr
+    lock_dir = resolutions.folders[resolution] / "requirements"
     assert lock_dir.joinpath("gpu-py311.txt").read_text() == (REPO / "requirements" / "gpu-py311.txt").read_text()
 
 
