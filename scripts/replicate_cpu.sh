@@ -44,8 +44,10 @@ if [[ "$QUICK" == 1 ]]; then
   OUT_DIR="${OUT_DIR:-$REPO/.cache/replicate_cpu_quick}"
   STEPS="${STEPS:-2}" SEEDS="${SEEDS:-0}" ABLATION_SEEDS="${ABLATION_SEEDS-}" ABLATION_STEPS="${ABLATION_STEPS:-1}"
   LENGTHS="${LENGTHS:-1 2}" EVAL_DOCS="${EVAL_DOCS:-2}" TRAIN_DOCS=64 VAL_DOCS=1 warm_args=(--cache --quick)
-  # 4 prompts per step (4 updates), validation once at the end: the pipeline's artefacts in minutes.
-  quick_overrides=(data.train_batch_size=4 trainer.test_freq=2 trainer.save_freq=1)
+  # 2 prompts x n 2 per step (2 updates), validation once, at the end: the pipeline's artefacts in minutes. A step
+  # costs about its trajectories; the launch's start-up (~60 s) is the rest of the stage and does not shrink.
+  quick_overrides=(data.train_batch_size=2 actor_rollout_ref.rollout.n=2 trainer.val_before_train=False
+    trainer.test_freq=2 trainer.save_freq=1)
 else
   OUT_DIR="${OUT_DIR:-$REPO/.cache/replicate_cpu}"
   STEPS="${STEPS:-30}" SEEDS="${SEEDS:-0 1}" ABLATION_SEEDS="${ABLATION_SEEDS-0}" ABLATION_STEPS="${ABLATION_STEPS:-$STEPS}"
