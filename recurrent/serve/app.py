@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from recurrent.serve.protocol import ApiError, bad_request, parse_request
+from recurrent.serve.protocol import LONG_TEXT_FIELDS, ApiError, bad_request, parse_request
 from recurrent.serve.service import Document, MemAgentService, Outcome, ServeSettings
 from recurrent.serve.spool import Spools, parse_spooled
 
@@ -68,7 +68,8 @@ async def _read_body(request: Request, settings: ServeSettings) -> tuple[Any, Sp
         if spools is None:
             return _loads(buffer), None
         spools.body.seek(0)
-        body = await asyncio.to_thread(parse_spooled, spools.body, spools.new_text(), settings.spool_string_chars)
+        text, limit = spools.new_text(), settings.spool_string_chars
+        body = await asyncio.to_thread(parse_spooled, spools.body, text, limit, LONG_TEXT_FIELDS)
         spools.close_body()
         return body, spools
     except BaseException:

@@ -35,6 +35,9 @@ UNSUPPORTED = {
     "audio": "audio output",
     "prediction": "predicted outputs",
 }
+# The object fields where a request holds texts that may be long (a message's content, a text part's text, the
+# extension's document and question): in a long request they may stay on disk (recurrent.serve.spool).
+LONG_TEXT_FIELDS = frozenset({"content", "text", "document", "question"})
 EXTENSION_FIELDS = ("question_mode", "split_marker", "document", "question", "return_memories", "passthrough")
 
 

@@ -166,15 +166,17 @@ class LongText:
 
 def join_texts(separator: str, texts: list[str | LongText]) -> str | LongText:
     """``separator.join(texts)``: a string when every text is one, else a :class:`LongText` over the same pieces."""
-    spools = [t.spool for t in texts if isinstance(t, LongText)]
+    spools = {t.spool for t in texts if isinstance(t, LongText)}
     if not spools:
         return separator.join(texts)
+    if len(spools) > 1:
+        raise ValueError("texts of different spools cannot be joined (a request's texts share one)")
     pieces: list[tuple[int, int] | str] = []
     for k, text in enumerate(texts):
         if k:
             pieces.append(separator)
         pieces.extend(text.pieces if isinstance(text, LongText) else [text])
-    return LongText(spools[0], pieces)
+    return LongText(spools.pop(), pieces)
 
 
 def as_str(text: str | LongText) -> str:
@@ -187,8 +189,9 @@ def as_str(text: str | LongText) -> str:
 
 
 class _Parser:
-    def __init__(self, source: IO[bytes], spool: TextSpool, string_chars: int) -> None:
+    def __init__(self, source: IO[bytes], spool: TextSpool, string_chars: int, keys: frozenset[str]) -> None:
         self.source = source
+        self.keys = keys
         self.spool = spool
         self.string_chars = string_chars
         self.buf = b""
@@ -218,13 +221,13 @@ class _Parser:
             self.fill(1)
 
     def document(self) -> Any:
-        value = self.value(0)
+        value = self.value(0, False)
         self.skip_whitespace()
         if self.pos < len(self.buf):
             raise self.error("Extra data")
         return value
 
-    def value(self, depth: int) -> Any:
+    def value(self, depth: int, long: bool) -> Any:
         if depth > 1000:
             raise self.error("the JSON nests too deep")
         self.skip_whitespace()
@@ -237,7 +240,7 @@ class _Parser:
         if c == b"[":
             return self.array(depth)
         if c == b'"':
-            return self.string(self.string_chars)
+            return self.string(self.string_chars if long else None)
         self.fill(4096)
         match = _NUMBER.match(self.buf, self.pos)
         if match:
@@ -271,7 +274,7 @@ class _Parser:
                 raise self.error("Expecting property name enclosed in double quotes")
             key = self.string(None)
             self.expect(b":", "Expecting ':' delimiter")
-            result[key] = self.value(depth + 1)
+            result[key] = self.value(depth + 1, key in self.keys)
             self.skip_whitespace()
             c = self.buf[self.pos : self.pos + 1]
             self.pos += 1
@@ -289,7 +292,7 @@ class _Parser:
             self.pos += 1
             return result
         while True:
-            result.append(self.value(depth + 1))
+            result.append(self.value(depth + 1, False))
             self.skip_whitespace()
             c = self.buf[self.pos : self.pos + 1]
             self.pos += 1
@@ -314,7 +317,7 @@ class _Parser:
                 return
             parts.append(text)
             gathered += len(text)
-            if limit is not None and gathered >= (WRITE_CHARS if spooled is not None else limit):
+            if limit is not None and (gathered >= WRITE_CHARS if spooled is not None else gathered > limit):
                 if spooled is None:
                     spooled = self.spool.chars
                 self.spool.append("".join(parts))
@@ -364,16 +367,17 @@ class _Parser:
         return LongText(self.spool, [(spooled, self.spool.chars)])
 
 
-def parse_spooled(source: IO[bytes], spool: TextSpool, string_chars: int) -> Any:
-    """A JSON body read from ``source`` as :func:`json.loads` reads it, except that each string longer than
-    ``string_chars`` characters is decoded into ``spool`` and is a :class:`LongText` (an object's keys never are).
+def parse_spooled(source: IO[bytes], spool: TextSpool, string_chars: int, keys: frozenset[str]) -> Any:
+    """A JSON body read from ``source`` as :func:`json.loads` reads it, except that a string longer than
+    ``string_chars`` characters that is the value of one of ``keys`` in an object (where the request holds its
+    texts) is decoded into ``spool`` and is a :class:`LongText`.
     A body that is not UTF-8 (JSON allows UTF-16 and UTF-32) is read whole and parsed by :func:`json.loads`.
     ValueError (UnicodeDecodeError among them) names what is wrong and where."""
     head = source.read(4)
     source.seek(0)
     if json.detect_encoding(head) != "utf-8":
         return json.loads(source.read())
-    return _Parser(source, spool, string_chars).document()
+    return _Parser(source, spool, string_chars, keys).document()
 
 
 # ---------------------------------------------------------------------------------------------------------------
