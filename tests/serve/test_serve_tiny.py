@@ -12,7 +12,7 @@ import signal
 import httpx
 import pytest
 from openai import OpenAI
-from serve_helpers import WAIT, serve_process, sse_events
+from serve_helpers import WAIT, serve_process, served, sse_events
 
 from taskutils.memory_eval.run import main as harness_main
 
@@ -99,6 +99,21 @@ def test_each_question_mode_answers_as_the_harness_does(server, harness, mode):
     assert reply.usage.prompt_tokens == harness["prompt_tokens"]
     assert reply.usage.completion_tokens == harness["completion_tokens"]
     assert extension["question_mode"] == mode.split(",")[0].split(" ")[0]
+
+
+@pytest.fixture(scope="module")
+def spooled_server(tiny_upstream, tiny_tokenizer):
+    """The server in this process with every request held on disk (body, texts over 8 characters, the document
+    tokenized 100 characters at a time): the long-request path of docs/serving.md, forced on a short item."""
+    budgets = {key.replace("-", "_"): value for key, value in BUDGETS.items()}
+    spooled = {"spool_bytes": 0, "spool_string_chars": 8, "tokenize_window": 100}
+    with served(tiny_upstream.base_url, tiny_upstream.model, tiny_tokenizer, **budgets, **spooled) as (base, _):
+        yield base
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_each_question_mode_of_a_request_on_disk_answers_as_the_harness_does(spooled_server, harness, mode):
+    test_each_question_mode_answers_as_the_harness_does(spooled_server, harness, mode)
 
 
 def test_the_streamed_answer_is_the_harness_answer_with_the_memories_as_they_come(server, harness):
