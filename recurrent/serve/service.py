@@ -37,9 +37,10 @@ MAX_CHARS_PER_TOKEN = 64
 # hand-overs to a worker thread and back cost on a loaded machine (docs/third_party_eval.md). A longer one goes to
 # a thread, so that the loop keeps serving the other documents while it is tokenized.
 INLINE_TOKENIZE_CHARS = 32_768
-# A request body over this many bytes is read into a temporary file and its long strings are kept on disk
-# (recurrent.serve.spool): the endpoint's memory does not grow with the document (docs/serving.md).
-SPOOL_BYTES = 4 << 20
+# A request body over this many bytes (~170K tokens of English) is read into a temporary file and its long texts
+# are kept on disk (recurrent.serve.spool): the endpoint's memory does not grow with the document. A shorter body
+# is parsed in memory, which costs ~4.5 times the body at its peak: ~5 MiB at most (docs/serving.md).
+SPOOL_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
