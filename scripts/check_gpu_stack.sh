@@ -14,19 +14,8 @@ if [[ "${SKIP_SETUP:-0}" != 1 ]]; then
   VENV=.venv-gpu SKIP_MODELS=1 FLASH_ATTN=skip bash scripts/setup.sh --gpu
 fi
 BUILT=$(date +%s)
-.venv-gpu/bin/python -c '
-import importlib.metadata as m, platform
-import torch
-names = ("vllm", "torch", "verl", "transformers", "triton", "numpy", "fastapi", "ray", "flash-attn")
-def version(name):
-    try:
-        return m.version(name)
-    except m.PackageNotFoundError:
-        return "not installed"
-print("[gpu-stack] Python", platform.python_version(), "|", ", ".join(f"{n} {version(n)}" for n in names))
-print("[gpu-stack] torch built for CUDA", torch.version.cuda, "| GPU visible:", torch.cuda.is_available())
-'
 set +e
+# One interpreter for every check; the installed versions head its output (tests/gpu_stack/conftest.py).
 .venv-gpu/bin/python -m pytest tests/gpu_stack -v -p no:cacheprovider -W ignore::UserWarning "$@"
 STATUS=$?
 set -e

@@ -8,9 +8,13 @@ that does not depend on the device is the check a GPU machine would make."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
+import platform
+import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -25,6 +29,8 @@ from vllm.platforms.cpu import CpuPlatform  # noqa: E402
 vllm.platforms._current_platform = CpuPlatform()
 
 REPO = Path(__file__).resolve().parents[2]
+# The launchers checked with DRY_RUN and this interpreter (test_verl_rollout_args.py).
+LAUNCHERS = ("run_memory_7B.sh", "run_memory_14B.sh", "scripts/smoke_gpu.sh")
 sys.path.insert(0, str(REPO / "tests" / "verl_ext"))  # vx_helpers.compose_config: the configs as the suite composes
 
 # The published config.json of each model the paper's runs and the harness serve, written here (no download).
@@ -131,3 +137,74 @@ def local_ray():
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """The set under test, in the header of the run (tests/test_gpu_stack.py reads these two lines)."""
+    import torch
+
+    names = ("vllm", "torch", "verl", "transformers", "triton", "numpy", "fastapi", "ray", "flash-attn")
+
+    def version(name: str) -> str:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    return [
+        f"[gpu-stack] Python {platform.python_version()} | " + ", ".join(f"{n} {version(n)}" for n in names),
+        f"[gpu-stack] torch built for CUDA {torch.version.cuda} | GPU visible: {torch.cuda.is_available()}",
+    ]
+
+
+class DryRun:
+    """One launcher run with DRY_RUN=1 and this interpreter, in a folder of its own; ``result`` waits for it."""
+
+    def __init__(self, script: str, model: Path, folder: Path) -> None:
+        self.folder = folder
+        env = {
+            **os.environ,
+            "DRY_RUN": "1",
+            "PYTHON": sys.executable,
+            "MODEL_PATH": str(model),
+            "PROJ_ROOT": str(folder / "runs"),
+            "DATASET_ROOT": str(folder / "data"),
+            "OUT_DIR": str(folder / "smoke"),
+        }
+        self.process = subprocess.Popen(
+            ["bash", str(REPO / script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        self.completed: subprocess.CompletedProcess | None = None
+
+    def result(self) -> subprocess.CompletedProcess:
+        if self.completed is None:
+            stdout, stderr = self.process.communicate(timeout=300)
+            self.completed = subprocess.CompletedProcess(self.process.args, self.process.returncode, stdout, stderr)
+        return self.completed
+
+    def stop(self) -> None:
+        if self.completed is None:  # a run no test read (it failed first)
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture(scope="session")
+def launcher_dry_runs(model_dirs, tmp_path_factory) -> Iterator[dict[str, DryRun]]:
+    """Every launcher's DRY_RUN, started side by side. Each is a process of its own by nature (bash, then this
+    interpreter with ``-m verl_ext.main``), and each spends ~7 s of CPU importing verl (hydra's search path
+    ``pkg://verl.trainer.config`` imports the package, and with it torch and Ray) to print a config."""
+    runs = {
+        script: DryRun(script, model_dirs["Qwen2.5-7B-Instruct"], tmp_path_factory.mktemp("dry_run"))
+        for script in LAUNCHERS
+    }
+    yield runs
+    for run in runs.values():
+        run.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _dry_runs_start_with_the_session(request) -> None:
+    """The launchers' dry runs start with the first test, where their tests select them, and run beside the
+    checks in this process (imports, Ray, vLLM's configs) instead of after them."""
+    if any("launcher_dry_runs" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        request.getfixturevalue("launcher_dry_runs")

@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import LAUNCHERS
 from omegaconf import OmegaConf
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vx_helpers import compose_config
-
-REPO = Path(__file__).resolve().parents[2]
 
 # config, the model folder it is checked with, tensor parallel, GPUs per node (hand-copied from configs/*.yaml)
 RUNS = [
@@ -107,21 +104,13 @@ def test_vllms_cpu_platform_is_what_refuses_sleep_mode(model_dirs, local_ray):
         engine_args.create_model_config()
 
 
-@pytest.mark.parametrize("script", ["run_memory_7B.sh", "run_memory_14B.sh", "scripts/smoke_gpu.sh"])
-def test_dry_run_of_the_launchers_with_the_gpu_interpreter(script, model_dirs, tmp_path):
-    env = {
-        **os.environ,
-        "DRY_RUN": "1",
-        "PYTHON": sys.executable,
-        "MODEL_PATH": str(model_dirs["Qwen2.5-7B-Instruct"]),
-        "PROJ_ROOT": str(tmp_path / "runs"),
-        "DATASET_ROOT": str(tmp_path / "data"),
-        "OUT_DIR": str(tmp_path / "smoke"),
-    }
-    result = subprocess.run(["bash", str(REPO / script)], capture_output=True, text=True, env=env, timeout=300)
+@pytest.mark.parametrize("script", LAUNCHERS)
+def test_dry_run_of_the_launchers_with_the_gpu_interpreter(script, launcher_dry_runs):
+    run = launcher_dry_runs[script]
+    result = run.result()
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"{sys.executable} -m verl_ext.main" in result.stdout
     for line in ("max_model_len: 9216", "name: vllm", "use_remove_padding: false", "attn_implementation: sdpa"):
         assert line in result.stdout, line  # resolved here, where flash-attn is not installed
     assert "flash-attn is not installed" in result.stderr
-    assert not (tmp_path / "runs").exists() and not (tmp_path / "smoke").exists()
+    assert not (run.folder / "runs").exists() and not (run.folder / "smoke").exists()
