@@ -28,7 +28,9 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -151,6 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--ready-timeout", type=float, default=1800.0, help="seconds to wait for a server to be ready")
     srv.add_argument("--log-dir", type=Path, help="server logs (default: <results-dir>/logs)")
     srv.add_argument("--concurrency", type=positive_int, help="requests in flight per model (default: the table's)")
+    srv.add_argument(
+        "--parallel-models",
+        type=positive_int,
+        default=1,
+        help="models evaluated side by side, each with its own server (default 1: one after another). On CPU, N "
+        "servers share the cores: run with OMP_NUM_THREADS=cores/N. GPU servers take every GPU: keep 1 there",
+    )
     srv.add_argument(
         "--timeout",
         type=float,
@@ -377,11 +386,54 @@ async def watched(work: Coroutine[Any, Any, T], ep: Endpoint) -> T:
     )
 
 
+_IMPORT_LOCK = threading.Lock()
+
+
+class Stopper:
+    """Stops the models that run side by side (``--parallel-models``), each in its own thread and event loop: on
+    Ctrl-C / SIGTERM (which only the main thread receives) their running evaluations are cancelled as a
+    single-model run's would be (items in flight leave no line; their servers are stopped as the threads
+    unwind), and models not started yet are not started."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[asyncio.Task, asyncio.AbstractEventLoop] = {}
+        self.stopped = False  # no further model starts
+        self.cancelled = False  # running models are cancelled too
+
+    def attach(self, task: asyncio.Task) -> None:
+        """Register the running evaluation of one model (called in its own event loop)."""
+        with self._lock:
+            if self.cancelled:
+                task.cancel()
+            else:
+                self._running[task] = asyncio.get_running_loop()
+
+    def detach(self, task: asyncio.Task) -> None:
+        with self._lock:
+            self._running.pop(task, None)
+
+    def stop(self, cancel: bool) -> None:
+        """No model starts after this; with ``cancel``, the running ones are cancelled as well."""
+        with self._lock:
+            self.stopped = True
+            if cancel:
+                self.cancelled = True
+                for task, loop in self._running.items():
+                    loop.call_soon_threadsafe(task.cancel)
+
+
 def run_entry(
-    entry: cfg.ModelEntry, jobs: list[Job], args: argparse.Namespace, sampling: dict[str, Any]
+    entry: cfg.ModelEntry,
+    jobs: list[Job],
+    args: argparse.Namespace,
+    sampling: dict[str, Any],
+    stopper: Stopper | None = None,
 ) -> list[tuple[Job, FileOutcome]]:
-    """One model: its tokenizer, its endpoint for the duration of its files, then the server is stopped."""
-    tokenizer = load_tokenizer(entry.tokenizer or entry.checkpoint)  # before a server starts: fail fast
+    """One model: its tokenizer, its endpoint for the duration of its files, then the server is stopped. With
+    ``stopper`` (models side by side), the evaluation can be cancelled from the main thread."""
+    with _IMPORT_LOCK:  # transformers' lazy first import fails when two threads race (models side by side)
+        tokenizer = load_tokenizer(entry.tokenizer or entry.checkpoint)  # before a server starts: fail fast
     report_long_questions(entry, jobs, tokenizer)
     log_dir = args.log_dir or args.results_dir / "logs"
     with endpoint(entry, args.url, args.serve, args.replicas, log_dir, args.ready_timeout) as ep:
@@ -401,7 +453,20 @@ def run_entry(
             max_retries=args.max_retries,
             backoff=args.backoff,
         )
-        return asyncio.run(watched(run_model(entry, jobs, tokenizer, client, args, sampling), ep))
+        work = watched(run_model(entry, jobs, tokenizer, client, args, sampling), ep)
+        if stopper is None:
+            return asyncio.run(work)
+        return asyncio.run(_stoppable(work, stopper))
+
+
+async def _stoppable(work: Coroutine[Any, Any, T], stopper: Stopper) -> T:
+    task = asyncio.current_task()
+    assert task is not None
+    stopper.attach(task)
+    try:
+        return await work
+    finally:
+        stopper.detach(task)
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -461,6 +526,107 @@ def unfinished(plans: list[tuple[cfg.ModelEntry, list[Job]]]) -> list[str]:
     return lines
 
 
+def run_one_after_another(
+    plans: list[tuple[cfg.ModelEntry, list[Job]]],
+    args: argparse.Namespace,
+    sampling: dict[str, Any],
+    rows: list[tuple[str, Job, FileOutcome]],
+    skipped_models: list[str],
+) -> None:
+    """The models of ``plans`` in table order, one server at a time (``--parallel-models 1``, the default)."""
+    for k, (entry, jobs) in enumerate(plans):
+        jobs = [job for job in jobs if job.pending]
+        if not jobs:
+            log.info("%s: nothing to run (all items done)", entry.name)
+            continue
+        log.info("%s: %d file(s), %d item(s) to run", entry.name, len(jobs), sum(len(j.pending) for j in jobs))
+        try:
+            rows.extend((entry.name, job, outcome) for job, outcome in run_entry(entry, jobs, args, sampling))
+        except (ModelNotAvailableError, ServerError) as err:
+            # One model that cannot be served must not stop a multi-day run: report it, go on.
+            log.error("%s: skipped: %s", entry.name, err)
+            skipped_models.append(entry.name)
+            if args.url and isinstance(err, EndpointDownError):
+                # Every model goes to that one endpoint: the others would wait on it the same way.
+                rest = [e.name for e, js in plans[k + 1 :] if any(job.pending for job in js)]
+                if rest:
+                    log.error("stopping: --url %s serves every selected model; not run: %s", args.url, rest)
+                skipped_models.extend(rest)
+                break
+
+
+def run_side_by_side(
+    plans: list[tuple[cfg.ModelEntry, list[Job]]],
+    args: argparse.Namespace,
+    sampling: dict[str, Any],
+    rows: list[tuple[str, Job, FileOutcome]],
+    skipped_models: list[str],
+) -> None:
+    """The models of ``plans``, ``args.parallel_models`` at a time (each in a thread with its own server and
+    event loop), in table order as slots free up. Outcomes are as one after another: results rows in table order,
+    a model that cannot be served skipped and named, bad input re-raised, Ctrl-C / SIGTERM re-raised as
+    :class:`KeyboardInterrupt` once every started model has unwound (its server stopped, its finished items
+    saved). The difference is when things happen: a model may start while another is still running."""
+    stopper = Stopper()
+
+    def work(entry: cfg.ModelEntry, jobs: list[Job]) -> tuple[str, Any]:
+        if stopper.stopped:
+            return "not run", None
+        try:
+            return "done", run_entry(entry, jobs, args, sampling, stopper)
+        except (ModelNotAvailableError, ServerError) as err:
+            log.error("%s: skipped: %s", entry.name, err)
+            if args.url and isinstance(err, EndpointDownError):
+                stopper.stop(cancel=False)  # every model goes to that one endpoint: start no more
+            return "skipped", err
+        except asyncio.CancelledError:
+            return "cancelled", None
+        except BaseException as err:  # bad input and the like: stop everything, then raise it in the main thread
+            stopper.stop(cancel=True)
+            return "error", err
+
+    todo = []
+    for entry, jobs in plans:
+        pending = [job for job in jobs if job.pending]
+        if pending:
+            log.info(
+                "%s: %d file(s), %d item(s) to run", entry.name, len(pending), sum(len(j.pending) for j in pending)
+            )
+            todo.append((entry, pending))
+        else:
+            log.info("%s: nothing to run (all items done)", entry.name)
+    interrupted = False
+    with ThreadPoolExecutor(max_workers=args.parallel_models, thread_name_prefix="model") as pool:
+        futures = [pool.submit(work, entry, jobs) for entry, jobs in todo]
+        for future in futures:
+            while True:
+                try:
+                    future.result(timeout=1.0)  # a bounded wait: the main thread must take Ctrl-C / SIGTERM
+                    break
+                except TimeoutError:
+                    continue
+                except KeyboardInterrupt:
+                    interrupted = True
+                    stopper.stop(cancel=True)  # the pool's exit waits for the started models to unwind
+    errors, not_run = [], []
+    for (entry, _), future in zip(todo, futures, strict=True):
+        kind, value = future.result()
+        if kind == "done":
+            rows.extend((entry.name, job, outcome) for job, outcome in value)
+        elif kind == "error":
+            errors.append(value)
+        elif kind in ("skipped", "not run"):
+            skipped_models.append(entry.name)
+            if kind == "not run":
+                not_run.append(entry.name)
+    if errors:
+        raise errors[0]
+    if interrupted:
+        raise KeyboardInterrupt
+    if not_run:  # only the --url endpoint that does not answer stops further models without an error
+        log.error("stopping: --url %s serves every selected model; not run: %s", args.url, not_run)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Exit status: 0 when every selected item has a result; 1 when an item failed or did not run (an endpoint
     that does not answer included); 2 on bad input (nothing is sent to a model then) or a results folder in use by
@@ -500,25 +666,8 @@ def evaluate(args: argparse.Namespace) -> int:
     rows: list[tuple[str, Job, FileOutcome]] = []
     skipped_models: list[str] = []
     try:
-        for k, (entry, jobs) in enumerate(plans):
-            jobs = [job for job in jobs if job.pending]
-            if not jobs:
-                log.info("%s: nothing to run (all items done)", entry.name)
-                continue
-            log.info("%s: %d file(s), %d item(s) to run", entry.name, len(jobs), sum(len(j.pending) for j in jobs))
-            try:
-                rows.extend((entry.name, job, outcome) for job, outcome in run_entry(entry, jobs, args, sampling))
-            except (ModelNotAvailableError, ServerError) as err:
-                # One model that cannot be served must not stop a multi-day run: report it, go on.
-                log.error("%s: skipped: %s", entry.name, err)
-                skipped_models.append(entry.name)
-                if args.url and isinstance(err, EndpointDownError):
-                    # Every model goes to that one endpoint: the others would wait on it the same way.
-                    rest = [e.name for e, js in plans[k + 1 :] if any(job.pending for job in js)]
-                    if rest:
-                        log.error("stopping: --url %s serves every selected model; not run: %s", args.url, rest)
-                    skipped_models.extend(rest)
-                    break
+        schedule = run_side_by_side if args.parallel_models > 1 else run_one_after_another
+        schedule(plans, args, sampling, rows, skipped_models)
     except KeyboardInterrupt:
         print("\ninterrupted: finished items are saved; run the same command again to resume", file=sys.stderr)
         print_totals(rows)
