@@ -36,6 +36,7 @@ Every option can come from --config FILE (YAML, keys as the long flags); flags o
 def build_parser() -> argparse.ArgumentParser:
     from recurrent.impls.memory import FINAL_TEMPLATES
     from recurrent.serve.questions import QUESTION_MODES
+    from recurrent.serve.spool import SPOOL_BYTES
 
     parser = argparse.ArgumentParser(
         prog="python -m recurrent.serve", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -125,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--shutdown-grace", type=seconds, default=30.0, help="seconds in-flight documents get after SIGTERM (30)"
     )
     svc.add_argument("--keepalive", type=seconds, default=15.0, help="seconds between stream keep-alives (15; 0: none)")
+    svc.add_argument(
+        "--spool-bytes",
+        type=non_negative_int,
+        default=SPOOL_BYTES,
+        help=f"a request body over this many bytes is held on disk, not in memory (default {SPOOL_BYTES})",
+    )
+    svc.add_argument("--spool-dir", help="where a long request's files are made (default: the system's temp folder)")
     svc.add_argument(
         "--server-key-env", metavar="VAR", help="environment variable holding a key clients must send (Bearer)"
     )
@@ -216,6 +224,8 @@ def serve(args: argparse.Namespace, stop: _Stop) -> int:
             document_timeout=args.document_timeout or None,
             shutdown_grace=args.shutdown_grace,
             keepalive=args.keepalive or None,
+            spool_bytes=args.spool_bytes,
+            spool_dir=args.spool_dir,
             server_key=os.environ[args.server_key_env] if args.server_key_env else None,
         )
         client = OpenAIChatClient(

@@ -25,7 +25,7 @@ from recurrent.impls.memory import FINAL_TEMPLATES, MemorySession, MemoryWorkflo
 from recurrent.interface import Reply, Turn
 from recurrent.serve.protocol import ApiError, ChatRequest, bad_request, upstream_error
 from recurrent.serve.questions import QUESTION_MODES, Found, QuestionError, find_question
-from recurrent.serve.spool import LongText, Spools, as_str
+from recurrent.serve.spool import SPOOL_BYTES, LongText, Spools, as_str
 from recurrent.tokens import SeamError, encode_long, encode_windows
 
 log = logging.getLogger("recurrent.serve")
@@ -37,10 +37,6 @@ MAX_CHARS_PER_TOKEN = 64
 # hand-overs to a worker thread and back cost on a loaded machine (docs/third_party_eval.md). A longer one goes to
 # a thread, so that the loop keeps serving the other documents while it is tokenized.
 INLINE_TOKENIZE_CHARS = 32_768
-# A request body over this many bytes (~170K tokens of English) is read into a temporary file and its long texts
-# are kept on disk (recurrent.serve.spool): the endpoint's memory does not grow with the document. A shorter body
-# is parsed in memory, which costs ~4.5 times the body at its peak: ~5 MiB at most (docs/serving.md).
-SPOOL_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)

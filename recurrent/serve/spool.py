@@ -27,6 +27,10 @@ import numpy as np
 
 from recurrent.tokens import TOKEN_DTYPE
 
+# A request body over this many bytes (~170K tokens of English) is read into a temporary file and its long texts
+# are kept on disk: the endpoint's memory does not grow with the document. A shorter body is parsed in memory,
+# which costs ~4.5 times the body at its peak: ~5 MiB at most (docs/serving.md, "Long requests").
+SPOOL_BYTES = 1 << 20
 READ_BLOCK = 1 << 18  # bytes of the body read at a time
 WRITE_CHARS = 1 << 18  # characters of a long string gathered before they are written
 _UTF32 = "utf-32-le"
