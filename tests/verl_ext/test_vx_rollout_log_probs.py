@@ -6,7 +6,7 @@ forward pass (``algorithm.rollout_correction.bypass_mode``; docs/replication_cpu
   response token of every turn, and those values are what verl's actor computes for the same rows: the FSDP engine's
   own input and output code (``prepare_model_inputs`` / ``prepare_model_outputs``, the path of
   ``use_remove_padding=false``) and the response slice ``_compute_old_log_prob`` writes as ``old_log_probs``
-  (``response_from_nested``), within 1e-5; a plain forward pass of each row, computed here, agrees with both.
+  (``response_from_nested``), within 2e-5; a plain forward pass of each row, computed here, agrees with both.
 - The configs: only the CPU replication takes them; nothing else of its algorithm changes (no importance weights,
   no rejection, the PPO clip loss with token-mean), and the GPU default keeps verl's recomputation.
 """
@@ -31,8 +31,9 @@ from vx_helpers import capture_transfer_queue, compose_config, make_worker
 
 # fp32 both sides, temperature 1.0: the two computations differ only in the order of float operations (the server
 # reads a prompt once and each new token through its KV cache, left-padded in a batch; the actor reads the whole
-# row, right-padded). Measured here: up to 7e-6 (the same rows by hand against the actor's code: up to 4e-6).
-ATOL = 1e-5
+# row, right-padded). Measured here: up to 8e-6, varying with how the server happened to batch the requests (the
+# same rows by hand against the actor's code: up to 4e-6); the bound leaves room for that.
+ATOL = 2e-5
 
 
 def nested(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -51,19 +52,16 @@ def actor(tiny_model_dir):
     return model.eval()
 
 
-@pytest.fixture(scope="module")
-async def stored_rows(tmp_path_factory, tiny_model_dir, tiny_tokenizer, actor):
-    """Every row verl's worker stores for 2 prompts x n = 4 trajectories (async mode, the CPU replication's),
-    sampled by the ``hf_cpu`` server at temperature 1.0 after the weight sync."""
+@pytest.fixture(scope="module", params=["async", "sync"])
+async def stored_rows(request, tmp_path_factory, tiny_model_dir, tiny_tokenizer, actor):
+    """Every row verl's worker stores for 2 prompts x n = 4 trajectories, sampled by the ``hf_cpu`` server at
+    temperature 1.0 after the weight sync, in either rollout mode (async: the CPU replication's)."""
     from verl_ext.cpu.rollout.server import HFCPUServer
 
-    overrides = [
-        "recurrent.mode=async",
-        "actor_rollout_ref.rollout.n=4",
-        "actor_rollout_ref.rollout.temperature=1.0",
-        "actor_rollout_ref.rollout.calculate_log_probs=true",
-    ]
-    config, batch_dict = make_batch(tmp_path_factory.mktemp("rows"), tiny_tokenizer, QUESTIONS[:2], "async", overrides)
+    mode = request.param
+    overrides = ["actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.temperature=1.0"]
+    overrides.append("actor_rollout_ref.rollout.calculate_log_probs=true")
+    config, batch_dict = make_batch(tmp_path_factory.mktemp(mode), tiny_tokenizer, QUESTIONS[:2], mode, overrides)
     with open_dict(config):
         config.actor_rollout_ref.model.path = tiny_model_dir
     server = HFCPUServer(config.actor_rollout_ref.rollout, config.actor_rollout_ref.model, replica_rank=0)
