@@ -20,7 +20,8 @@ and of the endpoint process for (b), per request (``/proc/PID/stat``, all thread
 figure that a loaded machine disturbs much less than wall time; the upstream's own time per request; the endpoint
 process's peak RSS while it served that length (peak reset before each length through ``/proc/PID/clear_refs``;
 its idle RSS is printed too). Targets: the endpoint adds under 1 ms per request beyond the upstream's time, and its
-memory is flat in document length.
+memory is flat in document length (a body over ``--spool-bytes``, 1 MiB by default, is held on disk: docs/serving.md,
+"Long requests").
 
 The tokenizer is the offline ``tiny`` model's (no download); documents are English-like synthetic text.
 
