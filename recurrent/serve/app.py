@@ -178,7 +178,6 @@ def build_app(service: MemAgentService) -> FastAPI:
         log.error("internal error on %s %s", request.method, request.url.path, exc_info=err)
         return ApiError(500, f"internal error: {type(err).__name__}: {err}", "server_error").response()
 
-    @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         if not authorized(request):
             return unauthorized.response()
@@ -230,6 +229,10 @@ def build_app(service: MemAgentService) -> FastAPI:
             )
         finally:
             gone.cancel()
+
+    # A plain Starlette route: the handler takes the request as it is, so FastAPI's parameter resolution (its
+    # dependency machinery) has nothing to do; skipping it saves ~0.1 ms of CPU a request (docs/third_party_eval.md).
+    app.router.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
 
     async def _stream(doc: Document, gone: asyncio.Future) -> Response:
         """The stream opens once the first turn is in (or the document is done): an error before then is an
