@@ -1,7 +1,7 @@
 """Old against new settings of the replication's evaluation, side by side in one run, on a slice of the test split.
 
     python scripts/bench_eval_replication.py                       # 16 documents at 16 and 64 chunks, 2 policies
-    python scripts/bench_eval_replication.py --settings old=8x1 c16=16x1 new=16x2 --docs 16 --lengths 16,64
+    python scripts/bench_eval_replication.py --settings old=8x1 c16=16x1 new=8x2 --docs 16 --lengths 16,64
 
 Each setting runs the harness as the replication's stage 5 does (``python -m taskutils.memory_eval.run`` on a
 reader table from ``taskutils.replication.eval_models``, ``transformers serve`` with continuous batching, method
@@ -163,9 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         "--settings",
         nargs="+",
         type=parse_setting,
-        default=[parse_setting("old=8x1"), parse_setting("new=16x2")],
+        default=[parse_setting("old=8x1"), parse_setting("new=8x2")],
         metavar="NAME=CxP",
-        help="concurrency x models side by side; the first is the reference (default: old=8x1 new=16x2)",
+        help="concurrency x models side by side; the first is the reference (default: old=8x1 new=8x2)",
     )
     parser.add_argument("--repeat", type=int, default=1, help="run the settings this many times, interleaved")
     parser.add_argument("--out", type=Path, help="work folder (default: a temporary one)")

@@ -18,6 +18,8 @@ Examples:
     # CPU: the replication's readers on the needle task (table from python -m taskutils.replication.eval_models)
     python -m taskutils.memory_eval.run --table readers.yaml --tasks needle --data-dir DATA/eval/test \\
         --method memory-boxed,direct-boxed --temperature 0
+    # CPU, 2 cores: two readers at a time, each with its own one-thread server
+    OMP_NUM_THREADS=1 python -m taskutils.memory_eval.run --table readers.yaml --tasks needle ... --parallel-models 2
 """
 
 from __future__ import annotations
