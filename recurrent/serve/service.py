@@ -221,7 +221,10 @@ class MemAgentService:
         doc.spools = spools
         doc.task = asyncio.create_task(self._drive(doc))
         self.documents.add(doc)
-        doc.task.add_done_callback(lambda _: (self.documents.discard(doc), doc.events.put_nowait(("end",))))
+        # However the task ends, even cancelled before its first step (when no finally of it runs).
+        doc.task.add_done_callback(
+            lambda _: (self.documents.discard(doc), self._close_spools(doc), doc.events.put_nowait(("end",)))
+        )
         return doc
 
     def _find(self, request: ChatRequest) -> Found:
@@ -287,8 +290,6 @@ class MemAgentService:
             raise ApiError(
                 500, f"internal error {doc.progress()}: {type(err).__name__}: {err}", "server_error"
             ) from err
-        finally:
-            self._close_spools(doc)
         self.counters.completed += 1
         log.info(
             "%s answered: %s, %d turns, %d+%d tokens, %.2f s",
