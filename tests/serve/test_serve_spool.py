@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from serve_helpers import WAIT, counters, served, wait_event, wait_until
+from serve_helpers import WAIT, counters, served, sse_events, wait_event, wait_until
 from transformers import AutoTokenizer
 
 from recurrent.serve import spool as spool_module
@@ -305,3 +305,23 @@ def test_a_spooled_request_leaves_no_file_however_it_ends(scripted, tiny_tokeniz
     error = malformed.json()["error"]["message"]
     assert malformed.status_code == 400 and error.startswith("the request body is not valid JSON: Invalid \\escape")
     assert list(folder.iterdir()) == []
+
+
+def test_a_spooled_request_streams_what_the_in_memory_one_answers(scripted, tiny_tokenizer):
+    request = {**REQUESTS["split"], "model": "memagent", "temperature": 0, "memagent": {"return_memories": True}}
+    streamed = {}
+    for name, extra in (("memory", {}), ("spooled", SPOOLED)):
+        with served(scripted.url, scripted.model, tiny_tokenizer, chunk_size=24, **extra) as (base, _):
+            plain_reply = post(base, request).json()
+            with (
+                httpx.Client(timeout=WAIT) as http,
+                http.stream("POST", f"{base}/chat/completions", json={**request, "stream": True}) as response,
+            ):
+                events = list(sse_events(response.iter_lines()))
+        assert events[-1] == "[DONE]"
+        content = "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1] if e["choices"])
+        memories = [e["memagent"]["memory"] for e in events[:-1] if not e["choices"] and "memagent" in e]
+        streamed[name] = (content, memories, plain_reply["choices"][0]["message"]["content"])
+    content, memories, answer = streamed["memory"]
+    assert content == answer and len(memories) > 4
+    assert streamed["spooled"] == streamed["memory"]
