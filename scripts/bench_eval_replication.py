@@ -101,7 +101,7 @@ def results_of(folder: Path) -> dict:
     for path in sorted(folder.glob("needle_*/*.jsonl")):
         for line in path.read_text().splitlines():
             r = json.loads(line)
-            turns = [t.get("text", t.get("reply")) if isinstance(t, dict) else t for t in r.get("trace") or []]
+            turns = [{k: v for k, v in t.items() if k != "seconds"} for t in r.get("trace") or []]  # text, tokens
             key = (path.parent.name, r["model"], r["id"])
             out[key] = (r.get("error"), r["response"], r["prompt_tokens"], r["completion_tokens"], r["memories"], turns)
     return out
