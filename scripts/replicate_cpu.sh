@@ -11,23 +11,28 @@
 #   2. data         needle documents: training (1-4 chunks), validation (1, 2, 4 chunks), test (every eval length)
 #   3. RL           for each seed of SEEDS: scripts/train_tiny_cpu.sh TASK=needle (configs/replicate_cpu.yaml:
 #                   our trainer, the memory agent, strict reward, GRPO n=4, KL loss, 16 updates per step)
-#   4. ablation     the same run with recurrent.credit=final_same_step (memory turns carry no advantage; the
-#                   answers' step as in RL, docs/fidelity.md "Credit on every turn"), ABLATION_SEEDS
+#   4. ablations    the same run with the answers' credit only, each variant of ABLATIONS (docs/fidelity.md,
+#                   "Credit on every turn"): recurrent.credit=final_same_step (memory turns carry no advantage, the
+#                   answers' step as in RL) and final_token_mean (the answers' loss averaged over their own tokens),
+#                   ABLATION_SEEDS of each
 #   5. evaluation   python -m taskutils.memory_eval.run through `transformers serve` of each policy's exported
 #                   checkpoint, on the test split at LENGTHS chunks, EVAL_DOCS documents each, greedy; the memory
 #                   agent (memory-boxed) and the full-context baseline (direct-boxed: the whole document in one
-#                   prompt, middle-truncated to the reader's window) for every policy
+#                   prompt, middle-truncated to the reader's window) for every policy; PARALLEL_MODELS policies at
+#                   a time, each with its own one-thread server (taskutils/memory_eval/README.md)
 #   6. report       python -m taskutils.replication.report: replication.md / .csv / .png (accuracy by length x policy)
 #
 # Environment (defaults in brackets; QUICK=1 changes the ones marked Q):
 #   OUT_DIR         everything the run writes [.cache/replicate_cpu; Q: .cache/replicate_cpu_quick]
 #   STEPS           RL steps per run [30; Q: 2]
 #   SEEDS           RL seeds (actor_rollout_ref.rollout.seed) ["0 1"; Q: "0"]
-#   ABLATION_SEEDS  seeds of the final-credit ablation ["0"; Q: none]
+#   ABLATIONS       credit variants of the ablation ["final_same_step final_token_mean"]
+#   ABLATION_SEEDS  seeds of each ablation variant ["0"; Q: none]
 #   ABLATION_STEPS  steps of the ablation [STEPS; Q: 1]
 #   LENGTHS         evaluation lengths in chunks of 64 tokens ["1 2 4 8 16 32 64"; Q: "1 2"]
 #   EVAL_DOCS       test documents per length [64; Q: 2]
 #   NGPUS           FSDP ranks of each RL run (fake Ray GPUs) [2]
+#   PARALLEL_MODELS policies evaluated side by side [3; Q: 2]
 #   PYTHON          interpreter [the repo's .venv]
 # Extra arguments go to every RL run as hydra overrides.
 #
@@ -44,6 +49,7 @@ if [[ "$QUICK" == 1 ]]; then
   OUT_DIR="${OUT_DIR:-$REPO/.cache/replicate_cpu_quick}"
   STEPS="${STEPS:-2}" SEEDS="${SEEDS:-0}" ABLATION_SEEDS="${ABLATION_SEEDS-}" ABLATION_STEPS="${ABLATION_STEPS:-1}"
   LENGTHS="${LENGTHS:-1 2}" EVAL_DOCS="${EVAL_DOCS:-2}" TRAIN_DOCS=64 VAL_DOCS=1 warm_args=(--cache --quick)
+  PARALLEL_MODELS="${PARALLEL_MODELS:-2}"
   # 2 prompts x n 2 per step (2 updates), validation once, at the end: the pipeline's artefacts in minutes. A step
   # costs about its trajectories; the launch's start-up (~60 s) is the rest of the stage and does not shrink.
   quick_overrides=(data.train_batch_size=2 actor_rollout_ref.rollout.n=2 trainer.val_before_train=False
@@ -52,9 +58,15 @@ else
   OUT_DIR="${OUT_DIR:-$REPO/.cache/replicate_cpu}"
   STEPS="${STEPS:-30}" SEEDS="${SEEDS:-0 1}" ABLATION_SEEDS="${ABLATION_SEEDS-0}" ABLATION_STEPS="${ABLATION_STEPS:-$STEPS}"
   LENGTHS="${LENGTHS:-1 2 4 8 16 32 64}" EVAL_DOCS="${EVAL_DOCS:-64}" TRAIN_DOCS=2000 VAL_DOCS=8 warm_args=(--cache)
+  # Two policies side by side ran 1.8 times as fast as one after another on 2 idle cores, three a little faster
+  # still (the server's forward pass is the cost; more documents in flight per server slowed each turn).
+  PARALLEL_MODELS="${PARALLEL_MODELS:-3}"
   quick_overrides=()
 fi
 NGPUS="${NGPUS:-2}"
+ABLATIONS="${ABLATIONS-final_same_step final_token_mean}"
+# The run (and policy) name of a credit variant: final_same_step -> ablation-same-step.
+ablation_name() { local mode="${1#final_}"; echo "ablation-${mode//_/-}"; }
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 mkdir -p "$OUT_DIR/runs"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
@@ -76,7 +88,8 @@ timed() {
 # The last checkpointed step of a run folder (0 if none).
 last_step() { cat "$1/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null || echo 0; }
 
-say "out=$OUT_DIR steps=$STEPS seeds=[$SEEDS] ablation=[$ABLATION_SEEDS]x$ABLATION_STEPS lengths=[$LENGTHS] docs=$EVAL_DOCS"
+say "out=$OUT_DIR steps=$STEPS seeds=[$SEEDS] ablations=[$ABLATIONS] seeds [$ABLATION_SEEDS] x $ABLATION_STEPS steps" \
+  "lengths=[$LENGTHS] docs=$EVAL_DOCS parallel=$PARALLEL_MODELS"
 
 # ---- 1. warm start (cached) --------------------------------------------------------------------------------------
 say "1/6 warm start (${warm_args[*]}): built once, then reused"
@@ -111,9 +124,11 @@ rl_run() {
 EXTRA=("${quick_overrides[@]}" "$@")
 say "3/6 RL: seeds [$SEEDS], $STEPS steps each"
 for seed in $SEEDS; do rl_run "rl-seed$seed" "$STEPS" "actor_rollout_ref.rollout.seed=$seed"; done
-say "4/6 ablation (recurrent.credit=final_same_step): seeds [$ABLATION_SEEDS], $ABLATION_STEPS steps each"
-for seed in $ABLATION_SEEDS; do
-  rl_run "ablation-seed$seed" "$ABLATION_STEPS" "actor_rollout_ref.rollout.seed=$seed" recurrent.credit=final_same_step
+say "4/6 ablations (recurrent.credit in [$ABLATIONS]): seeds [$ABLATION_SEEDS], $ABLATION_STEPS steps each"
+for mode in $ABLATIONS; do
+  for seed in $ABLATION_SEEDS; do
+    rl_run "$(ablation_name "$mode")-seed$seed" "$ABLATION_STEPS" "actor_rollout_ref.rollout.seed=$seed" "recurrent.credit=$mode"
+  done
 done
 
 # ---- 5. evaluation through the harness -----------------------------------------------------------------------------
@@ -121,15 +136,19 @@ say "5/6 evaluation: test split, lengths [$LENGTHS], $EVAL_DOCS documents each, 
 # The policies' exported checkpoints (the last step's Hugging Face folder of each run) in a model table.
 policies=("warm-start=$WARM")
 for seed in $SEEDS; do policies+=("rl-seed$seed=$OUT_DIR/runs/rl-seed$seed/checkpoints/global_step_$STEPS/actor/huggingface"); done
-for seed in $ABLATION_SEEDS; do
-  policies+=("ablation-seed$seed=$OUT_DIR/runs/ablation-seed$seed/checkpoints/global_step_$ABLATION_STEPS/actor/huggingface")
+for mode in $ABLATIONS; do
+  for seed in $ABLATION_SEEDS; do
+    run="$(ablation_name "$mode")-seed$seed"
+    policies+=("$run=$OUT_DIR/runs/$run/checkpoints/global_step_$ABLATION_STEPS/actor/huggingface")
+  done
 done
 "$PYTHON" -m taskutils.replication.eval_models "${policies[@]}" --out "$OUT_DIR/policies.yaml" > /dev/null
 models="$(IFS=,; echo "${policies[*]%%=*}" | tr ' ' ',')"
 # shellcheck disable=SC2086  # LENGTHS is a list
 timed evaluation "$PYTHON" -m taskutils.memory_eval.run --table "$OUT_DIR/policies.yaml" --models "$models" \
   --method memory-boxed,direct-boxed --tasks needle --lengths "$(echo $LENGTHS | tr ' ' ',')" --limit "$EVAL_DOCS" \
-  --data-dir "$OUT_DIR/eval_data/eval/test" --results-dir "$OUT_DIR/results" --temperature 0 --no-report
+  --data-dir "$OUT_DIR/eval_data/eval/test" --results-dir "$OUT_DIR/results" --temperature 0 --no-report \
+  --parallel-models "$PARALLEL_MODELS"
 
 # ---- 6. report --------------------------------------------------------------------------------------------------------
 say "6/6 report"

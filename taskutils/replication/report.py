@@ -35,9 +35,13 @@ _SEED = re.compile(r"-seed(\d+)$")
 POLICY_NAMES = {
     ("warm-start", "memory-boxed"): "warm start (SFT)",
     ("rl", "memory-boxed"): "RL",
+    ("ablation-same-step", "memory-boxed"): "ablation: answer credit only, RL's step",
+    ("ablation-token-mean", "memory-boxed"): "ablation: answer credit only, answer token-mean",
     ("ablation", "memory-boxed"): "ablation: final-answer credit only",
     ("warm-start", "direct-boxed"): "warm start, full context",
     ("rl", "direct-boxed"): "RL, full context",
+    ("ablation-same-step", "direct-boxed"): "ablation (RL's step), full context",
+    ("ablation-token-mean", "direct-boxed"): "ablation (answer token-mean), full context",
     ("ablation", "direct-boxed"): "ablation, full context",
 }
 

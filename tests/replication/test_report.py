@@ -55,3 +55,14 @@ def test_an_incomplete_file_is_flagged_and_fails_the_exit_status(tmp_path, capsy
 def test_no_results_is_an_error(tmp_path, capsys):
     assert main([str(tmp_path)]) == 2
     assert "no needle_<length>" in capsys.readouterr().err
+
+
+def test_the_two_ablation_variants_are_two_policies(tmp_path):
+    # scripts/replicate_cpu.sh names the credit variants' runs ablation-same-step-seed<k>, ablation-token-mean-seed<k>
+    results = tmp_path / "results"
+    results_file(results, 1, "ablation-same-step-seed0", "memory-boxed", [1, 0, 0, 0])  # 25 %
+    results_file(results, 1, "ablation-token-mean-seed0", "memory-boxed", [1, 1, 1, 0])  # 75 %
+    results_file(results, 1, "ablation-token-mean-seed1", "memory-boxed", [1, 0, 0, 0])  # 25 % -> mean 50
+    strict = write(results)["md"].read_text().split("**Lenient")[0]
+    assert "| ablation: answer credit only, RL's step | 1 | 25.0 |" in strict
+    assert "| ablation: answer credit only, answer token-mean | 2 | 50.0 |" in strict
