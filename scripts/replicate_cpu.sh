@@ -20,7 +20,8 @@
 #                   agent (memory-boxed) and the full-context baseline (direct-boxed: the whole document in one
 #                   prompt, middle-truncated to the reader's window) for every policy; PARALLEL_MODELS policies at
 #                   a time, each with its own one-thread server (taskutils/memory_eval/README.md)
-#   6. report       python -m taskutils.replication.report: replication.md / .csv / .png (accuracy by length x policy)
+#   6. report       python -m taskutils.replication.report: replication.md / .csv / .png (accuracy by length x policy;
+#                   the .md ends with what ran: commit, command line, stage times from timing.jsonl and run.jsonl)
 #
 # Environment (defaults in brackets; QUICK=1 changes the ones marked Q):
 #   OUT_DIR         everything the run writes [.cache/replicate_cpu; Q: .cache/replicate_cpu_quick]
@@ -38,7 +39,8 @@
 #
 # Output: OUT_DIR/{data,eval_data}, OUT_DIR/runs/<policy>/ (train.log, metrics.jsonl, training.png, checkpoints),
 # OUT_DIR/policies.yaml (the evaluation's model table), OUT_DIR/results/ (the harness's per-item results and
-# summary), OUT_DIR/results/replication.{md,csv,png}, OUT_DIR/timing.jsonl (wall seconds of every stage run).
+# summary), OUT_DIR/results/replication.{md,csv,png}, OUT_DIR/timing.jsonl (wall seconds of every stage run, and
+# a "total" line per invocation), OUT_DIR/run.jsonl (commit, command line, cores, start: one line per invocation).
 # Exit status: 0 when every stage finished and every results file is complete; otherwise the failing stage's.
 set -euo pipefail
 
@@ -87,6 +89,20 @@ timed() {
 }
 # The last checkpointed step of a run folder (0 if none).
 last_step() { cat "$1/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null || echo 0; }
+
+# What ran, for the report (docs/replication_cpu.md): the commit (with "+changes" when the tree differs from it), the
+# command line with the settings that shape the experiment, and when. One line per invocation: a resumed run adds one.
+RUN_START=$(date +%s)
+commit="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+[[ -z "$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null)" ]] || commit+="+changes"
+"$PYTHON" - "$OUT_DIR/run.jsonl" "$commit" "QUICK=$QUICK STEPS=$STEPS SEEDS='$SEEDS' ABLATIONS='$ABLATIONS'" \
+  "ABLATION_SEEDS='$ABLATION_SEEDS' ABLATION_STEPS=$ABLATION_STEPS LENGTHS='$LENGTHS' EVAL_DOCS=$EVAL_DOCS NGPUS=$NGPUS" \
+  "PARALLEL_MODELS=$PARALLEL_MODELS bash scripts/replicate_cpu.sh $*" "$(nproc)" <<'PY'
+import json, sys, time
+path, commit, *command, cores = sys.argv[1:]
+line = {"commit": commit, "command": " ".join(command).strip(), "cores": int(cores), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+open(path, "a").write(json.dumps(line) + "\n")
+PY
 
 say "out=$OUT_DIR steps=$STEPS seeds=[$SEEDS] ablations=[$ABLATIONS] seeds [$ABLATION_SEEDS] x $ABLATION_STEPS steps" \
   "lengths=[$LENGTHS] docs=$EVAL_DOCS parallel=$PARALLEL_MODELS"
@@ -152,7 +168,9 @@ timed evaluation "$PYTHON" -m taskutils.memory_eval.run --table "$OUT_DIR/polici
 
 # ---- 6. report --------------------------------------------------------------------------------------------------------
 say "6/6 report"
+# The invocation's wall time, stages 1-5 (the report takes a second): the report reads it from timing.jsonl.
+printf '{"stage": "total", "seconds": %d, "rc": 0}\n' $(($(date +%s) - RUN_START)) >> "$OUT_DIR/timing.jsonl"
 "$PYTHON" -m taskutils.memory_eval.report "$OUT_DIR/results" > /dev/null
-timed report "$PYTHON" -m taskutils.replication.report "$OUT_DIR/results"
+"$PYTHON" -m taskutils.replication.report "$OUT_DIR/results" --run-dir "$OUT_DIR"
 for run in "$OUT_DIR"/runs/*/; do say "training curve: ${run}training.png"; done
 say "done: $OUT_DIR/results/replication.md, replication.png; stage times: $OUT_DIR/timing.jsonl"

@@ -1,6 +1,6 @@
 """The replication's table and figure: accuracy by document length x policy (the paper's Table 2 in miniature).
 
-    python -m taskutils.replication.report RESULTS_DIR [--out DIR] [--task needle]
+    python -m taskutils.replication.report RESULTS_DIR [--out DIR] [--task needle] [--run-dir OUT_DIR]
 
 reads the evaluation harness's results files (``RESULTS_DIR/needle_{N}/<model>__<method>.jsonl``, through
 :func:`taskutils.memory_eval.report.collect`, the harness's own reader) and writes into ``--out`` (default
@@ -9,6 +9,10 @@ reads the evaluation harness's results files (``RESULTS_DIR/needle_{N}/<model>__
 - ``replication.md``: strict and lenient (``sub_em``) accuracy in %, one row per policy, one column per length;
 - ``replication.csv``: the same numbers, one line per (policy, model, method, length), the seeds' own rows included;
 - ``replication.png``: strict accuracy against document length (log scale), one line per policy.
+
+With ``--run-dir`` (the folder of ``scripts/replicate_cpu.sh``), ``replication.md`` ends with what ran: each
+invocation's commit, command line and cores (``run.jsonl``), every stage's wall time (``timing.jsonl``), and the
+run's wall time with and without the warm start's one-time build.
 
 A policy is a model name without its ``-seed<k>`` suffix, with its method: ``rl-seed0`` and ``rl-seed1`` (memory
 agent) are the policy ``rl``, reported as the mean of the seeds; a ``direct-boxed`` file is that model's
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import re
 import sys
 from collections import defaultdict
@@ -153,8 +158,35 @@ def plot(table: dict[tuple[str, str], dict[int, Cell]], path: Path) -> None:
     plt.close(fig)
 
 
-def write(results_dir: str | Path, out: str | Path | None = None, task: str = TASK) -> dict[str, Path]:
-    """Write the table (markdown, CSV) and the plot; returns their paths."""
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def run_section(run_dir: Path) -> str:
+    """What ran, from the script's ``run.jsonl`` and ``timing.jsonl``: one line per invocation (a resumed run has
+    several), one row per stage run, and the wall time. ``total`` lines are an invocation's stages 1-5."""
+    invocations, stages = _jsonl(run_dir / "run.jsonl"), _jsonl(run_dir / "timing.jsonl")
+    lines = ["**The run**", ""]
+    for inv in invocations:
+        lines.append(f"- {inv['started']}, commit `{inv['commit']}`, {inv['cores']} cores: `{inv['command']}`")
+    lines += ["", "| stage | wall (s) | wall (min) | exit |", "|---|---|---|---|"]
+    lines += [f"| {s['stage']} | {s['seconds']} | {s['seconds'] / 60:.1f} | {s['rc']} |" for s in stages]
+    total = sum(s["seconds"] for s in stages if s["stage"] == "total")
+    build = sum(s["seconds"] for s in stages if s["stage"] == "warm_start")
+    if total:
+        lines += [
+            "",
+            f"Wall time, stages 1-5 of every invocation: {total} s ({total / 60:.1f} min); without the warm "
+            f"start stage (its one-time build, cached afterwards): {total - build} s ({(total - build) / 60:.1f} min).",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def write(
+    results_dir: str | Path, out: str | Path | None = None, task: str = TASK, run_dir: str | Path | None = None
+) -> dict[str, Path]:
+    """Write the table (markdown, CSV) and the plot; returns their paths. With ``run_dir``, the markdown ends
+    with :func:`run_section`."""
     results_dir = Path(results_dir)
     out = Path(out) if out else results_dir
     out.mkdir(parents=True, exist_ok=True)
@@ -162,7 +194,7 @@ def write(results_dir: str | Path, out: str | Path | None = None, task: str = TA
     if not table:
         raise FileNotFoundError(f"no {task}_<length>/<model>__<method>.jsonl results under {results_dir}")
     paths = {"md": out / "replication.md", "csv": out / "replication.csv", "png": out / "replication.png"}
-    paths["md"].write_text(markdown(table))
+    paths["md"].write_text(markdown(table) + ("\n" + run_section(Path(run_dir)) if run_dir else ""))
     write_csv(table, paths["csv"])
     plot(table, paths["png"])
     return paths
@@ -177,9 +209,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("results_dir", type=Path)
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: RESULTS_DIR)")
     parser.add_argument("--task", default=TASK)
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        default=None,
+        help="the replication's folder: end the table with its run.jsonl and timing.jsonl",
+    )
     args = parser.parse_args(argv)
     try:
-        paths = write(args.results_dir, args.out, args.task)
+        paths = write(args.results_dir, args.out, args.task, args.run_dir)
     except FileNotFoundError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

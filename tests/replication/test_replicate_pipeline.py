@@ -49,7 +49,7 @@ def pipeline(tmp_path_factory):
 
 def test_every_stage_ran_once_and_succeeded(pipeline):
     names = [s["stage"] for s in pipeline["first_stages"]]
-    assert names == ["warm_start", "data_train", "data_test", "rl:rl-seed0", "evaluation", "report"]
+    assert names == ["warm_start", "data_train", "data_test", "rl:rl-seed0", "evaluation", "total"]
     assert all(s["rc"] == 0 for s in pipeline["first_stages"])
 
 
@@ -92,7 +92,23 @@ def test_a_rerun_redoes_nothing(pipeline):
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "rl-seed0: done (2 steps)" in second.stdout
     new = stages(pipeline["out"])[len(pipeline["first_stages"]) :]
-    assert [s["stage"] for s in new] == ["warm_start", "evaluation", "report"]  # cached, resumed, redrawn
+    assert [s["stage"] for s in new] == ["warm_start", "evaluation", "total"]  # cached, resumed, redrawn
     for model in MODELS:  # no item evaluated twice
         lines = (pipeline["out"] / "results" / "needle_1" / f"{model}__memory-boxed.jsonl").read_text().splitlines()
         assert len(lines) == DOCS
+
+
+def test_the_table_says_what_ran(pipeline):
+    """Each invocation's commit and command line (run.jsonl), and the stage times with the wall time, at the
+    end of replication.md: the total is the sum of the invocations' total lines, here counted by hand."""
+    out = pipeline["out"]
+    invocations = [json.loads(line) for line in (out / "run.jsonl").read_text().splitlines()]
+    assert len(invocations) == 2  # the first run and the rerun
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    assert all(inv["commit"].startswith(head.stdout.strip()) for inv in invocations)
+    assert all("QUICK=1" in inv["command"] and "bash scripts/replicate_cpu.sh" in inv["command"] for inv in invocations)
+    markdown = (out / "results" / "replication.md").read_text()
+    totals = [s["seconds"] for s in stages(out) if s["stage"] == "total"]
+    assert len(totals) == 2
+    assert f"Wall time, stages 1-5 of every invocation: {sum(totals)} s" in markdown
+    assert f"commit `{invocations[0]['commit']}`" in markdown

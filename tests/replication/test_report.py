@@ -66,3 +66,27 @@ def test_the_two_ablation_variants_are_two_policies(tmp_path):
     strict = write(results)["md"].read_text().split("**Lenient")[0]
     assert "| ablation: answer credit only, RL's step | 1 | 25.0 |" in strict
     assert "| ablation: answer credit only, answer token-mean | 2 | 50.0 |" in strict
+
+
+def test_the_run_section_sums_the_invocations(tmp_path):
+    """A run killed after its warm start and resumed: two invocations, two total lines (600 + 3000 s, by hand
+    3600 s = 60.0 min; without the warm start stage, its 900 s build and the 2 s reuse, 2698 s = 45.0 min)."""
+    results = tmp_path / "run" / "results"
+    results_file(results, 1, "warm-start", "memory-boxed", [1, 0])
+    run = tmp_path / "run"
+    invocations = [
+        {"commit": "abc1234", "command": "STEPS=30 bash scripts/replicate_cpu.sh", "cores": 2, "started": "t0"},
+        {"commit": "abc1234", "command": "STEPS=30 bash scripts/replicate_cpu.sh", "cores": 2, "started": "t1"},
+    ]
+    (run / "run.jsonl").write_text("".join(json.dumps(i) + "\n" for i in invocations))
+    stages = [("warm_start", 900, 0), ("rl:rl-seed0", 1, 137), ("total", 600, 0), ("warm_start", 2, 0)]
+    stages += [("rl:rl-seed0", 1500, 0), ("evaluation", 1400, 0), ("total", 3000, 0)]
+    (run / "timing.jsonl").write_text(
+        "".join(json.dumps({"stage": s, "seconds": t, "rc": r}) + "\n" for s, t, r in stages)
+    )
+    assert main([str(results), "--run-dir", str(run)]) == 0
+    markdown = (results / "replication.md").read_text()
+    assert markdown.count("commit `abc1234`, 2 cores: `STEPS=30 bash scripts/replicate_cpu.sh`") == 2
+    assert "| rl:rl-seed0 | 1 | 0.0 | 137 |" in markdown and "| evaluation | 1400 | 23.3 | 0 |" in markdown
+    assert "3600 s (60.0 min)" in markdown and "cached afterwards): 2698 s (45.0 min)" in markdown
+    assert "The run" not in write(results)["md"].read_text()  # without --run-dir: the table alone
