@@ -131,10 +131,19 @@ def model_dirs(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def local_ray():
-    """verl's vLLM server asks Ray for its job id and node address: a real local Ray, one CPU, no dashboard."""
+    """verl's vLLM server asks Ray for its job id and node address: a real local Ray, one CPU, no dashboard.
+    Ray gives its raylet a fixed 30 s to register at start-up; on a machine overloaded by other work (a training
+    run beside the suite) it can miss that, so a start-up timeout is retried, twice at most."""
     import ray
 
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    for attempt in range(3):
+        try:
+            ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+            break
+        except Exception as err:
+            if "timed out during startup" not in str(err) or attempt == 2:
+                raise
+            ray.shutdown()
     yield
     ray.shutdown()
 
