@@ -1,0 +1,108 @@
+"""How the replication's policies miss: each wrong answer of the memory agent, by how close it is to the needle.
+
+    python -m taskutils.replication.misses RESULTS_DIR [--task needle] [--method memory-boxed]
+
+reads the harness's per-item results (``RESULTS_DIR/<task>_<N>/<model>__<method>.jsonl``, through
+:func:`taskutils.memory_eval.report.results_files`, the last line per item) and prints, per model and for the
+training lengths (1-4 chunks) and the longer ones apart, how many answers were right and how the others missed:
+
+- ``no number``: the answer holds no number (nothing boxed, or words);
+- ``one digit off``: as many digits as the needle, exactly one of them wrong (a digit miscopied);
+- ``near copy``: otherwise, all but one of the needle's digits in order (a digit dropped, added or shifted: the
+  number drifted as the memory was rewritten);
+- ``other number``: the rest (a guess, or another number).
+
+The first two kinds after ``no number`` are copy errors: the agent found the needle and kept a damaged copy of it.
+They are what caps the ~1M reader (docs/replication_cpu.md, "Where it stands").
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from recurrent.resume import read_jsonl
+from taskutils.memory_eval.report import results_files
+
+KINDS = ("right", "no number", "one digit off", "near copy", "other number")
+TRAINING_CHUNKS = 4
+
+
+def common_in_order(a: str, b: str) -> int:
+    """The length of the longest common subsequence of ``a`` and ``b``."""
+    previous = [0] * (len(b) + 1)
+    for x in a:
+        current = [0]
+        for j, y in enumerate(b):
+            current.append(previous[j] + 1 if x == y else max(previous[j + 1], current[j]))
+        previous = current
+    return previous[-1]
+
+
+def miss_kind(pred: str | None, gold: str, right: bool) -> str:
+    """The kind (one of :data:`KINDS`) of an answer ``pred`` to the needle ``gold``."""
+    if right:
+        return "right"
+    pred = (pred or "").strip()
+    if not pred.isdigit():
+        return "no number"
+    if len(pred) == len(gold) and sum(p != g for p, g in zip(pred, gold, strict=True)) == 1:
+        return "one digit off"
+    if common_in_order(pred, gold) >= len(gold) - 1:
+        return "near copy"
+    return "other number"
+
+
+def tally(
+    results_dir: str | Path, task: str = "needle", method: str = "memory-boxed"
+) -> dict[tuple[str, str], Counter]:
+    """Counts of each kind by (model, lengths), lengths ``1-4 chunks`` or ``8+ chunks``."""
+    counts: dict[tuple[str, str], Counter] = defaultdict(Counter)
+    for path, file_task, length in results_files(results_dir):
+        if file_task != task or not path.stem.endswith(f"__{method}"):
+            continue
+        model = path.stem.rsplit("__", 1)[0]
+        group = f"1-{TRAINING_CHUNKS} chunks" if length <= TRAINING_CHUNKS else f"{TRAINING_CHUNKS * 2}+ chunks"
+        for record in {r["id"]: r for r in read_jsonl(path)}.values():
+            counts[(model, group)][
+                miss_kind(record.get("pred"), str(record["gold"][0]), bool(record.get("strict")))
+            ] += 1
+    return dict(sorted(counts.items()))
+
+
+def markdown(counts: dict[tuple[str, str], Counter]) -> str:
+    lines = ["| model | lengths | items | " + " | ".join(KINDS) + " | copy errors, % of misses |"]
+    lines.append("|---|---|---|" + "---|" * (len(KINDS) + 1))
+    for (model, group), count in counts.items():
+        items = sum(count.values())
+        misses = items - count["right"]
+        copy = count["one digit off"] + count["near copy"]
+        share = f"{100 * copy / misses:.0f}" if misses else "–"
+        lines.append(f"| {model} | {group} | {items} | " + " | ".join(str(count[k]) for k in KINDS) + f" | {share} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m taskutils.replication.misses",
+        description=__doc__.split("\n\n")[0],
+        epilog="Exit status: 0, or 2 when the folder holds no results of the task and method.",
+    )
+    parser.add_argument("results_dir", type=Path)
+    parser.add_argument("--task", default="needle")
+    parser.add_argument("--method", default="memory-boxed")
+    args = parser.parse_args(argv)
+    counts = tally(args.results_dir, args.task, args.method)
+    if not counts:
+        print(
+            f"error: no {args.task}_<N>/<model>__{args.method}.jsonl results under {args.results_dir}", file=sys.stderr
+        )
+        return 2
+    print(markdown(counts), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
