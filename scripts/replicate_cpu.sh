@@ -34,6 +34,8 @@
 #   EVAL_DOCS       test documents per length [64; Q: 2]
 #   NGPUS           FSDP ranks of each RL run (fake Ray GPUs) [2]
 #   PARALLEL_MODELS policies evaluated side by side [3; Q: 2]
+#   WARM_START      start from this warm-start folder (a Hugging Face folder, e.g. a variant built with
+#                   `python -m taskutils.replication.warm_start --out DIR ...`) instead of the cached build [none]
 #   PYTHON          interpreter [the repo's .venv]
 # Extra arguments go to every RL run as hydra overrides.
 #
@@ -97,7 +99,7 @@ commit="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 [[ -z "$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null)" ]] || commit+="+changes"
 "$PYTHON" - "$OUT_DIR/run.jsonl" "$commit" "QUICK=$QUICK STEPS=$STEPS SEEDS='$SEEDS' ABLATIONS='$ABLATIONS'" \
   "ABLATION_SEEDS='$ABLATION_SEEDS' ABLATION_STEPS=$ABLATION_STEPS LENGTHS='$LENGTHS' EVAL_DOCS=$EVAL_DOCS NGPUS=$NGPUS" \
-  "PARALLEL_MODELS=$PARALLEL_MODELS bash scripts/replicate_cpu.sh $*" "$(nproc)" <<'PY'
+  "PARALLEL_MODELS=$PARALLEL_MODELS${WARM_START:+ WARM_START=$WARM_START} bash scripts/replicate_cpu.sh $*" "$(nproc)" <<'PY'
 import json, sys, time
 path, commit, *command, cores = sys.argv[1:]
 line = {"commit": commit, "command": " ".join(command).strip(), "cores": int(cores), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -108,9 +110,15 @@ say "out=$OUT_DIR steps=$STEPS seeds=[$SEEDS] ablations=[$ABLATIONS] seeds [$ABL
   "lengths=[$LENGTHS] docs=$EVAL_DOCS parallel=$PARALLEL_MODELS"
 
 # ---- 1. warm start (cached) --------------------------------------------------------------------------------------
-say "1/6 warm start (${warm_args[*]}): built once, then reused"
-timed warm_start "$PYTHON" -m taskutils.replication.warm_start "${warm_args[@]}" | tee "$OUT_DIR/warm_start.log"
-WARM="$(tail -n 1 "$OUT_DIR/warm_start.log")"
+if [[ -n "${WARM_START:-}" ]]; then
+  say "1/6 warm start: $WARM_START (WARM_START)"
+  [[ -f "$WARM_START/config.json" ]] || { say "WARM_START=$WARM_START: no model there (no config.json)"; exit 2; }
+  WARM="$(cd "$WARM_START" && pwd)"
+else
+  say "1/6 warm start (${warm_args[*]}): built once, then reused"
+  timed warm_start "$PYTHON" -m taskutils.replication.warm_start "${warm_args[@]}" | tee "$OUT_DIR/warm_start.log"
+  WARM="$(tail -n 1 "$OUT_DIR/warm_start.log")"
+fi
 [[ -f "$WARM/config.json" ]] || { say "the warm start did not print its folder (got '$WARM')"; exit 1; }
 
 # ---- 2. data -------------------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
     python -m taskutils.replication.warm_start --cache [--quick] [--force]  # into the model cache; prints the folder
     python -m taskutils.replication.warm_start --out DIR [--steps 1030 200 75 146] [--p-needle 0.4] [--seed 0]
+        [--stop-at 0.9]
     python -m taskutils.replication.warm_start --evaluate DIR [--docs 32] [--chunks 1 2 4] [--sample]
 
 Build (AdamW, loss on target tokens only, one CPU thread), four stages, each stopped at its target or its step
@@ -316,8 +317,10 @@ def train(
     seed: int = 0,
     threads: int = 1,
     log: Any = print,
+    stop_at: float = 0.9,
 ) -> tuple[Any, Any, dict[str, Any]]:
-    """Train the warm start; returns the model, its tokenizer and the recipe with the stage logs."""
+    """Train the warm start; returns the model, its tokenizer and the recipe with the stage logs. ``stop_at``: the
+    held-out score at which the three copy stages stop (a higher one copies more exactly, in more steps)."""
     from transformers import AutoModelForCausalLM
 
     t_build = time.perf_counter()
@@ -344,7 +347,7 @@ def train(
         def stage(name: str, sample: Any, held: list[Row], lr: float, warmup: int, stop_key: str | None, every=25):
             nonlocal t_stage
             budget = scale.steps[len(logs)]
-            target = f"stop at {stop_key} >= 0.9" if stop_key else "no target"
+            target = f"stop at {stop_key} >= {stop_at}" if stop_key else "no target"
             log(f"stage {len(logs) + 1}/4 {name}: at most {budget} steps of batch {scale.batch}, {target}")
             rec = train_stage(
                 model,
@@ -356,6 +359,7 @@ def train(
                 warmup,
                 budget,
                 stop_key,
+                stop_at,
                 batch=scale.batch,
                 eval_every=every,
                 log=log,
@@ -382,6 +386,7 @@ def train(
         "reader": {"params": sum(p.numel() for p in model.parameters()), "vocab": len(tokenizer)},
         "teacher": {"p_needle": p_needle, "p_keep": p_keep, "filler": "first complete sentence of the chunk"},
         "seed": seed,
+        "stop_at": stop_at,
         "threads": threads,
         "scale": asdict(scale),
         "stages": logs,
@@ -400,7 +405,7 @@ def save(folder: Path, model: Any, tokenizer: Any, recipe: dict[str, Any]) -> No
 
 def build(out: Path, scale: Scale = FULL, p_needle: float = 0.4, p_keep: float = 0.9, seed: int = 0, **kw: Any) -> dict:
     """Build the warm start into the folder ``out`` (written in place: see :func:`cached_warm_start` for the
-    cache); returns the recipe with the stage logs. ``kw``: ``threads``, ``log`` of :func:`train`."""
+    cache); returns the recipe with the stage logs. ``kw``: ``threads``, ``log``, ``stop_at`` of :func:`train`."""
     model, tokenizer, recipe = train(scale, p_needle, p_keep, seed, **kw)
     save(out, model, tokenizer, recipe)
     return recipe
@@ -544,6 +549,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--p-needle", type=float, default=0.4)
     parser.add_argument("--p-keep", type=float, default=0.9)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--stop-at", type=float, default=0.9, help="with --out: the held-out score that stops the copy stages (0.9)"
+    )
     parser.add_argument("--docs", type=int, default=32, help="validation documents per length")
     parser.add_argument("--chunks", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--sample", action="store_true", help="sample (temperature 1) instead of greedy")
@@ -551,9 +559,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if sum(map(bool, (args.cache, args.out, args.evaluate))) != 1:
         parser.error("give one of --cache (build into the model cache), --out (build, evaluate), --evaluate")
-    if args.cache and (args.steps or (args.p_needle, args.p_keep, args.seed, args.threads) != (0.4, 0.9, 0, 1)):
+    if args.cache and (
+        args.steps or (args.p_needle, args.p_keep, args.seed, args.threads, args.stop_at) != (0.4, 0.9, 0, 1, 0.9)
+    ):
         parser.error(
-            "--cache builds the recipe as it is: --steps, --p-needle, --p-keep, --seed, --threads go with --out"
+            "--cache builds the recipe as it is: --steps, --p-needle, --p-keep, --seed, --threads, --stop-at go "
+            "with --out"
         )
     log = partial(print, flush=True)
     if args.cache:
@@ -564,7 +575,9 @@ def main(argv: list[str] | None = None) -> None:
         scale = QUICK if args.quick else FULL
         if args.steps:
             scale = replace(scale, steps=tuple(args.steps))
-        recipe = build(args.out, scale, args.p_needle, args.p_keep, args.seed, threads=args.threads, log=log)
+        recipe = build(
+            args.out, scale, args.p_needle, args.p_keep, args.seed, threads=args.threads, log=log, stop_at=args.stop_at
+        )
         print(json.dumps({k: v for k, v in recipe.items() if k != "stages"}))
     folder = args.evaluate or args.out
     result = evaluate(folder, args.docs, tuple(args.chunks), args.sample)

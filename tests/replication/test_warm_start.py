@@ -175,6 +175,7 @@ def test_a_killed_build_leaves_nothing_and_the_next_call_rebuilds_the_same_weigh
 
 
 def test_cache_builds_the_recipe_as_it_is():
-    for argv in (["--cache", "--steps", "1", "1", "1", "1"], ["--cache", "--seed", "1"], ["--out", "x", "--cache"]):
+    refused = (["--cache", "--steps", "1", "1", "1", "1"], ["--cache", "--seed", "1"], ["--cache", "--stop-at", "0.97"])
+    for argv in (*refused, ["--out", "x", "--cache"]):
         with pytest.raises(SystemExit):
             warm_start.main(argv)
