@@ -126,41 +126,6 @@ def _failure(doc: Document) -> ApiError | None:
     return error if isinstance(error, ApiError) else ApiError(500, f"{type(error).__name__}: {error}", "server_error")
 
 
-CHAT_PATH = "/v1/chat/completions"
-
-
-class _App(FastAPI):
-    """FastAPI, with ``POST /v1/chat/completions`` called straight from the ASGI entry: its handler takes the
-    request as it is, so the middleware stack (server errors, exceptions, the exit stack) and the route search
-    do nothing for it but cost ~20-30 us of CPU a request (docs/third_party_eval.md). An error in it answers
-    500 as the app's exception handler does, then goes on up to the server, as Starlette's error middleware
-    does. Every other request, and a server with a root path, goes through FastAPI."""
-
-    chat: Any = None  # the handler: Request -> Response
-    on_error: Any = None  # the handler of an internal error: (Request, Exception) -> Response
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope["path"] != CHAT_PATH or scope["method"] != "POST" or scope.get("root_path"):
-            await super().__call__(scope, receive, send)
-            return
-        scope["app"] = self
-        started = False
-
-        async def tracked(message: dict) -> None:
-            nonlocal started
-            started = True
-            await send(message)
-
-        request = Request(scope, receive)
-        try:
-            response = await self.chat(request)
-            await response(scope, receive, tracked)
-        except Exception as err:
-            if not started:
-                await (await self.on_error(request, err))(scope, receive, send)
-            raise
-
-
 def build_app(service: MemAgentService) -> FastAPI:
     """The FastAPI app of one service: ``GET /v1/models``, ``POST /v1/chat/completions``, ``GET /health``."""
     settings = service.settings
@@ -175,7 +140,7 @@ def build_app(service: MemAgentService) -> FastAPI:
         await service.client.aclose()
         service.stopped = True
 
-    app = _App(title="MemAgent", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="MemAgent", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
 
     def authorized(request: Request) -> bool:
         if settings.server_key is None:
@@ -265,10 +230,9 @@ def build_app(service: MemAgentService) -> FastAPI:
         finally:
             gone.cancel()
 
-    # Called from _App.__call__; also a plain Starlette route (for a server with a root path), whose handler takes
-    # the request as it is, so FastAPI's parameter resolution (its dependency machinery) has nothing to do.
-    app.chat, app.on_error = chat_completions, internal_error
-    app.router.add_route(CHAT_PATH, chat_completions, methods=["POST"])
+    # A plain Starlette route: the handler takes the request as it is, so FastAPI's parameter resolution (its
+    # dependency machinery) has nothing to do; skipping it saves ~0.1 ms of CPU a request (docs/third_party_eval.md).
+    app.router.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
 
     async def _stream(doc: Document, gone: asyncio.Future) -> Response:
         """The stream opens once the first turn is in (or the document is done): an error before then is an

@@ -186,11 +186,8 @@ class MemAgentService:
         doc.state = "queued"
         self._queued += 1
         try:
-            if s.queue_timeout is None:  # no deadline object when there is no deadline: a few us a request
+            async with asyncio.timeout(s.queue_timeout):
                 await self._slots.acquire()
-            else:
-                async with asyncio.timeout(s.queue_timeout):
-                    await self._slots.acquire()
         except TimeoutError:
             self.counters.rejected += 1
             raise ApiError(
@@ -266,12 +263,8 @@ class MemAgentService:
         try:
             async with self._slot(doc):
                 try:
-                    work = self._pass_through(doc) if doc.passthrough else self._read(doc)
-                    if self.settings.document_timeout is None:
-                        outcome = await work
-                    else:
-                        async with asyncio.timeout(self.settings.document_timeout):
-                            outcome = await work
+                    async with asyncio.timeout(self.settings.document_timeout):
+                        outcome = await (self._pass_through(doc) if doc.passthrough else self._read(doc))
                 except TimeoutError:
                     raise ApiError(
                         504,
