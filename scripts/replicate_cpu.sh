@@ -93,13 +93,14 @@ timed() {
 last_step() { cat "$1/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null || echo 0; }
 
 # What ran, for the report (docs/replication_cpu.md): the commit (with "+changes" when the tree differs from it), the
-# command line with the settings that shape the experiment, and when. One line per invocation: a resumed run adds one.
+# command line with the settings that shape the experiment, the cores (getconf: nproc would read the OMP_NUM_THREADS=1
+# exported above), and when. One line per invocation: a resumed run adds one.
 RUN_START=$(date +%s)
 commit="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 [[ -z "$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null)" ]] || commit+="+changes"
 "$PYTHON" - "$OUT_DIR/run.jsonl" "$commit" "QUICK=$QUICK STEPS=$STEPS SEEDS='$SEEDS' ABLATIONS='$ABLATIONS'" \
   "ABLATION_SEEDS='$ABLATION_SEEDS' ABLATION_STEPS=$ABLATION_STEPS LENGTHS='$LENGTHS' EVAL_DOCS=$EVAL_DOCS NGPUS=$NGPUS" \
-  "PARALLEL_MODELS=$PARALLEL_MODELS${WARM_START:+ WARM_START=$WARM_START} bash scripts/replicate_cpu.sh $*" "$(nproc)" <<'PY'
+  "PARALLEL_MODELS=$PARALLEL_MODELS${WARM_START:+ WARM_START=$WARM_START} bash scripts/replicate_cpu.sh $*" "$(getconf _NPROCESSORS_ONLN)" <<'PY'
 import json, sys, time
 path, commit, *command, cores = sys.argv[1:]
 line = {"commit": commit, "command": " ".join(command).strip(), "cores": int(cores), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

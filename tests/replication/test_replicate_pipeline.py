@@ -107,6 +107,7 @@ def test_the_table_says_what_ran(pipeline):
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     assert all(inv["commit"].startswith(head.stdout.strip()) for inv in invocations)
     assert all("QUICK=1" in inv["command"] and "bash scripts/replicate_cpu.sh" in inv["command"] for inv in invocations)
+    assert all(inv["cores"] == os.cpu_count() for inv in invocations)  # the machine's, not OMP_NUM_THREADS's 1
     markdown = (out / "results" / "replication.md").read_text()
     totals = [s["seconds"] for s in stages(out) if s["stage"] == "total"]
     assert len(totals) == 2

@@ -1,0 +1,96 @@
+"""The full replication run committed in docs/replication_cpu/ (docs/replication_cpu.md, "The run from one
+command"): its table is the harness's results summary it was made from, recomputed here by an independent route
+(the summary's CSV read with the csv module, seeds averaged by hand), and its stage times add up to the wall time
+it states."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+RUN = Path(__file__).resolve().parents[2] / "docs" / "replication_cpu"
+# The report's names of the policies the script evaluates (model without its -seed<k>, method).
+NAMES = {
+    ("warm-start", "memory-boxed"): "warm start (SFT)",
+    ("rl", "memory-boxed"): "RL",
+    ("ablation-same-step", "memory-boxed"): "ablation: answer credit only, RL's step",
+    ("ablation-token-mean", "memory-boxed"): "ablation: answer credit only, answer token-mean",
+    ("warm-start", "direct-boxed"): "warm start, full context",
+    ("rl", "direct-boxed"): "RL, full context",
+    ("ablation-same-step", "direct-boxed"): "ablation (RL's step), full context",
+    ("ablation-token-mean", "direct-boxed"): "ablation (answer token-mean), full context",
+}
+
+
+def summary_means(metric: str) -> dict[tuple[str, int], float]:
+    """(policy name, length) -> the mean over the policy's seeds of the summary's per-file accuracy."""
+    by_policy: dict[tuple[str, int], list[float]] = defaultdict(list)
+    with (RUN / "summary.csv").open() as f:
+        for row in csv.DictReader(f):
+            assert int(row["n"]) == int(row["expected"]) and int(row["failed"]) == 0, row  # complete files only
+            policy = (re.sub(r"-seed\d+$", "", row["model"]), row["method"])
+            by_policy[(NAMES[policy], int(row["length"]))].append(float(row[metric]))
+    return {key: sum(values) / len(values) for key, values in by_policy.items()}
+
+
+def markdown_table(title: str) -> dict[tuple[str, int], float]:
+    """(policy name, length) -> the value printed in replication.md's table under ``title``."""
+    lines = (RUN / "replication.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"**{title}**"))
+    header = [cell.strip() for cell in lines[start + 2].strip("|").split("|")]
+    lengths = [int(cell.split()[0]) for cell in header[2:]]
+    table = {}
+    for line in lines[start + 4 :]:
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        for length, value in zip(lengths, cells[2:], strict=True):
+            table[(cells[0], length)] = float(value)  # a '*' (incomplete) would fail here: none is committed
+    return table
+
+
+@pytest.mark.parametrize(
+    ("metric", "title"), [("strict", "Strict accuracy (%)"), ("sub_em", "Lenient accuracy, sub_em (%)")]
+)
+def test_the_table_is_the_summary(metric, title):
+    expected = summary_means(metric)
+    table = markdown_table(title)
+    assert set(table) == set(expected)
+    for key, value in table.items():
+        assert value == pytest.approx(expected[key], abs=0.051), key  # the table rounds to one decimal
+
+
+def test_the_csv_is_the_summary():
+    expected = summary_means("strict")
+    with (RUN / "replication.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    means = {(r["policy"], int(r["length"])): float(r["strict"]) for r in rows if r["model"] in ("mean",)}
+    singles = defaultdict(list)
+    for r in rows:
+        if r["model"] != "mean":
+            singles[(r["policy"], int(r["length"]))].append(float(r["strict"]))
+    for key, values in singles.items():
+        value = means.get(key, values[0])  # a policy of one seed has no mean row
+        assert value == pytest.approx(expected[key], abs=0.006), key
+
+
+def test_the_stage_times_add_up_to_the_stated_wall_time():
+    stages = [json.loads(line) for line in (RUN / "timing.jsonl").read_text().splitlines()]
+    assert all(s["rc"] == 0 for s in stages)
+    totals = [s for s in stages if s["stage"] == "total"]
+    runs = [json.loads(line) for line in (RUN / "run.jsonl").read_text().splitlines()]
+    assert len(totals) == len(runs) >= 1  # one total per invocation of the script
+    # Each invocation's stages run one after another inside its total.
+    start = 0
+    for total in totals:
+        end = stages.index(total, start)
+        assert sum(s["seconds"] for s in stages[start:end]) <= total["seconds"]
+        start = end + 1
+    wall = sum(t["seconds"] for t in totals)
+    assert f"stages 1-5 of every invocation: {wall} s" in (RUN / "replication.md").read_text()
+    assert all(not r["commit"].endswith("+changes") for r in runs)  # a committed tree ran
