@@ -13,18 +13,10 @@ from pathlib import Path
 
 import pytest
 
+# The table's names of the policies (model without its -seed<k>, method) are the report's own; its numbers are not.
+from taskutils.replication.report import POLICY_NAMES as NAMES
+
 RUN = Path(__file__).resolve().parents[2] / "docs" / "replication_cpu"
-# The report's names of the policies the script evaluates (model without its -seed<k>, method).
-NAMES = {
-    ("warm-start", "memory-boxed"): "warm start (SFT)",
-    ("rl", "memory-boxed"): "RL",
-    ("ablation-same-step", "memory-boxed"): "ablation: answer credit only, RL's step",
-    ("ablation-token-mean", "memory-boxed"): "ablation: answer credit only, answer token-mean",
-    ("warm-start", "direct-boxed"): "warm start, full context",
-    ("rl", "direct-boxed"): "RL, full context",
-    ("ablation-same-step", "direct-boxed"): "ablation (RL's step), full context",
-    ("ablation-token-mean", "direct-boxed"): "ablation (answer token-mean), full context",
-}
 
 
 def summary_means(metric: str) -> dict[tuple[str, int], float]:
