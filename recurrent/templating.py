@@ -8,7 +8,7 @@ segmentation, so the sync training path keeps it.
 
 Slots are ``{name}`` with ``name`` made of ASCII letters only: ``\\boxed{}`` and ``{{}}`` stay literal text,
 braces and all, as in the fork's token templates (which is why the released checkpoints saw ``\\boxed{{}}``:
-``recurrent.impls.memory.FINAL_TEMPLATE_BOXED_RELEASED``, tested in tests/recurrent/test_memory_agent.py).
+``recurrent.agents.memory.FINAL_TEMPLATE_BOXED_RELEASED``, tested in tests/recurrent/test_memory_agent.py).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ Every option can come from --config FILE (YAML, keys as the long flags); flags o
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from recurrent.impls.memory import FINAL_TEMPLATES
+    from recurrent.agents.memory import FINAL_TEMPLATES
     from recurrent.serve.questions import QUESTION_MODES
     from recurrent.serve.spool import SPOOL_BYTES
 

@@ -1,7 +1,7 @@
 """The MemAgent service: one request is one document, read by the memory agent through the upstream.
 
 Its question and document are found by a question mode (:mod:`recurrent.serve.questions`); the memory agent of
-:func:`recurrent.impls.memory.inference_workflow` reads the document chunk by chunk; every turn goes upstream
+:func:`recurrent.agents.memory.inference_workflow` reads the document chunk by chunk; every turn goes upstream
 through :class:`recurrent.client.OpenAIChatClient`, driven by :func:`recurrent.async_manager.run_session` (the turn
 loop of the harness and the quickstart). Around it, what a service needs: a limit on documents in flight with a
 bounded queue, cancellation of a document's remaining turns, timeouts, upstream failures as HTTP statuses that
@@ -19,9 +19,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from recurrent.agents.memory import FINAL_TEMPLATES, MemorySession, MemoryWorkflow, inference_workflow
 from recurrent.async_manager import run_session
 from recurrent.client import ChatRequestError, OpenAIChatClient
-from recurrent.impls.memory import FINAL_TEMPLATES, MemorySession, MemoryWorkflow, inference_workflow
 from recurrent.interface import Reply, Turn
 from recurrent.serve.protocol import ApiError, ChatRequest, bad_request, upstream_error
 from recurrent.serve.questions import QUESTION_MODES, Found, QuestionError, find_question

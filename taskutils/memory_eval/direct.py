@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from recurrent.impls.memory import render
+from recurrent.agents.memory import render
 from recurrent.interface import Reply, Session, Turn, TurnRecord
 from recurrent.tokens import centre_truncate, encode_long
 

@@ -39,9 +39,9 @@ from typing import Any, TypeVar
 
 from tqdm import tqdm
 
+from recurrent.agents.memory import MemoryConfig, inference_workflow
 from recurrent.async_manager import cancel_and_wait
 from recurrent.client import OpenAIChatClient
-from recurrent.impls.memory import MemoryConfig, inference_workflow
 from recurrent.interface import Session
 from recurrent.models import ModelNotAvailableError, load_tokenizer
 from recurrent.options import parse_with_config

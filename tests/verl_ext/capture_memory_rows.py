@@ -1,5 +1,8 @@
-"""Capture the memory agent's training rows under a scripted server, as JSON (the fixture of
-``test_vx_rows_unchanged.py``). Run once, at the commit before the framework was made generic over workflows:
+"""Capture the memory agent's training rows under a scripted server, as JSON: the fixture of
+``test_vx_rows_unchanged.py``, which reruns :func:`capture` and compares.
+
+``data/memory_rows.json`` was written by this script at the commit before the framework was made generic over
+agents (verl's agent loop then called ``MemoryRollout`` directly); the names below are today's:
 
     PYTHONPATH=tests/verl_ext python tests/verl_ext/capture_memory_rows.py tests/verl_ext/data/memory_rows.json
 """
@@ -11,7 +14,7 @@ import json
 import sys
 
 from scripted_server import ScriptedTokenServer, ordinary_vocab
-from vx_helpers import TINY_BUDGETS, compose_config, memory_agent_loop
+from vx_helpers import TINY_BUDGETS, compose_config, recurrent_agent_loop
 
 from recurrent.models import TINY, materialize
 
@@ -59,7 +62,7 @@ async def capture() -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     config = compose_config("tiny_cpu", [*TINY_BUDGETS, f"actor_rollout_ref.model.path={model_dir}"])
     server = ScriptedTokenServer(tokenizer.eos_token_id, ordinary_vocab(tokenizer))
-    loop = memory_agent_loop(config, tokenizer, server)
+    loop = recurrent_agent_loop(config, tokenizer, server)
     trajectories = {}
     for name, context in DOCUMENTS.items():
         for session in range(2):
@@ -67,14 +70,14 @@ async def capture() -> dict:
             trajectories[f"{name}/{session}"] = [row(o) for o in outputs]
     # Sync mode: the same trajectories in lockstep rounds.
     from verl_ext.lockstep import Trajectory, run_trajectories
-    from verl_ext.rollout import MemoryRollout
+    from verl_ext.rollout import AgentRollout
 
     batch = [
         Trajectory(sample(f"uid-{name}", context, session), session, dict(SAMPLING))
         for name, context in DOCUMENTS.items()
         for session in range(2)
     ]
-    results = await run_trajectories(MemoryRollout.get(config, tokenizer), server, batch)
+    results = await run_trajectories(AgentRollout.get(config, tokenizer), server, batch)
     lockstep = {
         f"{name}/{t.session_id}": [row(o) for o in r]
         for t, r, name in zip(batch, results, [n for n in DOCUMENTS for _ in range(2)], strict=True)

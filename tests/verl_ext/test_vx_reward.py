@@ -13,7 +13,7 @@ from verl.workers.rollout.replica import TokenOutput
 from vx_helpers import TINY_BUDGETS, capture_transfer_queue, compose_config, make_worker
 
 from verl_ext import reward
-from verl_ext.agent_loop import MemoryAgentLoop
+from verl_ext.agent_loop import RecurrentAgentLoop
 
 FINAL_CAP = 24
 MEMORY_ANSWER = "so far \\boxed{42}"  # a memory that already holds a correct box: it must not be scored
@@ -89,7 +89,7 @@ def test_reward_function_is_the_strict_verifier_loaded_by_verl():
 async def trajectory(config, tokenizer, answer: str) -> tuple[dict, list]:
     """A sample with a document of several chunks and its rows, the final answer being ``answer``."""
     context = "The river city was born in the year of the film. " * 4 + "The magic number is 42."
-    loop = MemoryAgentLoop(
+    loop = RecurrentAgentLoop(
         trainer_config=DictConfigWrap(config),
         server_manager=ScriptedServer(tokenizer, answer),
         tokenizer=tokenizer,
@@ -131,7 +131,7 @@ async def test_reward_lands_at_the_final_answers_last_token_and_reaches_every_tu
 async def test_stock_verl_would_cut_the_final_answer_short(config, tiny_tokenizer):
     """Why our worker sends only the final answer to the reward worker: verl 0.9.1's own multi-output scoring
     pads all rows together and reads the last row's length from the wrong columns (see
-    MemoryAgentLoopWorkerImpl._compute_score). If this starts failing, verl fixed it and the override can go."""
+    RecurrentAgentLoopWorkerImpl._compute_score). If this starts failing, verl fixed it and the override can go."""
     sample, outputs = await trajectory(config, tiny_tokenizer, "It is \\boxed{42}")
     sample.pop("context")
     stock = AgentLoopWorkerTQ.__ray_actor_class__._compute_score

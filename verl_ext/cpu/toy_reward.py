@@ -10,7 +10,7 @@ Both are verl custom reward functions (``compute_score(data_source, solution_str
   final answer's last ``\\boxed{}`` (the whole answer when it has none) and the answer, is the training
   reward (``score``, also reported as ``dense``); the strict training verifier (:mod:`verl_ext.reward`) is
   reported next to it as ``acc`` and ``strict``. verl keeps these keys as the final row's
-  ``reward_extra_info``: ``memagent/final/acc/mean`` in training and ``val-core/toy_memory/acc/mean@n`` in
+  ``reward_extra_info``: ``recurrent/final/acc/mean`` in training and ``val-core/toy_memory/acc/mean@n`` in
   validation are the strict verdict, ``.../reward/...`` the dense score.
 """
 

@@ -16,12 +16,22 @@ from __future__ import annotations
 
 import logging
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
-from recurrent.interface import Reply, Session, Turn, TurnRecord, Workflow, WorkflowConfig, WorkflowRegistration
+from recurrent.interface import (
+    Reply,
+    RowWidths,
+    Session,
+    SessionWorkflow,
+    Turn,
+    TurnRecord,
+    WorkflowConfig,
+    WorkflowRegistration,
+)
 from recurrent.templating import chat_token_template
 from recurrent.tokens import centre_truncate, encode_long, end_token_ids, num_chunks
 
@@ -133,7 +143,10 @@ def question_text(sample: dict[str, Any], key: str) -> str:
     return users[-1]["content"]
 
 
-class MemoryWorkflow(Workflow):
+CONTEXT_CACHE_SIZE = 256  # tokenized training contexts kept (the n sessions of a prompt tokenize it once)
+
+
+class MemoryWorkflow(SessionWorkflow):
     """Builds a :class:`MemorySession` per sample; templates are built once per tokenizer."""
 
     def __init__(
@@ -160,6 +173,14 @@ class MemoryWorkflow(Workflow):
         self.final_ids_template = chat_token_template(tokenizer, self.final_template) if token_prompts else None
         self.no_memory_ids = tokenizer.encode(NO_MEMORY, add_special_tokens=False)
         self.end_ids = end_token_ids(tokenizer)  # the memory is the generated ids without these
+        # Training gives the n rollouts of a prompt one `uid`: its context is tokenized for the first of them only.
+        self._contexts: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
+
+    def required_columns(self) -> tuple[str, ...]:
+        return (self.config.question_key, self.config.context_key)
+
+    def large_columns(self) -> tuple[str, ...]:
+        return (self.config.context_key,)
 
     def context_text(self, sample: dict[str, Any]) -> str:
         """The context of a row as a string (a missing value reads as an empty document)."""
@@ -174,26 +195,46 @@ class MemoryWorkflow(Workflow):
         return context.strip() if config.strip_context else context
 
     def session(self, sample: dict[str, Any], context_ids: np.ndarray | None = None) -> MemorySession:
-        """The session of one row; ``context_ids`` lets a caller that already tokenized the context reuse it."""
+        """The session of one row; ``context_ids`` lets a caller that already tokenized the context reuse it. A row
+        with a ``uid`` (training) has its context tokenized once for all rows of that uid."""
         context = self.context_text(sample)
         question = question_text(sample, self.config.question_key)
         if context_ids is None:
-            context_ids = encode_long(context, self.tokenizer)
+            context_ids = self._tokenize_context(context, sample.get("uid"))
         return self.session_from_ids(question, context_ids)
 
-    def max_turn_lengths(self) -> tuple[int, int]:
-        """(longest prompt, largest max_tokens) of any turn, in tokens, when prompts are built in token space.
+    def _tokenize_context(self, context: str, uid: Any) -> np.ndarray:
+        if uid is None:
+            return encode_long(context, self.tokenizer)
+        key = (str(uid), len(context))
+        ids = self._contexts.get(key)
+        if ids is None:
+            ids = self._contexts[key] = encode_long(context, self.tokenizer)
+            while len(self._contexts) > CONTEXT_CACHE_SIZE:
+                self._contexts.popitem(last=False)
+        return ids
+
+    def row_widths(self) -> RowWidths:
+        """The longest prompt and largest ``max_tokens`` of any turn, when prompts are built in token space.
 
         A memory turn holds the template, the question (<= max_prompt_length), a chunk (<= chunk_size) and
         the memory (the previous response, <= max_memorization_length tokens); the final turn holds the
         template, the question and the memory."""
         if not self.token_prompts:
-            raise ValueError("max_turn_lengths needs token_prompts=True (the template lengths are in tokens)")
+            raise ValueError("row_widths needs token_prompts=True (the template lengths are in tokens)")
         cfg: MemoryConfig = self.config
         memory = max(cfg.max_memorization_length, len(self.no_memory_ids))
         memory_turn = self.memory_ids_template.length + cfg.max_prompt_length + cfg.chunk_size + memory
         final_turn = self.final_ids_template.length + cfg.max_prompt_length + memory
-        return max(memory_turn, final_turn), max(cfg.max_memorization_length, cfg.max_final_response_length)
+        return RowWidths(
+            prompt=max(memory_turn, final_turn),
+            response=max(cfg.max_memorization_length, cfg.max_final_response_length),
+            made_of=(
+                f"chat template + instruction {self.memory_ids_template.length}, question max_prompt_length="
+                f"{cfg.max_prompt_length}, chunk chunk_size={cfg.chunk_size}, memory max_memorization_length="
+                f"{cfg.max_memorization_length}, answer max_final_response_length={cfg.max_final_response_length}"
+            ),
+        )
 
     def session_from_ids(self, question: str, context_ids: np.ndarray) -> MemorySession:
         """A session over an already tokenized context (the training path tokenizes once, upstream)."""
@@ -278,14 +319,6 @@ class MemorySession(Session):
     @property
     def history(self) -> list[TurnRecord]:
         return self._history
-
-    @property
-    def finished(self) -> bool:
-        return bool(self._history) and self._history[-1].turn.final
-
-    @property
-    def answer(self) -> str | None:
-        return self._history[-1].reply.text if self.finished else None
 
     # ---- prompts ----
 
@@ -384,4 +417,11 @@ def inference_workflow(
     return MemoryWorkflow(config, tokenizer, token_prompts=False, keep_prompts=False)
 
 
-REGISTER = WorkflowRegistration(name="memory", config_cls=MemoryConfig, workflow_cls=MemoryWorkflow)
+def training_workflow(config: MemoryConfig, tokenizer: Any) -> MemoryWorkflow:
+    """The memory agent as training runs it: prompts in token space, the memory the generated ids themselves."""
+    return MemoryWorkflow(config, tokenizer, token_prompts=True)
+
+
+REGISTER = WorkflowRegistration(
+    name="memory", config_cls=MemoryConfig, build=training_workflow, inference=inference_workflow
+)
