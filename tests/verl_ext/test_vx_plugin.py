@@ -17,7 +17,8 @@ import sys
 import verl  # loads every verl.plugins entry point, as in each Ray worker process
 assert "verl.experimental.agent_loop.agent_loop" not in sys.modules, "the plugin must not import the agent loops"
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, _agent_loop_registry
-assert _agent_loop_registry["recurrent_agent"] == {"_target_": "verl_ext.agent_loop.RecurrentAgentLoop"}, _agent_loop_registry
+entry = _agent_loop_registry["recurrent_agent"]
+assert entry == {"_target_": "verl_ext.agent_loop.RecurrentAgentLoop"}, _agent_loop_registry
 assert "single_turn_agent" in _agent_loop_registry  # verl's own loops are still there
 import hydra
 assert issubclass(hydra.utils.get_class(_agent_loop_registry["recurrent_agent"]["_target_"]), AgentLoopBase)
