@@ -129,3 +129,8 @@ def chat_token_template(tokenizer: Any, message_template: str, system: str | Non
     """
     text = chat_prompt_template(tokenizer, system=system).replace("{message}", message_template)
     return TokenTemplate(text, tokenizer)
+
+
+def render(template: str, **values: str) -> str:
+    """Fill ``{name}`` slots of a prompt in one pass (so braces inside values, or ``\\boxed{}``, are left alone)."""
+    return SLOT.sub(lambda m: values[m.group(1)], template)

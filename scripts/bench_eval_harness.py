@@ -143,13 +143,13 @@ def bare_run(base_url: str, n: int, limit: int):
 
 
 def harness_run(base_url: str, n: int, limit: int, tokenizer, out_dir: Path):
+    from recurrent.agents.direct import DirectConfig, DirectWorkflow
     from recurrent.trace import TraceWriter
     from taskutils.memory_eval import scoring
-    from taskutils.memory_eval.direct import DirectWorkflow
     from taskutils.memory_eval.results import item_record
     from taskutils.memory_eval.runner import run_items
 
-    workflow = DirectWorkflow(tokenizer, max_input=4096, max_output=16)
+    workflow = DirectWorkflow(DirectConfig(max_input=4096, max_output=16), tokenizer)
     items = [
         {
             "index": i,

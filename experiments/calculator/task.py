@@ -7,8 +7,10 @@ Splits are disjoint by problem: a problem (A, OP, B) belongs to split ``(A * 7 +
     python -m experiments.calculator.task --out DIR [--train 2000] [--validation 64] [--test 128] [--seed 0]
 
 writes ``DIR/{train,validation,test}.parquet`` (verl rows: ``prompt`` as a chat list, ``data_source``,
-``reward_model.ground_truth``, ``extra_info``) and ``DIR/eval/{split}.jsonl`` (``index``, ``input``, ``answers``: the
-evaluation harness's format).
+``reward_model.ground_truth``, ``extra_info``) and ``DIR/eval/{split}/eval_calculator_2.jsonl`` (``index``, ``input``,
+``context`` (empty), ``answers``: the evaluation harness's format, task ``calculator`` at "length" 2, the operands' digits):
+
+    python -m taskutils.memory_eval.run --method calculator --tasks calculator --lengths 2 --data-dir DIR/eval/test ...
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ SPLITS = ("train", "validation", "test")
 DATA_SOURCE = "calculator_arithmetic"
 OPERATORS = ("+", "-", "*")
 LOW, HIGH = 10, 99  # two-digit operands
+EVAL_TASK, EVAL_LENGTH = "calculator", 2  # the harness's task name and "length" (digits per operand)
 
 
 @dataclass(frozen=True)
@@ -69,15 +72,17 @@ def write(out: Path, counts: dict[str, int], seed: int) -> dict[str, Path]:
     import pandas as pd
 
     out.mkdir(parents=True, exist_ok=True)
-    (out / "eval").mkdir(exist_ok=True)
     paths = {}
     for split, count in counts.items():
         chosen = problems(split, count, seed)
         paths[split] = out / f"{split}.parquet"
         pd.DataFrame([verl_row(p, split, i) for i, p in enumerate(chosen)]).to_parquet(paths[split])
-        with open(out / "eval" / f"{split}.jsonl", "w") as f:
+        eval_dir = out / "eval" / split
+        eval_dir.mkdir(parents=True, exist_ok=True)
+        with open(eval_dir / f"eval_{EVAL_TASK}_{EVAL_LENGTH}.jsonl", "w") as f:
             for i, p in enumerate(chosen):
-                f.write(json.dumps({"index": i, "input": p.question, "answers": [str(p.answer)]}) + "\n")
+                record = {"index": i, "input": p.question, "context": "", "answers": [str(p.answer)]}
+                f.write(json.dumps(record) + "\n")
     return paths
 
 

@@ -15,7 +15,6 @@ decoded and re-encoded; the memory is the generated ids themselves when the back
 from __future__ import annotations
 
 import logging
-import re
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -32,7 +31,7 @@ from recurrent.interface import (
     WorkflowConfig,
     WorkflowRegistration,
 )
-from recurrent.templating import chat_token_template
+from recurrent.templating import chat_token_template, render
 from recurrent.tokens import centre_truncate, encode_long, end_token_ids, num_chunks
 
 logger = logging.getLogger(__name__)
@@ -87,7 +86,6 @@ FINAL_TEMPLATES = {
     "boxed_released": FINAL_TEMPLATE_BOXED_RELEASED,
     "answer_is": FINAL_TEMPLATE_ANSWER_IS,
 }
-_SLOT = re.compile(r"\{([a-zA-Z]+)\}")
 
 
 @dataclass
@@ -122,11 +120,6 @@ class MemoryConfig(WorkflowConfig):
     @property
     def max_context_tokens(self) -> int | None:
         return None if self.max_chunks is None else self.max_chunks * self.chunk_size
-
-
-def render(template: str, **values: str) -> str:
-    """Fill ``{name}`` slots in one pass (so braces inside values, or ``\\boxed{}``, are left alone)."""
-    return _SLOT.sub(lambda m: values[m.group(1)], template)
 
 
 def question_text(sample: dict[str, Any], key: str) -> str:

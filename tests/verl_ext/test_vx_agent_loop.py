@@ -54,7 +54,7 @@ def sample(uid: str, context: str) -> dict:
 def expected_prompt_ids(rollout: AgentRollout, tokenizer, context: str, responses: list[list[int]]) -> list[list[int]]:
     """Every turn's prompt rebuilt from recurrent's templates: memory turn k sees chunk k and the previous
     response with eos/pad dropped ("No previous memory" first); the final turn sees the last memory."""
-    workflow, cfg = rollout.workflow, rollout.workflow.config
+    workflow, cfg = rollout.agent, rollout.agent.config
     question = tokenizer.encode(QUESTION, add_special_tokens=False)
     ids = encode_long(context, tokenizer)
     no_memory = tokenizer.encode(NO_MEMORY, add_special_tokens=False)
@@ -69,7 +69,7 @@ def expected_prompt_ids(rollout: AgentRollout, tokenizer, context: str, response
 
 
 def check_rows(outputs, rollout: AgentRollout, tokenizer, context: str) -> None:
-    cfg = rollout.workflow.config
+    cfg = rollout.agent.config
     chunks = num_chunks(len(encode_long(context, tokenizer)), cfg.chunk_size)
     assert len(outputs) == chunks + 1  # one row per memory update, then the answer
     kinds = [o.extra_fields["turn_kind"] for o in outputs]

@@ -56,9 +56,9 @@ def test_metrics_by_hand():
     assert metrics["recurrent/turns_per_sample/mean"] == pytest.approx((3 + 1 + 4 + 2) / 4)
     assert (metrics["recurrent/turns_per_sample/max"], metrics["recurrent/turns_per_sample/min"]) == (4, 1)
     memory = [8, 5, 8, 8, 2, 7]
-    assert metrics["recurrent/memory_length/mean"] == pytest.approx(sum(memory) / len(memory))
-    assert metrics["recurrent/memory_length/max"] == 8
-    assert metrics["recurrent/memory_truncated_ratio"] == pytest.approx(3 / 6)  # memory turns cut at their cap
+    assert metrics["recurrent/calls/memory/length/mean"] == pytest.approx(sum(memory) / len(memory))
+    assert metrics["recurrent/calls/memory/length/max"] == 8
+    assert metrics["recurrent/calls/memory/truncated_ratio"] == pytest.approx(3 / 6)  # memory turns cut at their cap
     assert metrics["recurrent/num_trajectories"] == 4
     # Row order does not matter (rows are balanced across ranks, never in session order).
     order = [5, 0, 9, 2, 7, 1, 4, 8, 3, 6]
@@ -74,7 +74,7 @@ def test_metrics_by_hand():
 def test_rows_of_equal_length():
     keys, rows = stored_rows([("uidA", 0, 1.0, [("memory", 4, "length"), ("final", 4, "stop")])])
     metrics = trajectory_metrics_from_rows(keys, list_of_dict_to_tensordict(rows))  # a dense tensor, not nested
-    assert metrics["recurrent/final/reward/mean"] == 1.0 and metrics["recurrent/memory_length/mean"] == 4
+    assert metrics["recurrent/final/reward/mean"] == 1.0 and metrics["recurrent/calls/memory/length/mean"] == 4
 
 
 def test_trainer_adds_them_without_the_padding_rows(monkeypatch):
@@ -107,9 +107,9 @@ def test_trainer_adds_them_without_the_padding_rows(monkeypatch):
             "recurrent/turns_per_sample/max": 4,
             "recurrent/turns_per_sample/min": 1,
             "recurrent/num_trajectories": 4,
-            "recurrent/memory_length/mean": (8 + 5 + 8 + 8 + 2 + 7) / 6,
-            "recurrent/memory_length/max": 8,
-            "recurrent/memory_truncated_ratio": 3 / 6,
+            "recurrent/calls/memory/length/mean": (8 + 5 + 8 + 8 + 2 + 7) / 6,
+            "recurrent/calls/memory/length/max": 8,
+            "recurrent/calls/memory/truncated_ratio": 3 / 6,
             "recurrent/rollout/failed_groups": 0,
             "recurrent/rollout/failed_trajectories": 0,
         }

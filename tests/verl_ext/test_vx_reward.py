@@ -123,7 +123,7 @@ async def test_reward_lands_at_the_final_answers_last_token_and_reaches_every_tu
     info = fields["extra_fields"][chunks]["reward_extra_info"]
     assert info["acc"] == score  # verl records the verifier's verdict as acc
     memory_tokens = min(len(tiny_tokenizer.encode(MEMORY_ANSWER, add_special_tokens=False)), 8 - 1) + 1  # + eos
-    assert info["memory_turns"] == chunks and info["memory_tokens"] == memory_tokens and info["memory_truncated"] == 0
+    assert info["calls"] == chunks and info["call_tokens"] == memory_tokens and info["call_truncated"] == 0
     assert "context" not in list(fields.keys())  # the long document is not copied into every row
     assert [t["min_global_steps"] for t in put["tags"]] == [3] * (chunks + 1)
 
