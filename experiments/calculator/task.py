@@ -8,7 +8,8 @@ Splits are disjoint by problem: a problem (A, OP, B) belongs to split ``(A * 7 +
 
 writes ``DIR/{train,validation,test}.parquet`` (verl rows: ``prompt`` as a chat list, ``data_source``,
 ``reward_model.ground_truth``, ``extra_info``) and ``DIR/eval/{split}/eval_calculator_2.jsonl`` (``index``, ``input``,
-``context`` (empty), ``answers``: the evaluation harness's format, task ``calculator`` at "length" 2, the operands' digits):
+``context`` (empty), ``answers``: the evaluation harness's format; task ``calculator`` at "length" 2, the operands'
+digits):
 
     python -m taskutils.memory_eval.run --method calculator --tasks calculator --lengths 2 --data-dir DIR/eval/test ...
 """
