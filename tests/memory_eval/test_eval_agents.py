@@ -4,53 +4,21 @@ and then answers with the tool's result."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import yaml
-from aiohttp import web
 from eval_fixtures import read_lines
+from scripted_calculator import calculator_app
 from threaded_http import serve_in_a_thread
 
 from experiments.calculator.task import write
 from taskutils.memory_eval.run import main as run_main
 
-QUESTION = re.compile(r"What is (\d+) ([-+*]) (\d+)\?")
-RESULT = re.compile(r"<tool_response>(.*)</tool_response>")
-
-
-def scripted_app(seen: list[list[dict]]) -> web.Application:
-    """The model: a question gets a calculator call on its operands; a tool result gets the result boxed."""
-
-    async def chat(request: web.Request) -> web.Response:
-        body = await request.json()
-        messages = body["messages"]
-        seen.append(messages)
-        last = messages[-1]["content"]
-        if result := RESULT.search(last):
-            text = f"The result is \\boxed{{{result.group(1)}}}"
-        else:
-            a, op, b = QUESTION.search(last).groups()
-            text = f'<tool_call>{{"name": "calculate", "arguments": {{"expression": "{a} {op} {b}"}}}}</tool_call>'
-        return web.json_response(
-            {
-                "id": "x",
-                "object": "chat.completion",
-                "model": body["model"],
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
-            }
-        )
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    return app
-
 
 def test_the_calculator_agent_runs_through_the_harness_by_name(tmp_path: Path, tiny_model_dir):
     write(tmp_path / "data", {"test": 6}, seed=0)
     seen: list[list[dict]] = []
-    with serve_in_a_thread(scripted_app(seen), wait_s=30) as url:
+    with serve_in_a_thread(calculator_app(seen), wait_s=30) as url:
         table = tmp_path / "models.yaml"
         model = {"name": "scripted", "checkpoint": tiny_model_dir, "url": url, "served_name": "m", "concurrency": 2}
         table.write_text(yaml.safe_dump({"models": [model]}))
