@@ -32,6 +32,7 @@ from typing import Any
 
 from recurrent.interface import (
     ChatClient,
+    Columns,
     Episode,
     Reply,
     RowWidths,
@@ -45,7 +46,6 @@ from recurrent.interface import (
 
 AgentFunction = Callable[[dict[str, Any], "CallRecorder", Any], Awaitable[str]]
 RowWidthsOf = Callable[[Any, Any], RowWidths]  # (config, tokenizer) -> the widest call
-Columns = tuple[str, ...] | Callable[[Any], tuple[str, ...]]  # fixed, or read from the config
 
 
 class CallRecorder:
@@ -135,28 +135,20 @@ class FunctionWorkflow(Workflow):
         *,
         name: str,
         agent: AgentFunction,
-        columns: Columns = (),
-        large_columns: Columns = (),
+        columns: tuple[str, ...] = (),
         row_widths: RowWidthsOf | None = None,
     ) -> None:
         super().__init__(config, tokenizer)
         self.name = name
         self.agent = agent
-        self._columns = tuple(columns(config) if callable(columns) else columns)
-        self._large_columns = tuple(large_columns(config) if callable(large_columns) else large_columns)
+        self.columns = columns
         self._row_widths = row_widths
 
     def episode(self, sample: dict[str, Any]) -> FunctionEpisode:
-        missing = [column for column in self._columns if column not in sample]
+        missing = [column for column in self.columns if column not in sample]
         if missing:
             raise KeyError(f"agent {self.name!r}: the sample has no column {missing[0]!r}; columns: {sorted(sample)}")
         return FunctionEpisode(self.agent, sample, self.config, self.name)
-
-    def required_columns(self) -> tuple[str, ...]:
-        return self._columns
-
-    def large_columns(self) -> tuple[str, ...]:
-        return self._large_columns
 
     def row_widths(self) -> RowWidths | None:
         if self._row_widths is None:
@@ -183,13 +175,10 @@ def agent_function(
 
     def build(config: WorkflowConfig, tokenizer: Any) -> FunctionWorkflow:
         return FunctionWorkflow(
-            config,
-            tokenizer,
-            name=name,
-            agent=agent,
-            columns=columns,
-            large_columns=large_columns,
-            row_widths=row_widths,
+            config, tokenizer, name=name, agent=agent, columns=registration.columns_of(config), row_widths=row_widths
         )
 
-    return WorkflowRegistration(name=name, config_cls=config_cls, build=build)
+    registration = WorkflowRegistration(
+        name=name, config_cls=config_cls, build=build, columns=columns, large_columns=large_columns
+    )
+    return registration

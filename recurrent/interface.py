@@ -193,9 +193,9 @@ class RowWidths:
 class Workflow(ABC):
     """An agent, built once per config and tokenizer: it makes one :class:`Episode` per sample.
 
-    Besides :meth:`episode`, an agent brings what the generic layers must know about it and nothing else:
-    the columns a sample needs, the widest call it can make (checked against a trainer's row widths), the
-    columns too large to copy into every training row, and per-episode statistics for validation."""
+    Besides :meth:`episode`, an agent may say the widest call it can make (checked against a trainer's row widths);
+    the columns it reads are declared with its registration (:class:`WorkflowRegistration`), so that they can be
+    checked before any tokenizer is loaded."""
 
     def __init__(self, config: WorkflowConfig, tokenizer: Any) -> None:
         self.config = config
@@ -205,14 +205,6 @@ class Workflow(ABC):
     def episode(self, sample: dict[str, Any]) -> Episode:
         """The episode of one sample (a row: a dict of columns). Missing columns raise a KeyError naming them. May
         be expensive (a long document is tokenized here): callers with an event loop run it in a worker thread."""
-
-    def required_columns(self) -> tuple[str, ...]:
-        """Columns every sample must have (a trainer checks its data files for them before the first step)."""
-        return ()
-
-    def large_columns(self) -> tuple[str, ...]:
-        """Columns too large to copy into every training row (a trainer drops them from the stored rows)."""
-        return ()
 
     def row_widths(self) -> RowWidths | None:
         """The widest model call this agent can make, or None when it cannot say (calls are then checked one by
@@ -231,19 +223,31 @@ class SessionWorkflow(Workflow):
         return self.session(sample)
 
 
+Columns = tuple[str, ...] | Callable[[Any], tuple[str, ...]]  # fixed, or read from the agent's config
+
+
 @dataclass(frozen=True)
 class WorkflowRegistration:
-    """What an agent's module exports as ``REGISTER``: its name, its config class, and how it is built.
+    """What an agent's module exports as ``REGISTER``: its name, its config class, how it is built, what it reads.
 
     ``build(config, tokenizer)`` makes the agent for training (prompts in token space where it can build them);
     ``inference(tokenizer, **options)``, where given, makes it for evaluation and serving behind an OpenAI-style
     endpoint (the memory agent's paper settings: recurrent/agents/memory.py); without it, inference builds the
-    agent from ``config_cls(**options)`` like training does."""
+    agent from ``config_cls(**options)`` like training does. ``columns``: what every sample must hold (a trainer
+    checks its data files for them); ``large_columns``: what is too large to copy into every training row."""
 
     name: str
     config_cls: type[WorkflowConfig]
     build: Callable[[WorkflowConfig, Any], Workflow]
     inference: Callable[..., Workflow] | None = None
+    columns: Columns = ()
+    large_columns: Columns = ()
+
+    def columns_of(self, config: WorkflowConfig) -> tuple[str, ...]:
+        return tuple(self.columns(config) if callable(self.columns) else self.columns)
+
+    def large_columns_of(self, config: WorkflowConfig) -> tuple[str, ...]:
+        return tuple(self.large_columns(config) if callable(self.large_columns) else self.large_columns)
 
     def make_config(self, values: Mapping[str, Any] | None = None) -> WorkflowConfig:
         """The agent's config from a mapping (a config section), unknown keys named in the error."""

@@ -50,7 +50,7 @@ class RecurrentAgentLoopWorkerImpl(AgentLoopWorkerTQ.__ray_actor_class__):
         self.background_tasks = set()
 
     async def _agent_loop_postprocess(self, output, validate, **kwargs) -> None:
-        for column in AgentRollout.get(self.config, self.tokenizer).agent.large_columns():
+        for column in AgentRollout.get(self.config, self.tokenizer).large_columns:
             kwargs.pop(column, None)
         return await super()._agent_loop_postprocess(output, validate, **kwargs)
 

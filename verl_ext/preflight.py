@@ -119,30 +119,41 @@ def preflight(config: DictConfig, load_tokenizer: bool = True) -> None:
     if model_path is not None:
         with open_dict(config):
             config.actor_rollout_ref.model.path = model_path  # workers load the same local folder
-        if load_tokenizer and settings.agent:
-            problems += agent_problems(config, settings, model_path, required)
+    if settings.agent:
+        problems += agent_problems(config, settings, model_path if load_tokenizer else None, required)
     if problems:
         raise PreflightError("the run cannot start:\n  - " + "\n  - ".join(problems))
 
 
 def agent_problems(
-    config: DictConfig, settings: RecurrentSettings, model_path: str, required: dict[str, str]
+    config: DictConfig, settings: RecurrentSettings, model_path: str | None, required: dict[str, str]
 ) -> list[str]:
-    """The agent cannot be built, its widest call does not fit verl's rows, or the data lack its columns."""
-    from transformers import AutoTokenizer
+    """The agent is unknown or its settings are wrong, the data lack its columns, or (with a model folder, whose
+    tokenizer counts tokens) its widest call does not fit verl's rows."""
+    from recurrent.interface import load_register
 
-    rollout = config.actor_rollout_ref.rollout
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
-        agent = build_agent(settings, tokenizer)
-        check_budgets(agent, Budgets(int(rollout.prompt_length), int(rollout.response_length)))
-    except (ValueError, TypeError, OSError, KeyError, ImportError, AttributeError) as err:
-        return [f"agent {settings.agent!r}: {err}"]
-    columns = {column: f"agent {settings.agent!r} reads it" for column in agent.required_columns()}
+        register = load_register(settings.agent)
+        agent_config = register.make_config(settings.agent_config)
+    except (ValueError, TypeError, KeyError, ImportError, AttributeError, FileNotFoundError) as err:
+        return [f"recurrent.agent={settings.agent!r}: {err}"]
+    columns = {column: f"agent {settings.agent!r} reads it" for column in register.columns_of(agent_config)}
     columns = {column: why for column, why in columns.items() if column not in required}
     problems = []
     for key in ("train_files", "val_files"):
         for path in _files(config.data.get(key)):
             if Path(path).expanduser().is_file():  # a missing file is reported once, by preflight
                 problems += data_problems(path, columns, check_reward=False)
+    if model_path is None:
+        return problems
+    from transformers import AutoTokenizer
+
+    rollout = config.actor_rollout_ref.rollout
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        check_budgets(
+            build_agent(settings, tokenizer), Budgets(int(rollout.prompt_length), int(rollout.response_length))
+        )
+    except (ValueError, TypeError, OSError, KeyError) as err:
+        problems.append(f"agent {settings.agent!r}: {err}")
     return problems

@@ -116,6 +116,8 @@ class AgentRollout:
         self.budgets = budgets
         self.agent = build_agent(settings, tokenizer)
         check_budgets(self.agent, budgets)
+        # Columns not copied into the stored rows (the memory agent's document).
+        self.large_columns = load_register(settings.agent).large_columns_of(self.agent.config)
         self.end_ids = end_token_ids(tokenizer)
         # One thread builds episodes (a long document is tokenized there): off the event loop, never two at once.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="recurrent-episode")

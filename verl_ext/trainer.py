@@ -45,7 +45,7 @@ from verl_ext.minibatch import (
     plan_minibatches,
     updates_per_step,
 )
-from verl_ext.settings import recurrent_settings
+from verl_ext.settings import RecurrentSettings, recurrent_settings
 
 # Columns added to each line of the rollout dump (verl's columns are kept as they are):
 DUMP_COLUMNS = (
@@ -100,10 +100,11 @@ class RecurrentPPOTrainer(PPOTrainerSync):
     _plan: MiniBatchPlan | None = None  # this step's mini-batches (None: verl's row counting)
     _minibatch_of: dict[str, int] | None = None  # row key -> update index, for the rollout dump
     _failed_groups: frozenset[str] = frozenset()  # prompt groups of this step whose rollout failed
+    _settings: RecurrentSettings | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.settings = recurrent_settings(self.config)  # a typo fails here, not after the first rollout
+        self._settings = recurrent_settings(self.config)  # a typo fails here, not after the first rollout
         self.minibatch_mode = self.settings.minibatch
         # ppo_epochs, shuffle and static micro-batches: refused or honoured before the first step (also the preflight)
         self.actor_settings = actor_settings(self.config)
@@ -113,6 +114,13 @@ class RecurrentPPOTrainer(PPOTrainerSync):
         # argument it does not read from the config); a CPU step lasts a few seconds, so the CPU runs poll faster.
         if self.settings.replay_poll_interval_s is not None:
             self.replay_buffer.poll_interval = self.settings.replay_poll_interval_s
+
+    @property
+    def settings(self) -> RecurrentSettings:
+        """The run's ``recurrent:`` section (verl_ext/settings.py), parsed once."""
+        if self._settings is None:
+            self._settings = recurrent_settings(self.config)
+        return self._settings
 
     def on_sample_end(self):
         # The prompt groups of this step whose rollout failed somewhere (verl 0.9.1's replay buffer keeps the set

@@ -78,12 +78,6 @@ class DirectWorkflow(SessionWorkflow):
         self.question_key = config.question_key
         self.context_key = config.context_key
 
-    def required_columns(self) -> tuple[str, ...]:
-        return (self.question_key, self.context_key)
-
-    def large_columns(self) -> tuple[str, ...]:
-        return (self.context_key,)
-
     def prompt(self, question: str, context: str) -> tuple[str, int, int]:
         """The prompt text, its full token count, and the count actually sent (after middle truncation)."""
         text = render(self.template, context=context.strip(), question=question.strip())
@@ -147,4 +141,10 @@ class DirectSession(Session):
         return out
 
 
-REGISTER = WorkflowRegistration(name="direct", config_cls=DirectConfig, build=DirectWorkflow)
+REGISTER = WorkflowRegistration(
+    name="direct",
+    config_cls=DirectConfig,
+    build=DirectWorkflow,
+    columns=lambda config: (config.question_key, config.context_key),
+    large_columns=lambda config: (config.context_key,),
+)

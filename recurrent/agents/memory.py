@@ -169,12 +169,6 @@ class MemoryWorkflow(SessionWorkflow):
         # Training gives the n rollouts of a prompt one `uid`: its context is tokenized for the first of them only.
         self._contexts: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
 
-    def required_columns(self) -> tuple[str, ...]:
-        return (self.config.question_key, self.config.context_key)
-
-    def large_columns(self) -> tuple[str, ...]:
-        return (self.config.context_key,)
-
     def context_text(self, sample: dict[str, Any]) -> str:
         """The context of a row as a string (a missing value reads as an empty document)."""
         config: MemoryConfig = self.config
@@ -416,5 +410,10 @@ def training_workflow(config: MemoryConfig, tokenizer: Any) -> MemoryWorkflow:
 
 
 REGISTER = WorkflowRegistration(
-    name="memory", config_cls=MemoryConfig, build=training_workflow, inference=inference_workflow
+    name="memory",
+    config_cls=MemoryConfig,
+    build=training_workflow,
+    inference=inference_workflow,
+    columns=lambda config: (config.question_key, config.context_key),
+    large_columns=lambda config: (config.context_key,),  # the document: tokenized once, never copied into rows
 )

@@ -79,8 +79,9 @@ def test_a_malformed_call_and_a_long_result_come_back_as_text():
 
 
 def test_a_missing_question_column_is_named():
-    agent = load_register("calculator").for_training({"question_key": "question"}, None)
-    assert agent.required_columns() == ("question",)
+    register = load_register("calculator")
+    agent = register.for_training({"question_key": "question"}, None)
+    assert register.columns_of(agent.config) == ("question",)
     with pytest.raises(KeyError, match="'question'"):
         agent.episode({"prompt": "1+1?"})
 

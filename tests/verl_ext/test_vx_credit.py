@@ -166,7 +166,7 @@ def one_step_per_credit_mode(model_dir: str, modes: list[str]) -> dict[str, dict
             "pg_loss": [float(v) for v in reported["actor/pg_loss"]],
             "grad_norm": [float(v) for v in reported["grad_norm"]],
             "advantages": {key: float(np.mean(store[key]["advantages"].numpy())) for key in keys},
-            "masked": metrics.get("recurrent/credit/memory_rows_masked"),
+            "masked": metrics.get("recurrent/credit/earlier_rows_masked"),
         }
     return results
 
