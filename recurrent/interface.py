@@ -242,6 +242,9 @@ class WorkflowRegistration:
     inference: Callable[..., Workflow] | None = None
     columns: Columns = ()
     large_columns: Columns = ()
+    # How many model calls one sample makes, from facts about it (keywords; the memory agent reads
+    # context_tokens, a document's length): what a step plan counts rows with (verl_ext/plan.py). None: unknown.
+    calls_per_sample: Callable[..., int] | None = None
 
     def columns_of(self, config: WorkflowConfig) -> tuple[str, ...]:
         return tuple(self.columns(config) if callable(self.columns) else self.columns)

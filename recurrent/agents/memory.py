@@ -404,6 +404,13 @@ def inference_workflow(
     return MemoryWorkflow(config, tokenizer, token_prompts=False, keep_prompts=False)
 
 
+def calls_for_document(config: MemoryConfig, context_tokens: int = 28_000, **_: Any) -> int:
+    """Model calls of one sample: a memory update per chunk of the (centre-truncated) document, then the answer.
+    The default length is the paper's training documents (200 HotpotQA paragraphs, ~28K tokens)."""
+    kept = context_tokens if config.max_context_tokens is None else min(context_tokens, config.max_context_tokens)
+    return num_chunks(kept, config.chunk_size) + 1
+
+
 def training_workflow(config: MemoryConfig, tokenizer: Any) -> MemoryWorkflow:
     """The memory agent as training runs it: prompts in token space, the memory the generated ids themselves."""
     return MemoryWorkflow(config, tokenizer, token_prompts=True)
@@ -416,4 +423,5 @@ REGISTER = WorkflowRegistration(
     inference=inference_workflow,
     columns=lambda config: (config.question_key, config.context_key),
     large_columns=lambda config: (config.context_key,),  # the document: tokenized once, never copied into rows
+    calls_per_sample=calls_for_document,
 )

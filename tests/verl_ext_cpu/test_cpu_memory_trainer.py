@@ -2,7 +2,7 @@
 --config-name tiny_cpu``) for 2 steps, then resumed to 3 (issues 7, 10). Two launches serve every trainer check of
 this module: a launch costs ~65 s on 2 idle cores (most of it start-up), a step ~5 s.
 
-The first run: the memory agent (``memory_agent`` loop, ``RecurrentAgentLoopManager``, ``RecurrentPPOTrainer``) on a
+The first run: the memory agent (``recurrent_agent`` loop, ``RecurrentAgentLoopManager``, ``RecurrentPPOTrainer``) on a
 needle-in-a-haystack task made on the fly (documents of 2-4 chunks), GRPO with n=4 and no std division, the KL
 loss against the reference policy, two FSDP2 ranks, validation before training and after every step, a
 checkpoint every step, console + JSONL metrics, rollout dumps with each row's advantage. Its one change from
@@ -85,7 +85,7 @@ def runs(tmp_path_factory):
         task="memory",
         timeout_s=RUN_TIMEOUT_S,
         overrides=(f"actor_rollout_ref.actor.ppo_mini_batch_size={FIRST_MINI_BATCH}",),
-        extra_env={"MEMAGENT_ROLLOUT_EVENTS": str(out_dir / "events_first")},
+        extra_env={"RECURRENT_ROLLOUT_EVENTS": str(out_dir / "events_first")},
     )
     assert first[0] == 0, tail(first[1])
     metrics_first = read_metrics(out_dir / "metrics.jsonl")
@@ -96,7 +96,7 @@ def runs(tmp_path_factory):
         task="memory",
         timeout_s=RUN_TIMEOUT_S,
         overrides=RESUMED_SWITCHES,
-        extra_env={"MEMAGENT_ROLLOUT_EVENTS": str(out_dir / "events")},
+        extra_env={"RECURRENT_ROLLOUT_EVENTS": str(out_dir / "events")},
     )
     assert second[0] == 0, tail(second[1])
     return {"out": out_dir, "first": first, "second": second, "metrics_first": metrics_first}
@@ -481,7 +481,7 @@ def test_final_answer_credit_trains_only_the_answers(runs):
         assert final["response_length"] > 0
         assert final["advantage"] == pytest.approx(final["score"] - sum(scores) / len(scores), abs=1e-6)
     metrics = read_metrics(out / "metrics.jsonl")
-    assert metrics[3]["recurrent/credit/memory_rows_masked"] == memory_rows > 0
+    assert metrics[3]["recurrent/credit/earlier_rows_masked"] == memory_rows > 0
 
 
 def test_a_kept_rollout_holds_its_weights_throughout(runs):
