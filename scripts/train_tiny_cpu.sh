@@ -5,12 +5,12 @@
 #
 # TASK=memory (default): our trainer, `python -m verl_ext.main --config-name tiny_cpu` (the entry of the GPU runs:
 #   RecurrentPPOTrainer, the `memory_agent` loop and its agent-loop manager), on a needle-in-a-haystack task made
-#   here (verl_ext/cpu/toy_data.py --task memory: documents of 2-4 chunks) with a dense reward next to the strict
+#   here (experiments/tiny/data.py --task memory: documents of 2-4 chunks) with a dense reward next to the strict
 #   verifier. configs/tiny_cpu.yaml carries the whole run; this script adds only what belongs to the machine and
 #   the run folder (model folder, data files, ranks, steps, output folders, Ray temp dir, the environment).
 # TASK=toy: verl's stock `python -m verl.trainer.main_ppo` (trainer.use_v1=True, trainer.v1.trainer_mode=sync) with
-#   the stock `single_turn_agent` loop on a generated copy task (verl_ext/cpu/toy_data.py) and a dense reward
-#   (verl_ext/cpu/toy_reward.py); verl's own config, so the CPU values are passed below.
+#   the stock `single_turn_agent` loop on a generated copy task (experiments/tiny/data.py) and a dense reward
+#   (experiments/tiny/reward.py); verl's own config, so the CPU values are passed below.
 # TASK=needle: our trainer with configs/replicate_cpu.yaml, the RL run of the CPU replication (docs/replication_cpu.md):
 #   needle documents of 1-4 chunks (taskutils/replication/needle.py), the strict reward; MODEL must be the warm
 #   start (python -m taskutils.replication.warm_start). scripts/replicate_cpu.sh calls it this way.
@@ -100,7 +100,7 @@ elif [[ "$TASK" == needle ]]; then
     "$PYTHON" -m taskutils.replication.needle "${data_args[@]}" --out "$DATA" >/dev/null
   fi
 elif [[ ! -f "$DATA/train.parquet" || ! -f "$DATA/val.parquet" ]]; then
-  "$PYTHON" -m verl_ext.cpu.toy_data "${data_args[@]}" --out "$DATA" >/dev/null
+  "$PYTHON" -m experiments.tiny.data "${data_args[@]}" --out "$DATA" >/dev/null
 fi
 
 # --- the machine and the run folder (any task) ----------------------------------------------------------------
@@ -203,7 +203,7 @@ else
     actor_rollout_ref.rollout.max_model_len=80
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4
     actor_rollout_ref.rollout.agent.default_agent_loop=single_turn_agent
-    reward.custom_reward_function.path=pkg://verl_ext.cpu.toy_reward
+    reward.custom_reward_function.path=pkg://experiments.tiny.reward
     reward.custom_reward_function.name=compute_score
     trainer.project_name=tiny_cpu
     trainer.experiment_name=single_turn

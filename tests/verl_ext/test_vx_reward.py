@@ -34,7 +34,7 @@ class ScriptedServer:
         )
 
 
-# tiny_cpu trains with a dense test reward (verl_ext.cpu.toy_reward) and answers of 8 tokens; these tests are
+# tiny_cpu trains with a dense test reward (experiments.tiny.reward) and answers of 8 tokens; these tests are
 # about the real reward, with answers of up to FINAL_CAP tokens.
 STRICT_REWARD = [
     "reward.custom_reward_function.path=pkg://verl_ext.reward",

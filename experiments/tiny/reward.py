@@ -1,7 +1,7 @@
-"""Dense rewards for :mod:`verl_ext.cpu.toy_data`: how close the response is to the answer.
+"""Dense rewards for :mod:`experiments.tiny.data`: how close the response is to the answer.
 
 Both are verl custom reward functions (``compute_score(data_source, solution_str, ground_truth, extra_info,
-**kwargs)``; ``reward.custom_reward_function.path=pkg://verl_ext.cpu.toy_reward``, ``.name=...``).
+**kwargs)``; ``reward.custom_reward_function.path=pkg://experiments.tiny.reward``, ``.name=...``).
 
 - ``compute_score`` (the ``copy`` task): the character-level similarity ratio (``difflib``) between the
   normalised response and the answer, in [0, 1]: continuous, so responses of one GRPO group almost never tie
