@@ -65,6 +65,8 @@ def test_the_framework_names_no_agent():
     # The endpoint's document path is the memory agent's (docs/serving.md); every other agent it reaches by name.
     serve = [name for path in (REPO / "recurrent" / "serve").rglob("*.py") for name in absolute_imports(path)]
     assert {name for name in serve if name.startswith("recurrent.agents")} == {"recurrent.agents.memory"}
+
+
 SKIP = {".venv", ".venv-gpu", ".cache", ".git", "tests"}
 
 
