@@ -43,7 +43,7 @@ def test_dry_run_prints_command_and_config(tmp_path, script, size, batch, tp):
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
     command = next(line for line in out.splitlines() if line.startswith("[memagent] command:"))
-    run_dir = tmp_path / "runs" / "recurrent_agent" / size
+    run_dir = tmp_path / "runs" / "memory_agent" / size
     for part in (
         "-m verl_ext.main",
         f"--config-name memagent_{size.lower()}",
