@@ -4,7 +4,7 @@
 #   scripts/train_tiny_cpu.sh [hydra overrides...]
 #
 # TASK=memory (default): our trainer, `python -m verl_ext.main --config-name tiny_cpu` (the entry of the GPU runs:
-#   RecurrentPPOTrainer, the `memory_agent` loop and its agent-loop manager), on a needle-in-a-haystack task made
+#   RecurrentPPOTrainer, the `recurrent_agent` loop and its agent-loop manager), on a needle-in-a-haystack task made
 #   here (experiments/tiny/data.py --task memory: documents of 2-4 chunks) with a dense reward next to the strict
 #   verifier. configs/tiny_cpu.yaml carries the whole run; this script adds only what belongs to the machine and
 #   the run folder (model folder, data files, ranks, steps, output folders, Ray temp dir, the environment).
