@@ -132,7 +132,7 @@ def test_two_steps_with_validation_log_finite_metrics(runs):
     rc, output, elapsed = runs["first"]
     metrics = runs["metrics_first"]
     assert "[train_tiny_cpu] task=memory" in output
-    assert re.search(r"\[memagent\] step 1: reward=", output) and re.search(r"\[memagent\] step 2: reward=", output)
+    assert re.search(r"\[recurrent\] step 1: reward=", output) and re.search(r"\[recurrent\] step 2: reward=", output)
     assert "[plot_training] reward per step:" in output and (runs["out"] / "training.png").is_file()
     assert sorted(metrics) == [0, 1, 2]  # validation before training (step 0), then steps 1 and 2
     for step in (0, 1, 2):  # validation scores each session's final answer: dense reward and strict verdict
@@ -209,7 +209,7 @@ def test_every_turn_of_a_trajectory_gets_its_grpo_advantage(runs):
         assert data["recurrent/final/reward/mean"] == pytest.approx(sum(finals) / len(finals), abs=1e-6)
         assert data["critic/score/mean"] == pytest.approx(sum(row["score"] for row in real) / len(real), abs=1e-6)
         assert data["recurrent/turns_per_sample/mean"] == pytest.approx(len(real) / len(by_trajectory))
-        assert data["recurrent/memory_length/mean"] == pytest.approx(
+        assert data["recurrent/calls/memory/length/mean"] == pytest.approx(
             sum(row["response_length"] for row in real if row["turn_kind"] == "memory")
             / sum(row["turn_kind"] == "memory" for row in real)
         )
@@ -401,7 +401,7 @@ def test_resume_starts_at_step_3_with_the_same_data_order(runs):
     out = runs["out"]
     rc, output, elapsed = runs["second"]
     assert "Loaded model from" in output and "global_step_2" in output, tail(output)
-    steps = [int(s) for s in re.findall(r"\[memagent\] step (\d+):", output)]
+    steps = [int(s) for s in re.findall(r"\[recurrent\] step (\d+):", output)]
     assert steps == [3], steps  # only step 3 trains
     metrics = read_metrics(out / "metrics.jsonl")
     assert sorted(metrics) == [2, 3]  # validation at the resumed step, then step 3
@@ -438,7 +438,7 @@ def test_lockstep_rollouts_validate_and_train_the_resumed_step(runs):
     # (4 prompts x 4), validation; as many rounds as the longest trajectory has turns
     lockstep = [
         tuple(map(int, m))
-        for m in re.findall(r"\[memagent\] lockstep: (\d+) trajectories in (\d+) rounds, (\d+) failed", output)
+        for m in re.findall(r"\[recurrent\] lockstep: (\d+) trajectories in (\d+) rounds, (\d+) failed", output)
     ]
     longest = max(len(turns) for turns in trajectories(dumped(runs["out"], 3)).values())
     assert len(lockstep) == 3, lockstep  # validation at the resumed step, step 3, validation after it
