@@ -368,3 +368,17 @@ def test_failures_between_answers_are_recorded_and_do_not_stop_the_run(tmp_path,
     failed = [i for i in ids if errors[i]]
     assert failed == ids[2:4] and all("ChatRequestError: chat request to" in errors[i] for i in failed)
     assert "tiny direct hotpotqa_2: 2 failed, 0 not run" in err
+
+
+def test_a_success_ends_a_streak_of_connection_failures(tmp_path, capsys, tiny_model_dir):
+    # Requests 2, 3 and 5 are cut: three failures in all, never three in a row (item 4 is answered between them),
+    # so the run goes to the end with the limit of 3.
+    server = ScriptedServer(drop=lambda n: n in (2, 3, 5))
+    code, results, data = _dying_run(tmp_path, server, "--max-retries", "0")
+    err = capsys.readouterr().err
+    assert code == 1 and server.chat_requests == 8 and server.answered == 5
+    ids = [r["index"] for r in read_lines(data)]
+    errors = {r["id"]: r["error"] for r in read_lines(results)}
+    assert sorted(errors) == sorted(ids)
+    assert [i for i in ids if errors[i]] == [ids[1], ids[2], ids[4]]
+    assert "tiny direct hotpotqa_2: 3 failed, 0 not run" in err

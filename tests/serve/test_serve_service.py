@@ -227,6 +227,8 @@ def test_an_upstream_that_is_down_answers_502_naming_it(tiny_tokenizer):
         (400, {"error": {"message": "maximum context length is 8 tokens"}}, 400, "maximum context length is 8"),
         (422, {"detail": "top_k is not supported"}, 422, "top_k is not supported"),
         (429, {"error": {"message": "rate limit reached"}}, 429, "rate limit reached"),
+        # the upstream's own timeout: the client's request was fine, the upstream too slow (as when it never answers)
+        (408, {"error": {"message": "request timed out"}}, 504, "request timed out"),
     ],
 )
 def test_upstream_failures_become_http_statuses_with_the_upstreams_message(
@@ -238,7 +240,9 @@ def test_upstream_failures_become_http_statuses_with_the_upstreams_message(
     error = response.json()["error"]
     assert response.status_code == expected
     assert said in error["message"] and scripted.url in error["message"]
-    assert error["code"] == f"upstream_{status}" or (status == 429 and error["code"] == "upstream_rate_limited")
+    named = {429: "upstream_rate_limited", 408: "upstream_timeout"}
+    assert error["code"] == named.get(status, f"upstream_{status}")
+    assert error["type"] == ("invalid_request_error" if expected in (400, 422) else "upstream_error")
 
 
 @pytest.mark.parametrize(
