@@ -14,6 +14,7 @@ from typing import Any
 import uvicorn
 
 from recurrent.options import non_negative_int, parse_with_config, positive_int, seconds
+from recurrent.sampling import argument as sampling_argument
 
 DESCRIPTION = """\
 Serve a memory agent behind an OpenAI-compatible API. Any OpenAI client (a chat UI, an application, another lab's
@@ -84,8 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="the answer prompt: answer_is ('Therefore, the answer is ...', the paper's evaluation, default), boxed "
         "(\\boxed{}, the training format), boxed_released (what the released checkpoints saw in training)",
     )
-    agent.add_argument("--temperature", type=float, default=0.7, help="when a request gives none (paper: 0.7)")
-    agent.add_argument("--top-p", type=float, default=0.95, help="when a request gives none (paper: 0.95)")
+    agent.add_argument(
+        "--temperature",
+        type=sampling_argument("temperature"),
+        default=0.7,
+        help="when a request gives none (paper: 0.7)",
+    )
+    agent.add_argument(
+        "--top-p", type=sampling_argument("top_p"), default=0.95, help="when a request gives none (paper: 0.95)"
+    )
     q = parser.add_argument_group("where the question is")
     q.add_argument(
         "--question-mode",

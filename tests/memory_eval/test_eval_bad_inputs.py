@@ -243,6 +243,48 @@ def test_quickstart_refuses_a_non_positive_budget(capsys, flag, value):
     assert f"error: argument {flag}: must be a positive integer, got {value}" in capsys.readouterr().err
 
 
+# ---- sampling values: the rule of recurrent/sampling.py, before anything starts (exit 2) ----
+
+SEED_RULE = "must be an integer in [-9223372036854775808, 9223372036854775807]"  # 64-bit, as vLLM's seeds
+BAD_SAMPLING_FLAGS = [
+    ("--temperature", "-1", "must be a finite number >= 0, got -1"),
+    ("--temperature", "nan", "must be a finite number >= 0, got nan"),
+    ("--temperature", "inf", "must be a finite number >= 0, got inf"),
+    ("--top-p", "0", "must be a finite number in (0, 1], got 0"),
+    ("--top-p", "1.01", "must be a finite number in (0, 1], got 1.01"),
+    ("--seed", "1.5", f"{SEED_RULE}, got '1.5'"),
+    ("--seed", "18446744073709551616", f"{SEED_RULE}, got 18446744073709551616"),
+]
+
+
+@pytest.mark.parametrize(("flag", "value", "said"), BAD_SAMPLING_FLAGS)
+def test_the_harness_refuses_a_bad_sampling_value(tmp_path, capsys, flag, value, said):
+    code, _, out = run_on(tmp_path, _line(GOOD), flag, value)
+    assert code == 2
+    assert f"error: argument {flag}: {said}" in capsys.readouterr().err
+    assert not out.exists()  # nothing ran
+
+
+def test_the_harness_refuses_a_bad_sampling_value_in_its_config_file(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("quiet: true\ntemperature: -0.5\n")
+    code, _, out = run_on(tmp_path, _line(GOOD), "--config", str(config))
+    assert code == 2
+    assert f"error: {config}:2: option 'temperature': must be a finite number >= 0, got -0.5" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("flag", "value", "said"), BAD_SAMPLING_FLAGS)
+def test_quickstart_refuses_a_bad_sampling_value(capsys, flag, value, said):
+    spec = importlib.util.spec_from_file_location("quickstart_args", REPO / "quickstart.py")
+    quickstart = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(quickstart)
+    with pytest.raises(SystemExit) as stop:
+        quickstart.main([flag, value, "--model", "tiny"])
+    assert stop.value.code == 2
+    assert f"error: argument {flag}: {said}" in capsys.readouterr().err
+
+
 # ---- item 4: an endpoint that does not answer ----
 
 
