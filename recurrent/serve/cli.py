@@ -37,7 +37,7 @@ Every option can come from --config FILE (YAML, keys as the long flags); flags o
 def build_parser() -> argparse.ArgumentParser:
     from recurrent.impls.memory import FINAL_TEMPLATES
     from recurrent.serve.questions import QUESTION_MODES
-    from recurrent.serve.spool import SPOOL_BYTES
+    from recurrent.serve.spool import MAX_REQUEST_BYTES, SPOOL_BYTES
 
     parser = argparse.ArgumentParser(
         prog="python -m recurrent.serve", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -142,6 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     svc.add_argument("--spool-dir", help="where a long request's files are made (default: the system's temp folder)")
     svc.add_argument(
+        "--max-request-bytes",
+        type=non_negative_int,
+        default=MAX_REQUEST_BYTES,
+        help=f"a request body over this many bytes is refused with 413 before it is read (default {MAX_REQUEST_BYTES}, "
+        "64 MiB: a 3.5M-token document fits; 0: no limit)",
+    )
+    svc.add_argument(
         "--server-key-env", metavar="VAR", help="environment variable holding a key clients must send (Bearer)"
     )
     svc.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"), help="(info)")
@@ -234,6 +241,7 @@ def serve(args: argparse.Namespace, stop: _Stop) -> int:
             keepalive=args.keepalive or None,
             spool_bytes=args.spool_bytes,
             spool_dir=args.spool_dir,
+            max_request_bytes=args.max_request_bytes or None,
             server_key=os.environ[args.server_key_env] if args.server_key_env else None,
         )
         client = OpenAIChatClient(
