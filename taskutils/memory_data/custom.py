@@ -368,20 +368,26 @@ def iter_examples(
 
 
 def _repeats(
-    example: Example, where: str, fields: Fields, seen: dict[bytes, str], ids: dict[int | str, str]
+    example: Example, where: str, fields: Fields, seen: dict[bytes, str], indices: dict[int | str, tuple[str, bool]]
 ) -> list[str]:
-    """Why ``example`` repeats an earlier record (its question and context, or its id); records what it is."""
+    """Why ``example`` repeats an earlier record: its question and context, or its eval index (its id, or its
+    position when it has none: the harness keys results by it); records what it is."""
     found = []
     digest = hashlib.sha256(json.dumps([example.question, example.context]).encode("utf-8", "surrogatepass")).digest()
     if digest in seen:
         found.append(f"the same question and context as {seen[digest]} (a duplicate)")
     else:
         seen[digest] = where
-    if example.id is not None:
-        if example.id in ids:
-            found.append(f"field {fields.id!r}: {example.id!r} is also the id of {ids[example.id]}")
-        else:
-            ids[example.id] = where
+    index = example.item_index
+    if index in indices:
+        earlier, earlier_is_id = indices[index]
+        mine = f"its position {index} (no {fields.id!r})"
+        if example.id is not None:
+            mine = f"field {fields.id!r}: {index!r}"
+        theirs = "the id" if earlier_is_id else "the position"
+        found.append(f"{mine} is also {theirs} of {earlier}, the index of its eval item")
+    else:
+        indices[index] = (where, example.id is not None)
     return found
 
 
@@ -407,12 +413,12 @@ def check(
     problems: list[str] = []
     total, bad = 0, 0
     seen: dict[bytes, str] = {}
-    ids: dict[int | str, str] = {}
+    indices: dict[int | str, tuple[str, bool]] = {}
     for where, example, found in iter_examples(sources, fields, answer_lists, report.ignored):
         report.records += 1
         if example is not None:
             report.with_ids = report.with_ids or example.id is not None
-            repeats = _repeats(example, where, fields, seen, ids)
+            repeats = _repeats(example, where, fields, seen, indices)
             if repeats and duplicates == "keep-first":
                 report.dropped[example.index] = f"{where}: {'; '.join(repeats)}"
             elif repeats:

@@ -418,9 +418,14 @@ def test_repeated_records_and_ids_are_errors_naming_both_lines(tmp_path, capsys)
     assert err.splitlines() == [
         "error: 2 problem(s) in 2 of 4 records; nothing was written:",
         f"  {src}:3: the same question and context as {src}:1 (a duplicate){hint}",
-        f"  {src}:4 field 'id': 'q-2' is also the id of {src}:2{hint}",
+        f"  {src}:4 field 'id': 'q-2' is also the id of {src}:2, the index of its eval item{hint}",
     ]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["qa.jsonl"]
+    # A record without an id is indexed by its position: an id equal to it would share its eval item's index.
+    mixed = write_jsonl(tmp_path / "mixed.jsonl", [{**records[1], "id": None}, {**records[3], "id": 0}])
+    code, _, err = run([mixed, "--eval-out", tmp_path / "eval_1.jsonl"], capsys)
+    assert code == 2
+    assert f"  {mixed}:2 field 'id': 0 is also the position of {mixed}:1, the index of its eval item{hint}" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mixed.jsonl", "qa.jsonl"]
 
 
 def test_keep_first_drops_the_repeats_so_no_question_is_both_trained_and_evaluated(tmp_path, capsys):
