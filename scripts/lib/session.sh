@@ -1,5 +1,7 @@
-# Sourced by the training launchers: end a trainer that runs in its own session (setsid), with everything Ray
-# started in it (daemons, workers, rollout servers), by pid: only processes the launcher started.
+# Sourced by the training launchers. A trainer runs in a session of its own with everything Ray starts in it
+# (daemons, workers, rollout servers), under scripts/lib/supervise.py, which ends that session when the launcher's
+# shell goes, however it goes (start_supervised, stop_supervised); end_session ends a session by pid (only processes
+# the launcher started); hold_run_lock keeps a second run off a run folder.
 
 session_pids() {
   # Pids of the live processes in session $1 (read from /proc/<pid>/stat: "... ) state ppid pgrp session ...").
