@@ -526,3 +526,18 @@ def test_the_readme_example_runs_as_written(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     for line in re.search(r"```text\n(.*?)```", section, re.S).group(1).splitlines():
         assert line in out, line
+
+
+def test_a_context_without_white_space_is_counted_window_by_window(tmp_path, capsys, caplog, tiny_tokenizer):
+    # 150,000 letters, no white space: one "word" for the tokenizer, once counted by encoding it whole (~190 bytes of
+    # memory a character); now in windows, cut inside the word, to the same count.
+    import logging
+    import random
+
+    letters = "".join(random.Random(3).choices("abcdefghijklmnopqrstuvwxyz", k=150_000))
+    src = write_jsonl(tmp_path / "qa.jsonl", [{"question": "Which letter?", "answers": ["a"], "context": letters}])
+    with caplog.at_level(logging.WARNING, logger="recurrent.tokens"):
+        code, out, _ = run([src, "--tokenizer", "tiny", "--eval-out", tmp_path / "eval_1.jsonl"], capsys)
+    assert code == 0 and caplog.text == ""  # no "encoding the whole text at once"
+    count = len(tiny_tokenizer.encode(letters, add_special_tokens=False))
+    assert f"context tokens: min {count:,}, median {count:,}, max {count:,}" in out
