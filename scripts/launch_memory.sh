@@ -98,7 +98,8 @@ if [ "${DRY_RUN:-0}" = 1 ]; then
   exec "$PYTHON" -m verl_ext.main "${ARGS[@]}" --cfg job --resolve
 fi
 # One run per run folder: a second launch on it stops here (status 2) naming the first. The trainer below is this
-# process (exec), so it holds the lock until it ends; Ray's local processes stop with it (Ray's own reaper).
+# process (exec), so it holds the lock until it ends; a local Ray's daemons are tied to it by Ray itself (started
+# with the kernel's parent-death signal on Linux).
 source "$REPO/scripts/lib/session.sh"  # hold_run_lock
 hold_run_lock "$RUN_DIR"
 exec "$PYTHON" -m verl_ext.main "${ARGS[@]}"
