@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from recurrent.sampling import argument as sampling_argument
 from taskutils.cli import non_negative_int, positive_int  # python quickstart.py puts this folder on sys.path
 
 HERE = Path(__file__).resolve().parent
@@ -88,11 +89,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=MAX_CONTEXT,
         help=f"keep the first and last halves of this many document tokens (default {MAX_CONTEXT}; 0: no cap)",
     )
-    parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default 0.7)")
-    parser.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling (default 0.95)")
+    parser.add_argument(
+        "--temperature", type=sampling_argument("temperature"), default=0.7, help="sampling temperature (default 0.7)"
+    )
+    parser.add_argument(
+        "--top-p", type=sampling_argument("top_p"), default=0.95, help="nucleus sampling (default 0.95)"
+    )
     parser.add_argument(
         "--seed",
-        type=int,
+        type=sampling_argument("seed"),
         help="sampling seed per request (default: 0 for the embedded CPU models, so the demo repeats; none otherwise)",
     )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request")

@@ -1,10 +1,12 @@
 """Long documents in token space: encoding with bounded memory, centre truncation, chunking.
 
 Encoding a 3.2M-token document in one call of a Hugging Face fast tokenizer peaks at ~2.2 GB (the
-``Encoding`` keeps offsets, token strings and masks for every token). :func:`encode_long` encodes in windows
-and keeps only the ids (4 bytes a token), and it is *exact*: every seam is checked against an overlapping
-encoding, and if a tokenizer's seams do not agree (e.g. one that inserts a prefix space at the start of every
-input) it falls back to one whole-text encode, with a warning.
+``Encoding`` keeps offsets, token strings and masks for every token; ~190 bytes a character). :func:`encode_long`
+encodes in windows and keeps only the ids (4 bytes a token), and it is *exact*: every seam is checked against an
+overlapping encoding, and if a tokenizer's seams do not agree (e.g. one that inserts a prefix space at the start of
+every input) it falls back to one whole-text encode, with a warning. A seam is the start of a word (a pre-token:
+BPE never merges across one); a text without them (no whitespace, no punctuation: one long "word") is cut at a token
+boundary instead, which the overlapping encoding confirms as well (docs/serving.md, "Long requests").
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def encode_windows(
             yield ids
             return
         # Per-token accessors, not enc.offsets / enc.word_ids: those build Python lists of the whole window.
-        cut = _last_word_start(enc, len(ids), limit=(end - start) - 2 * margin_chars)
+        cut = _seam(enc, len(ids), limit=(end - start) - 2 * margin_chars)
         if cut is None:
             raise SeamError("no safe seam found in a window")
         yield ids[:cut]
@@ -82,16 +84,26 @@ def _encode_whole(text: str, tokenizer) -> np.ndarray:
     return np.asarray(tokenizer.encode(text, add_special_tokens=False), dtype=TOKEN_DTYPE)
 
 
-def _last_word_start(enc, num_tokens: int, limit: int) -> int | None:
-    """Index of the last token that starts a new pre-token (word) at or before char ``limit``: BPE never
-    merges across pre-tokens, so a seam there cannot split a token."""
+def _seam(enc, num_tokens: int, limit: int) -> int | None:
+    """Index of the token to cut the window before: the last token that starts a new pre-token (word) at or before
+    char ``limit`` (BPE never merges across pre-tokens, so a seam there cannot split a token) when it lies in the
+    second half of ``limit``; else the last token that starts at or before ``limit``, inside a word: the next
+    window starts there, and ``encode_windows`` checks that it encodes what follows as this window did. Either way
+    a window moves the text on by at least ``limit / 2`` characters, so a long text costs a bounded number of
+    windows (a word start near a window's beginning alone would move it a few characters at a time)."""
+    inside = None
     for k in range(num_tokens - 1, 0, -1):
-        if enc.token_to_chars(k)[0] > limit:
+        begin = enc.token_to_chars(k)[0]
+        if begin > limit:
             continue
+        if inside is None and enc.token_to_chars(k - 1)[1] <= begin:  # not inside a character (byte-level BPE)
+            inside = k
+        if begin < limit // 2:
+            break
         word = enc.token_to_word(k)
         if word is not None and word != enc.token_to_word(k - 1):
             return k
-    return None
+    return inside
 
 
 def centre_truncate(ids: np.ndarray, max_tokens: int | None) -> np.ndarray:

@@ -24,10 +24,12 @@ its idle RSS is printed too). Targets: the endpoint adds under 1 ms per request 
 memory is flat in document length (a body over ``--spool-bytes``, 1 MiB by default, is held on disk: docs/serving.md,
 "Long requests").
 
-The tokenizer is the offline ``tiny`` model's (no download); documents are English-like synthetic text.
+The tokenizer is the offline ``tiny`` model's (no download); documents are English-like synthetic text, or with
+``--text unbroken`` random letters without any white space (one "word" for the tokenizer, which the endpoint once
+tokenized whole, at ~190 bytes of memory a character: docs/serving.md, "Long requests").
 
     .venv/bin/python scripts/bench_serve.py [--tokens 5000,50000,500000,3500000] [--repeats 30,10,4,2]
-        [--chunk 5000 --max-new 1024 --final-max-new 1024] [--json FILE]
+        [--chunk 5000 --max-new 1024 --final-max-new 1024] [--text english|unbroken] [--json FILE]
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import asyncio
 import http.client
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -64,11 +67,14 @@ def get_json(url: str) -> dict:
         return json.loads(response.read())
 
 
-def make_document(tokenizer: Any, tokens: int) -> str:
+def make_document(tokenizer: Any, tokens: int, text: str = "english") -> str:
     """English-like text of about ``tokens`` tokens: a block of the tiny model's corpus generator (~350 tokens),
     repeated (the exact count is what the agent reports; tokenizing a 3.5M-token text again and again to hit a
-    count exactly would take minutes)."""
-    block = "\n".join(_english_like_corpus(0, lines=20)) + "\n"
+    count exactly would take minutes); ``unbroken``: a block of 4096 random letters, repeated (no white space)."""
+    if text == "unbroken":
+        block = "".join(random.Random(0).choices("abcdefghijklmnopqrstuvwxyz", k=4096))
+    else:
+        block = "\n".join(_english_like_corpus(0, lines=20)) + "\n"
     per_block = len(tokenizer.encode(block, add_special_tokens=False))
     return block * max(1, round(tokens / per_block))
 
@@ -156,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=5000)
     parser.add_argument("--max-new", type=int, default=1024)
     parser.add_argument("--final-max-new", type=int, default=1024)
+    parser.add_argument("--text", choices=("english", "unbroken"), default="english", help="the documents' text")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     lengths = [int(x) for x in args.tokens.split(",")]
@@ -234,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         floors = {name: 1000 * statistics.median(r[0] for r in replies) for name, replies in floors.items()}
         print(json.dumps(floors), flush=True)
         for tokens, count in zip(lengths, repeats, strict=True):
-            document = make_document(tokenizer, tokens)
+            document = make_document(tokenizer, tokens, args.text)
             body = body_of(document)
             reset_peak(pid)
             walls_a, walls_b, cpus_a, cpus_b, diffs, upstream_ms = [], [], [], [], [], []

@@ -21,6 +21,7 @@
 #   PYTHON          the interpreter (default: the repository's .venv, else python3)
 # Extra arguments are Hydra overrides, e.g. trainer.total_epochs=1 actor_rollout_ref.actor.clip_ratio_high=0.28
 #
+# One run at a time per run folder: a launch on a folder another run holds stops at once (status 2), naming it.
 # Before anything starts, the run checks on this machine that the data files exist and have the columns,
 # that the model folder exists, and that the token budgets fit; it stops with a list of problems otherwise.
 #
@@ -40,7 +41,7 @@
 set -euo pipefail
 
 if [ $# -lt 3 ]; then
-  sed -n '2,39p' "$0"; exit 2
+  sed -n '2,40p' "$0"; exit 2
 fi
 CONFIG=$1; DEFAULT_MODEL=$2; DEFAULT_NNODES=$3; shift 3
 
@@ -96,4 +97,9 @@ if [ "${DRY_RUN:-0}" = 1 ]; then
   echo "[memagent] DRY_RUN=1: composed config follows; not starting"
   exec "$PYTHON" -m verl_ext.main "${ARGS[@]}" --cfg job --resolve
 fi
+# One run per run folder: a second launch on it stops here (status 2) naming the first. The trainer below is this
+# process (exec), so it holds the lock until it ends; a local Ray's daemons are tied to it by Ray itself (started
+# with the kernel's parent-death signal on Linux).
+source "$REPO/scripts/lib/session.sh"  # hold_run_lock
+hold_run_lock "$RUN_DIR"
 exec "$PYTHON" -m verl_ext.main "${ARGS[@]}"

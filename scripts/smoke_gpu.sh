@@ -80,12 +80,12 @@ export VERL_FILE_LOGGER_PATH=$OUT_DIR/metrics.jsonl  # verl's file logger; trunc
 LOG=$OUT_DIR/train.log
 unset RAY_ADDRESS
 
-source "$(dirname "${BASH_SOURCE[0]}")/lib/session.sh"  # session_pids, end_session
+source "$(dirname "${BASH_SOURCE[0]}")/lib/session.sh"  # start_supervised, stop_supervised
 
 cleanup() {
-  # The trainer runs in its own session (setsid below), and so do Ray's daemons, workers and vLLM servers: end
-  # whatever of it is still alive (a crash, Ctrl-C), by pid.
-  end_session "${TRAINER_PID:-}" 5
+  # The trainer runs in a session of its own under scripts/lib/supervise.py, with Ray's daemons, workers and vLLM
+  # servers: the supervisor ends that session when this shell exits, or is killed (its lifeline closes).
+  stop_supervised
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -93,9 +93,9 @@ trap 'exit 130' INT TERM
 cd "$REPO"
 start=$(date +%s)
 set +e
-setsid "$PYTHON" -m verl_ext.main "${ARGS[@]}" > >(tee "$LOG") 2>&1 &
-TRAINER_PID=$!
-wait "$TRAINER_PID"
+: > "$LOG"  # this run's log only (the supervisor appends the trainer's output to it)
+start_supervised "$LOG" -- "$PYTHON" -m verl_ext.main "${ARGS[@]}"
+wait "$SUPERVISOR_PID"
 rc=$?
 set -e
 wall=$(( $(date +%s) - start ))

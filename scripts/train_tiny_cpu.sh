@@ -26,7 +26,9 @@
 # Environment:
 #   STEPS=2          total training steps (a rerun with a larger STEPS in the same OUT_DIR resumes)
 #   OUT_DIR=...      everything the run writes: data/, checkpoints/, metrics.jsonl (this run; earlier runs
-#                    metrics.N.jsonl), rollout/, validation/, hydra/, train.log (appended across runs), training.png
+#                    metrics.N.jsonl), rollout/, validation/, hydra/, train.log (appended across runs), training.png.
+#                    One run at a time: a second run on the same OUT_DIR stops at once (status 2), naming the first
+#                    (a lock on OUT_DIR/checkpoints, held until the last process of the first run is gone)
 #   TASK=memory      memory | toy | needle (see above)
 #   CONFIG=...       a run config of configs/ instead of TASK's (see above); needs DATA_DIR
 #   MODEL=...        model folder (default: the tiny offline model, materialized if missing)
@@ -45,6 +47,8 @@ TASK="${TASK:-memory}"
 NGPUS="${NGPUS:-2}"
 mkdir -p "$OUT_DIR"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
+source "$(dirname "${BASH_SOURCE[0]}")/lib/session.sh"  # hold_run_lock, start_supervised, stop_supervised
+hold_run_lock "$OUT_DIR/checkpoints"  # before anything in OUT_DIR changes (the metrics files below)
 
 # --- environment of every process (the driver's env is inherited by Ray's raylet and workers; the CPU
 # --- adaptations' variables are also put into Ray's runtime env below) --------------------------------
@@ -210,13 +214,12 @@ else
   )
 fi
 
-source "$(dirname "${BASH_SOURCE[0]}")/lib/session.sh"  # session_pids, end_session
-
 cleanup() {
-  # The trainer runs in its own session (setsid below); Ray's daemons and workers inherit it (each worker in
-  # its own process group). End whatever of that session is still alive (a crash, Ctrl-C, a timeout) by pid:
-  # only processes this script started.
-  end_session "${TRAINER_PID:-}" 2
+  # The trainer runs in a session of its own under scripts/lib/supervise.py (start_supervised), with Ray's
+  # daemons and workers: closing the lifeline has the supervisor end that session and remove Ray's temporary
+  # folder. When this shell is killed (kill -9, of it or of its process group) no trap runs, and the lifeline
+  # closes all the same.
+  stop_supervised
   rm -rf "$RAY_TMP"
 }
 trap cleanup EXIT
@@ -226,10 +229,10 @@ cd "$REPO"
 echo "[train_tiny_cpu] task=$TASK${CONFIG:+ config=$CONFIG} steps=$STEPS out=$OUT_DIR ranks=$NGPUS model=$MODEL ray_tmp=$RAY_TMP"
 start=$(date +%s)
 set +e
-setsid "$PYTHON" "${entry[@]}" "${task_args[@]}" "${machine_args[@]}" "$@" > >(tee -a "$OUT_DIR/train.log") 2>&1 &
-TRAINER_PID=$!
-echo "[train_tiny_cpu] trainer pid=$TRAINER_PID (its own session: Ray's processes run in it)"
-wait "$TRAINER_PID"
+# The supervisor appends the trainer's output to train.log itself: the log is whole even once this shell is gone.
+start_supervised "$OUT_DIR/train.log" "$RAY_TMP" -- "$PYTHON" "${entry[@]}" "${task_args[@]}" "${machine_args[@]}" "$@"
+echo "[train_tiny_cpu] trainer session=$SUPERVISOR_PID (the supervisor's: the trainer and Ray's processes run in it)"
+wait "$SUPERVISOR_PID"
 rc=$?
 set -e
 wall=$(( $(date +%s) - start ))

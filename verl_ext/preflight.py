@@ -4,17 +4,20 @@ Every problem found is reported at once (one :class:`PreflightError` listing the
 does not parse (verl_ext/settings.py), a missing data file, a data file without the columns the agent and the
 reward need, a model that is neither a local folder nor in the local Hugging Face cache (nothing is downloaded at
 run time), an agent whose widest call does not fit verl's row widths, algorithm settings the multi-call path does
-not support, and actor settings the paper's mini-batch layout cannot honour
-(:func:`verl_ext.minibatch.actor_setting_problems`).
+not support, actor settings the paper's mini-batch layout cannot honour
+(:func:`verl_ext.minibatch.actor_setting_problems`), and sampling values out of the rule the endpoint and the
+harness apply (:mod:`recurrent.sampling`), ``rollout.n`` below 1 included.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, open_dict
 
+from recurrent.sampling import SamplingError, check_value
 from verl_ext.minibatch import actor_setting_problems
 from verl_ext.rollout import Budgets, build_agent, check_budgets
 from verl_ext.settings import RecurrentSettings, recurrent_settings
@@ -89,6 +92,13 @@ def preflight(config: DictConfig, load_tokenizer: bool = True) -> None:
     except ValueError as err:  # recurrent.minibatch itself is not a mode
         problems.append(str(err))
 
+    problems += sampling_problems(config)
+    single = single_trajectory_problem(config)
+    if single is not None and settings.single_trajectory == "refuse":
+        problems.append(f"{single} (recurrent.single_trajectory=refuse)")
+    elif single is not None:
+        print(f"[memagent] warning: {single} (recurrent.single_trajectory=refuse stops here)", file=sys.stderr)
+
     rollout = config.actor_rollout_ref.rollout
     widest = int(rollout.prompt_length) + int(rollout.response_length)
     if rollout.get("max_model_len") is not None and int(rollout.max_model_len) < widest:
@@ -123,6 +133,51 @@ def preflight(config: DictConfig, load_tokenizer: bool = True) -> None:
         problems += agent_problems(config, settings, model_path if load_tokenizer else None, required)
     if problems:
         raise PreflightError("the run cannot start:\n  - " + "\n  - ".join(problems))
+
+
+# Where the trainer's config holds sampling values, and the rule of recurrent.sampling each one follows.
+SAMPLING_KEYS = {
+    "actor_rollout_ref.rollout.temperature": "temperature",
+    "actor_rollout_ref.rollout.top_p": "top_p",
+    "actor_rollout_ref.rollout.top_k": "top_k",
+    "actor_rollout_ref.rollout.seed": "seed",
+    "actor_rollout_ref.rollout.n": "n",
+    "actor_rollout_ref.rollout.response_length": "max_tokens",
+    "actor_rollout_ref.rollout.val_kwargs.temperature": "temperature",
+    "actor_rollout_ref.rollout.val_kwargs.top_p": "top_p",
+    "actor_rollout_ref.rollout.val_kwargs.top_k": "top_k",
+    "actor_rollout_ref.rollout.val_kwargs.n": "n",
+}
+
+
+def sampling_problems(config: DictConfig) -> list[str]:
+    """Sampling values of the config out of their rule (:data:`SAMPLING_KEYS`), each named by its key. ``n`` below 1
+    would have the replay buffer wait for trajectories that never come (verl then fails after validation, naming
+    none of this)."""
+    from omegaconf import OmegaConf
+
+    problems = []
+    for key, rule in SAMPLING_KEYS.items():
+        value = OmegaConf.select(config, key)
+        if value is None and rule != "n":
+            continue  # unset: verl's or the server's default
+        try:
+            check_value(rule, value, key)
+        except SamplingError as err:
+            problems.append(str(err))
+    return problems
+
+
+def single_trajectory_problem(config: DictConfig) -> str | None:
+    """What a GRPO run with one trajectory per prompt does (None when n is not 1): verl's GRPO compares the
+    trajectories of a prompt, and with one it takes the reward itself as the advantage (mean 0, std 1)."""
+    n = config.actor_rollout_ref.rollout.get("n")
+    if n != 1 or config.algorithm.adv_estimator != "grpo":
+        return None
+    return (
+        "actor_rollout_ref.rollout.n=1: GRPO has no group to compare a trajectory with, so verl takes its reward "
+        "itself as the advantage (no baseline); the paper samples 16 per prompt"
+    )
 
 
 def agent_problems(

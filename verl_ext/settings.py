@@ -15,6 +15,8 @@ from omegaconf import DictConfig, OmegaConf
 ROLLOUT_MODES = ("async", "sync")
 # Optimizer updates per step (verl_ext/minibatch.py, docs/fidelity.md "Mini-batches").
 MINIBATCH_MODES = ("trajectory", "turn_major", "rows")
+# What the preflight does when actor_rollout_ref.rollout.n == 1 (GRPO without a group): verl_ext/preflight.py.
+SINGLE_TRAJECTORY = ("warn", "refuse")
 # recurrent.credit (docs/fidelity.md "Credit on every turn"). verl 0.9.1 masks the policy-gradient and KL terms
 # with `response_mask` (workers/utils/losses.py ppo_loss) but divides the token-mean loss of an update by the sum of
 # `loss_mask` over all its rows and ranks (the FSDP engine's forward_backward_batch: `batch_num_tokens`); its
@@ -37,6 +39,7 @@ class RecurrentSettings:
     minibatch: str = "trajectory"
     credit: str = "all"
     replay_poll_interval_s: float | None = None  # None keeps verl's 2.0 s
+    single_trajectory: str = "warn"  # rollout.n == 1 with GRPO: warn, or refuse (exit 2)
 
     def __post_init__(self) -> None:
         if self.mode not in ROLLOUT_MODES:
@@ -58,11 +61,23 @@ class RecurrentSettings:
                 "it divides each update's loss by the update's answer tokens, and an update without an answer row "
                 "would have none"
             )
+        if self.single_trajectory not in SINGLE_TRAJECTORY:
+            choices = ", ".join(SINGLE_TRAJECTORY)
+            raise ValueError(f"recurrent.single_trajectory must be one of {choices}, got {self.single_trajectory!r}")
         if self.replay_poll_interval_s is not None and not self.replay_poll_interval_s > 0:
             raise ValueError(f"recurrent.replay_poll_interval_s must be positive, got {self.replay_poll_interval_s}")
 
 
-KNOWN_KEYS = {"agent", "config", "mode", "minibatch", "credit", "replay_poll_interval_s", "manager_class"}
+KNOWN_KEYS = {
+    "agent",
+    "config",
+    "mode",
+    "minibatch",
+    "credit",
+    "replay_poll_interval_s",
+    "manager_class",
+    "single_trajectory",
+}
 
 
 def recurrent_settings(config: DictConfig | Any) -> RecurrentSettings:
@@ -82,4 +97,5 @@ def recurrent_settings(config: DictConfig | Any) -> RecurrentSettings:
         minibatch=str(values.get("minibatch", "trajectory")),
         credit=str(values.get("credit", "all")),
         replay_poll_interval_s=None if poll is None else float(poll),
+        single_trajectory=str(values.get("single_trajectory", "warn")),
     )

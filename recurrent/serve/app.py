@@ -46,17 +46,36 @@ def _loads(buffer: bytearray) -> Any:
     return json.loads(text)
 
 
+def _too_large(settings: ServeSettings, size: int | None = None) -> ApiError:
+    said = f"{size:,} bytes" if size is not None else "more"
+    return ApiError(
+        413,
+        f"the request body is {said}, over this server's limit of {settings.max_request_bytes:,} bytes "
+        "(--max-request-bytes)",
+        code="request_too_large",
+    )
+
+
 async def _read_body(request: Request, settings: ServeSettings) -> tuple[Any, Spools | None]:
     """The request body parsed as JSON, and the files of a long one: a body over ``settings.spool_bytes`` (by its
     Content-Length, or as it arrives) is read into a temporary file and parsed from there with its long strings
-    kept on disk (:mod:`recurrent.serve.spool`). The files are closed here if reading or parsing fails."""
+    kept on disk (:mod:`recurrent.serve.spool`). A body over ``settings.max_request_bytes`` is refused (413) by its
+    Content-Length before it is read, or once that much has arrived. The files are closed here if reading or
+    parsing fails."""
+    limit = settings.max_request_bytes
     length = request.headers.get("content-length", "")
+    if limit is not None and length.isdigit() and int(length) > limit:
+        raise _too_large(settings, int(length))
     if length.isdigit() and int(length) <= settings.spool_bytes:
         return await _read_json(request), None
     buffer = bytearray()
     spools: Spools | None = None
+    received = 0
     try:
         async for part in request.stream():
+            received += len(part)
+            if limit is not None and received > limit:
+                raise _too_large(settings)
             if spools is not None:
                 spools.body.write(part)
                 continue
@@ -185,6 +204,8 @@ def build_app(service: MemAgentService) -> FastAPI:
             body, spools = await _read_body(request, settings)
         except (ValueError, UnicodeDecodeError) as err:
             return bad_request(f"the request body is not valid JSON: {err}").response()
+        except ApiError as err:  # over the size limit
+            return err.response()
         doc = None
         try:
             parsed = parse_request(body, settings.model)

@@ -14,6 +14,7 @@ from typing import Any
 import uvicorn
 
 from recurrent.options import non_negative_int, parse_with_config, positive_int, seconds
+from recurrent.sampling import argument as sampling_argument
 
 DESCRIPTION = """\
 Serve a memory agent behind an OpenAI-compatible API. Any OpenAI client (a chat UI, an application, another lab's
@@ -36,7 +37,7 @@ Every option can come from --config FILE (YAML, keys as the long flags); flags o
 def build_parser() -> argparse.ArgumentParser:
     from recurrent.agents.memory import FINAL_TEMPLATES
     from recurrent.serve.questions import QUESTION_MODES
-    from recurrent.serve.spool import SPOOL_BYTES
+    from recurrent.serve.spool import MAX_REQUEST_BYTES, SPOOL_BYTES
 
     parser = argparse.ArgumentParser(
         prog="python -m recurrent.serve", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -90,8 +91,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="the answer prompt: answer_is ('Therefore, the answer is ...', the paper's evaluation, default), boxed "
         "(\\boxed{}, the training format), boxed_released (what the released checkpoints saw in training)",
     )
-    agent.add_argument("--temperature", type=float, default=0.7, help="when a request gives none (paper: 0.7)")
-    agent.add_argument("--top-p", type=float, default=0.95, help="when a request gives none (paper: 0.95)")
+    agent.add_argument(
+        "--temperature",
+        type=sampling_argument("temperature"),
+        default=0.7,
+        help="when a request gives none (paper: 0.7)",
+    )
+    agent.add_argument(
+        "--top-p", type=sampling_argument("top_p"), default=0.95, help="when a request gives none (paper: 0.95)"
+    )
     q = parser.add_argument_group("where the question is")
     q.add_argument(
         "--question-mode",
@@ -139,6 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"a request body over this many bytes is held on disk, not in memory (default {SPOOL_BYTES})",
     )
     svc.add_argument("--spool-dir", help="where a long request's files are made (default: the system's temp folder)")
+    svc.add_argument(
+        "--max-request-bytes",
+        type=non_negative_int,
+        default=MAX_REQUEST_BYTES,
+        help=f"a request body over this many bytes is refused with 413 before it is read (default {MAX_REQUEST_BYTES}, "
+        "64 MiB: a 3.5M-token document fits; 0: no limit)",
+    )
     svc.add_argument(
         "--server-key-env", metavar="VAR", help="environment variable holding a key clients must send (Bearer)"
     )
@@ -239,6 +254,7 @@ def serve(args: argparse.Namespace, stop: _Stop) -> int:
             keepalive=args.keepalive or None,
             spool_bytes=args.spool_bytes,
             spool_dir=args.spool_dir,
+            max_request_bytes=args.max_request_bytes or None,
             server_key=os.environ[args.server_key_env] if args.server_key_env else None,
         )
         client = OpenAIChatClient(

@@ -11,11 +11,13 @@ import openai
 from fastapi.responses import JSONResponse
 
 from recurrent.client import ChatRequestError
+from recurrent.sampling import SamplingError, check_stop, check_value
 from recurrent.serve.questions import QUESTION_MODES, Text
 from recurrent.serve.spool import LongText, join_texts
 
 # Sampling fields of a request that go to every turn upstream, as the request gives them (vLLM reads all of
-# them; an upstream that rejects one answers 400, which is passed on with its message).
+# them), each checked first by its rule in recurrent.sampling: a value out of range is the client's 400 here, not
+# an upstream failure after retries.
 SAMPLING_FIELDS = (
     "temperature",
     "top_p",
@@ -26,7 +28,6 @@ SAMPLING_FIELDS = (
     "frequency_penalty",
     "repetition_penalty",
 )
-INTEGER_SAMPLING = ("top_k", "seed")
 # OpenAI fields that would change what an answer is and that a memory agent cannot honour: refused (400), not
 # silently dropped. Other unknown fields (user, metadata, store, ...) are ignored, as OpenAI-compatible servers do.
 UNSUPPORTED = {
@@ -119,14 +120,15 @@ def _text_content(content: Any, where: str) -> Text:
     raise bad_request(f"{where}.content must be a string or a list of text parts", f"{where}.content")
 
 
-def _number(body: dict, name: str, integer: bool = False) -> Any:
+def _sampling_value(body: dict, name: str, rule: str | None = None) -> Any:
+    """``body[name]`` checked by the sampling rule ``rule`` (default ``name``); None when absent."""
     value = body.get(name)
     if value is None:
         return None
-    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok:
-        raise bad_request(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}", name)
-    return value
+    try:
+        return check_value(rule or name, value, name)
+    except SamplingError as err:
+        raise bad_request(str(err), name) from None
 
 
 def parse_request(body: Any, served_model: str) -> ChatRequest:
@@ -160,7 +162,7 @@ def parse_request(body: Any, served_model: str) -> ChatRequest:
     fmt = body.get("response_format")
     if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
         raise bad_request("response_format: only {'type': 'text'} is supported", "response_format")
-    if body.get("n") not in (None, 1):
+    if _sampling_value(body, "n") not in (None, 1):
         raise bad_request(f"n must be 1 (one answer per document), got {body.get('n')!r}", "n")
     stream = body.get("stream", False)
     if not isinstance(stream, bool) and stream is not None:
@@ -170,21 +172,16 @@ def parse_request(body: Any, served_model: str) -> ChatRequest:
         raise bad_request("stream_options must be an object", "stream_options")
     max_tokens = None
     for name in ("max_completion_tokens", "max_tokens"):
-        value = _number(body, name, integer=True)
+        value = _sampling_value(body, name, "max_tokens")
         if value is not None:
-            if value < 1:
-                raise bad_request(f"{name} must be >= 1, got {value}", name)
             max_tokens = value
-    stop = body.get("stop")
-    if isinstance(stop, str):
-        stop = [stop]
-    if stop is None:
-        stop = []
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise bad_request("stop must be a string or a list of strings", "stop")
+    try:
+        stop = check_stop(body.get("stop"))
+    except SamplingError as err:
+        raise bad_request(str(err), "stop") from None
     sampling = {}
     for name in SAMPLING_FIELDS:
-        value = _number(body, name, integer=name in INTEGER_SAMPLING)
+        value = _sampling_value(body, name)
         if value is not None:
             sampling[name] = value
     return ChatRequest(

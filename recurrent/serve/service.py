@@ -28,7 +28,7 @@ from recurrent.client import ChatRequestError, OpenAIChatClient
 from recurrent.interface import Episode, Reply, Turn, load_register
 from recurrent.serve.protocol import ApiError, ChatRequest, bad_request, upstream_error
 from recurrent.serve.questions import QUESTION_MODES, Found, QuestionError, find_question
-from recurrent.serve.spool import SPOOL_BYTES, LongText, Spools, as_str
+from recurrent.serve.spool import MAX_REQUEST_BYTES, SPOOL_BYTES, LongText, Spools, as_str
 from recurrent.tokens import SeamError, encode_long, encode_windows
 
 log = logging.getLogger("recurrent.serve")
@@ -40,6 +40,10 @@ MAX_CHARS_PER_TOKEN = 64
 # hand-overs to a worker thread and back cost on a loaded machine (docs/third_party_eval.md). A longer one goes to
 # a thread, so that the loop keeps serving the other documents while it is tokenized.
 INLINE_TOKENIZE_CHARS = 32_768
+# A document on disk whose tokenizer cannot be cut into windows (seams that never agree: recurrent/tokens.py) is
+# tokenized whole only up to this many characters (~190 bytes of memory a character while it is encoded: ~200 MB);
+# a longer one is refused (413) instead of taking gigabytes (docs/serving.md, "Long requests").
+WHOLE_TOKENIZE_CHARS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ class ServeSettings:
     shutdown_grace: float = 30.0  # seconds documents in flight get to finish after SIGTERM
     keepalive: float | None = 15.0  # seconds between SSE comments while a streamed document reads; None: none
     spool_bytes: int = SPOOL_BYTES  # a longer request body is held on disk (docs/serving.md, "Long requests")
+    max_request_bytes: int | None = MAX_REQUEST_BYTES  # a longer request body is refused (413); None: no limit
     spool_dir: str | None = None  # where its files are made (unlinked at once); None: the system's temp folder
     spool_string_chars: int = 65_536  # in a body on disk, a longer string stays on disk
     tokenize_window: int = 64_000  # a document on disk is tokenized this many characters at a time
@@ -77,6 +82,8 @@ class ServeSettings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.spool_bytes < 0:
             raise ValueError(f"spool_bytes must be >= 0, got {self.spool_bytes}")
+        if self.max_request_bytes is not None and self.max_request_bytes < 1:
+            raise ValueError(f"max_request_bytes must be >= 1 (None: no limit), got {self.max_request_bytes}")
         if self.tokenize_window < 4:
             raise ValueError(f"tokenize_window must be >= 4, got {self.tokenize_window}")
         if self.max_queue < 0:
@@ -374,6 +381,13 @@ class MemAgentService:
                 ids.write(part)
         except SeamError as err:
             if backend is not None and len(context) > window:
+                if len(context) > WHOLE_TOKENIZE_CHARS:
+                    raise ApiError(
+                        413,
+                        f"the document ({len(context):,} characters) cannot be tokenized window by window ({err}) "
+                        f"and is over the {WHOLE_TOKENIZE_CHARS:,} characters tokenized whole",
+                        code="document_too_large",
+                    ) from None
                 log.warning("%s; the %d-character document is tokenized whole, in memory", err, len(context))
             ids.close()
             ids = spools.new_ids()

@@ -31,6 +31,9 @@ from recurrent.tokens import TOKEN_DTYPE
 # are kept on disk: the endpoint's memory does not grow with the document. A shorter body is parsed in memory,
 # which costs ~4.5 times the body at its peak: ~5 MiB at most (docs/serving.md, "Long requests").
 SPOOL_BYTES = 1 << 20
+# A request body over this many bytes is refused (413) before it is read: the paper's longest documents, 3.5M
+# tokens, are ~16 MB of English as JSON (and ~32 MB of CJK text written with \u escapes): room for both.
+MAX_REQUEST_BYTES = 64 << 20
 READ_BLOCK = 1 << 18  # bytes of the body read at a time
 WRITE_CHARS = 1 << 18  # characters of a long string gathered before they are written
 _UTF32 = "utf-32-le"

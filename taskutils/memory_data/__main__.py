@@ -176,6 +176,27 @@ def _custom_parser(sub) -> None:
         help="instead of --context-field: a list of documents (strings or {title, text} objects), joined as "
         "'Document i:' blocks",
     )
+    fields.add_argument(
+        "--id-field",
+        default="id",
+        help="a record's id, an integer or a string (optional in a record): the eval item's index and the training "
+        "row's extra_info.id; without one, the record's position in the input (default: id)",
+    )
+    checks = p.add_argument_group("records that repeat, answers that are the text of a list")
+    checks.add_argument(
+        "--duplicates",
+        choices=custom.DUPLICATES,
+        default="error",
+        help="a record with the question and context, or the id, of an earlier one: an error (default), or "
+        "keep-first: keep the first and drop the others (listed in the summary)",
+    )
+    checks.add_argument(
+        "--answer-lists",
+        choices=custom.ANSWER_LISTS,
+        default="error",
+        help="an answers string that is the text of a list (\"['a', 'b']\", as a table that stored a list as text "
+        "has it): an error (default), parse (read it as the list), or literal (keep it as one answer)",
+    )
     p.add_argument("--split", default=None, help="the split of a datasets folder that has several")
     out = p.add_argument_group("outputs (at least one)")
     out.add_argument("--train-out", type=Path, help="training rows, .parquet (data.train_files)")
@@ -311,6 +332,7 @@ def _custom(args) -> int:
         answers=args.answers_field,
         context=None if args.documents_field else args.context_field or "context",
         documents=args.documents_field,
+        id=args.id_field,
     )
     outputs = custom.Outputs(train=args.train_out, val=args.val_out, eval=args.eval_out)
     sources = custom.prepare(args.inputs, outputs, args.eval_fraction, args.split)  # before a tokenizer loads
@@ -324,6 +346,8 @@ def _custom(args) -> int:
         data_source=args.data_source,
         tokenizer=tokenizer,
         max_question_tokens=args.max_question_tokens or budgets.max_prompt_length,
+        duplicates=args.duplicates,
+        answer_lists=args.answer_lists,
     )
     print(custom.summary(report, budgets.max_context_tokens))
     return 0

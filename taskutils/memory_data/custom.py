@@ -11,21 +11,32 @@ Every record is checked before anything is written, and every problem is reporte
 :data:`MAX_PROBLEMS`), each as ``FILE:LINE field 'x': problem`` (JSON lines, lines from 1) or
 ``FILE: row K field 'x': problem`` (parquet and ``datasets`` folders, rows from 0, as ``ds[K]``). Answers may be
 one string (taken as the only answer) or a non-empty list of strings; anything else is an error, numbers
-included (``1984`` must be written ``"1984"``: the verifiers compare text).
+included (``1984`` must be written ``"1984"``: the verifiers compare text). One string that is the text of a list
+(``"['Arecibo', 'Puerto Rico']"``, as a table that stored a list as text holds it) is an error too: it would be one
+answer no reply can match; ``answer_lists`` says to read it as the list (``parse``) or keep it (``literal``).
+A record with the question and context of an earlier one, or with an earlier record's id, is an error (with a
+held-out split, one question would be both trained on and evaluated); ``duplicates="keep-first"`` keeps the first
+of each and drops the others, counted in the summary. Fields a record has that no option names are not written:
+the summary lists them.
 
 Outputs, each written under a temporary name and renamed when complete (a file with the final name is always a
 whole one): training rows (parquet, :func:`taskutils.memory_data.hotpotqa.memory_row`) for ``data.train_files``
 and ``data.val_files``, and an eval set of JSON lines (:func:`taskutils.memory_data.hotpotqa.eval_item`) named
-``eval_{N}.jsonl``: the harness finds it as task ``hotpotqa``, length ``N``. A record's ``index`` is its position
-in the input (from 0), in both, so a held-out item can be traced back.
+``eval_{N}.jsonl``: the harness finds it as task ``hotpotqa``, length ``N``. An eval item's ``index`` is the record's
+id (the ``id`` field, an integer or a string) when it has one, else its position in the input (from 0); a training
+row's ``extra_info.index`` is the position, and ``extra_info.id`` the id as text when the records have ids, so a
+held-out item can be traced back.
 """
 
 from __future__ import annotations
 
+import ast
+import hashlib
 import json
 import random
 import re
 import statistics
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -41,6 +52,8 @@ MAX_PROBLEMS = 20  # problems listed; the rest are counted
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 EVAL_NAME = re.compile(r"^eval_(\d+)\.jsonl$")  # what the harness looks for (task hotpotqa, length N)
 DEFAULT_DATA_SOURCE = "custom"
+DUPLICATES = ("error", "keep-first")  # what a repeated record or id is
+ANSWER_LISTS = ("error", "parse", "literal")  # what an answers string that is the text of a list becomes
 
 
 class CustomDataError(ValueError):
@@ -55,6 +68,7 @@ class Fields:
     answers: str = "answers"
     context: str | None = "context"
     documents: str | None = None
+    id: str = "id"  # optional in a record: the eval item's index when given
 
     def __post_init__(self) -> None:
         if (self.context is None) == (self.documents is None):
@@ -68,6 +82,12 @@ class Example:
     answers: list[str]
     context: str
     num_docs: int | None  # None: the context was one text
+    id: int | str | None = None  # the record's id, when it has one
+
+    @property
+    def item_index(self) -> int | str:
+        """The eval item's index: the id, else the position."""
+        return self.index if self.id is None else self.id
 
 
 @dataclass(frozen=True)
@@ -93,6 +113,9 @@ class Report:
     written: dict[str, tuple[Path, int]]  # output kind -> (path, records)
     context_tokens: list[int] = field(default_factory=list)  # per record, when a tokenizer was given
     question_tokens: list[int] = field(default_factory=list)
+    dropped: dict[int, str] = field(default_factory=dict)  # position -> where and why (duplicates="keep-first")
+    ignored: Counter = field(default_factory=Counter)  # field -> records that have it, not written
+    with_ids: bool = False  # some record has an id: the training rows carry extra_info.id
 
 
 # -- reading ----------------------------------------------------------------------------------------------
@@ -221,9 +244,30 @@ def _text(name: str, value: Any) -> str | None:
     return None
 
 
-def _answers(name: str, value: Any) -> tuple[list[str], list[str]]:
+def _list_text(value: str) -> list[str] | None:
+    """The list of strings ``value`` is the text of (a Python or JSON list literal), or None."""
+    text = value.strip()
+    if not (text.startswith("[") and text.endswith("]")):
+        return None
+    try:
+        parsed = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            return None
+    return parsed if isinstance(parsed, list) and all(isinstance(v, str) for v in parsed) else None
+
+
+def _answers(name: str, value: Any, answer_lists: str = "error") -> tuple[list[str], list[str]]:
     if isinstance(value, str):
-        value = [value]
+        listed = _list_text(value) if answer_lists != "literal" else None
+        if listed is not None and answer_lists == "error":
+            return [], [
+                f"field {name!r}: the text of a list, {_shown(value)}, not one answer: --answer-lists parse reads it "
+                "as that list, --answer-lists literal keeps it as one answer"
+            ]
+        value = listed if listed is not None else [value]
     elif not isinstance(value, list):
         got = f"{type(value).__name__} {_shown(value)}"
         return [], [f"field {name!r}: must be a string or a list of strings, got {got}"]
@@ -258,7 +302,18 @@ def _documents(name: str, value: Any) -> tuple[list[str], list[str]]:
     return docs, problems
 
 
-def to_example(record: Any, fields: Fields, index: int) -> tuple[Example | None, list[str]]:
+def _id(name: str, value: Any) -> tuple[int | str | None, list[str]]:
+    if value is _ABSENT or value is None:
+        return None, []
+    if (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, str) and value.strip()):
+        return value, []
+    got = f"{type(value).__name__} {_shown(value)}"
+    return None, [f"field {name!r}: must be an integer or a non-empty string, got {got}"]
+
+
+def to_example(
+    record: Any, fields: Fields, index: int, answer_lists: str = "error"
+) -> tuple[Example | None, list[str]]:
     """The record as an :class:`Example`, or None and its problems (``field 'x': problem`` each)."""
     if isinstance(record, _Unreadable):
         return None, [str(record)]
@@ -274,40 +329,100 @@ def to_example(record: Any, fields: Fields, index: int) -> tuple[Example | None,
         if name == fields.question:
             question, more = value, [p for p in [_text(name, value)] if p]
         elif name == fields.answers:
-            answers, more = _answers(name, value)
+            answers, more = _answers(name, value, answer_lists)
         elif name == fields.documents:
             docs, more = _documents(name, value)
             context, num_docs = render_context(list(range(len(docs))), docs), len(docs)
         else:
             context, more = value, [p for p in [_text(name, value)] if p]
         problems += more
+    record_id, more = _id(fields.id, _lookup(record, fields.id))
+    problems += more
     if problems:
         return None, problems
-    return Example(index, question, list(answers), context, num_docs), []
+    return Example(index, question, list(answers), context, num_docs, record_id), []
 
 
-def iter_examples(sources: list[Source], fields: Fields) -> Iterator[tuple[str, Example | None, list[str]]]:
-    """``(where, example, problems)`` for every record of every source, indexed across the sources."""
+def ignored_fields(record: Any, fields: Fields) -> list[str]:
+    """The top-level fields of ``record`` that no option names (they are not written)."""
+    if not isinstance(record, dict):
+        return []
+    named = [fields.question, fields.answers, fields.context or fields.documents, fields.id]
+    used = {name if name in record else name.split(".")[0] for name in named}
+    return [str(key) for key in record if key not in used]
+
+
+def iter_examples(
+    sources: list[Source], fields: Fields, answer_lists: str = "error", ignored: Counter | None = None
+) -> Iterator[tuple[str, Example | None, list[str]]]:
+    """``(where, example, problems)`` for every record of every source, indexed across the sources; ``ignored``
+    counts the records that have each field no option names."""
     index = 0
     for source in sources:
         for where, record in iter_raw(source):
-            example, problems = to_example(record, fields, index)
+            example, problems = to_example(record, fields, index, answer_lists)
+            if ignored is not None:
+                ignored.update(ignored_fields(record, fields))
             yield where, example, problems
             index += 1
 
 
+def _repeats(
+    example: Example, where: str, fields: Fields, seen: dict[bytes, str], indices: dict[int | str, tuple[str, bool]]
+) -> list[str]:
+    """Why ``example`` repeats an earlier record: its question and context, or its eval index (its id, or its
+    position when it has none: the harness keys results by it); records what it is."""
+    found = []
+    digest = hashlib.sha256(json.dumps([example.question, example.context]).encode("utf-8", "surrogatepass")).digest()
+    if digest in seen:
+        found.append(f"the same question and context as {seen[digest]} (a duplicate)")
+    else:
+        seen[digest] = where
+    index = example.item_index
+    if index in indices:
+        earlier, earlier_is_id = indices[index]
+        mine = f"its position {index} (no {fields.id!r})"
+        if example.id is not None:
+            mine = f"field {fields.id!r}: {index!r}"
+        theirs = "the id" if earlier_is_id else "the position"
+        found.append(f"{mine} is also {theirs} of {earlier}, the index of its eval item")
+    else:
+        indices[index] = (where, example.id is not None)
+    return found
+
+
 def check(
-    sources: list[Source], fields: Fields, tokenizer: Any = None, max_question_tokens: int | None = None
+    sources: list[Source],
+    fields: Fields,
+    tokenizer: Any = None,
+    max_question_tokens: int | None = None,
+    *,
+    duplicates: str = "error",
+    answer_lists: str = "error",
 ) -> Report:
     """Read every record once and raise :class:`CustomDataError` listing the problems, if any. With a tokenizer,
-    token counts are gathered and a question over ``max_question_tokens`` is a problem (the trainer stops on one)."""
+    token counts are gathered and a question over ``max_question_tokens`` is a problem (the trainer stops on one).
+    A repeated record or id is a problem, or with ``duplicates="keep-first"`` dropped (``Report.dropped``)."""
     from taskutils.memory_data.tokenizer import count_tokens
 
+    if duplicates not in DUPLICATES:
+        raise CustomDataError(f"duplicates must be one of {', '.join(DUPLICATES)}, got {duplicates!r}")
+    if answer_lists not in ANSWER_LISTS:
+        raise CustomDataError(f"answer_lists must be one of {', '.join(ANSWER_LISTS)}, got {answer_lists!r}")
     report = Report(records=0, written={})
     problems: list[str] = []
     total, bad = 0, 0
-    for where, example, found in iter_examples(sources, fields):
+    seen: dict[bytes, str] = {}
+    indices: dict[int | str, tuple[str, bool]] = {}
+    for where, example, found in iter_examples(sources, fields, answer_lists, report.ignored):
         report.records += 1
+        if example is not None:
+            report.with_ids = report.with_ids or example.id is not None
+            repeats = _repeats(example, where, fields, seen, indices)
+            if repeats and duplicates == "keep-first":
+                report.dropped[example.index] = f"{where}: {'; '.join(repeats)}"
+            elif repeats:
+                found = found + [*repeats[:-1], f"{repeats[-1]}; --duplicates keep-first keeps the first of each"]
         if example is not None and tokenizer is not None:
             question = count_tokens(example.question, tokenizer)
             report.question_tokens.append(question)
@@ -368,15 +483,17 @@ def output_problems(outputs: Outputs, eval_fraction: float | None, inputs: list[
     return problems
 
 
-def held_out(records: int, eval_fraction: float | None, seed: int) -> set[int]:
-    """Indices of the held-out records: ``round(fraction * records)`` of them, at least 1 and leaving at least 1
-    for training, drawn with ``seed`` (the same input and seed always hold out the same records)."""
+def held_out(records: int, eval_fraction: float | None, seed: int, dropped: frozenset[int] = frozenset()) -> set[int]:
+    """Indices of the held-out records among those kept (``dropped``: not written): ``round(fraction * kept)`` of
+    them, at least 1 and leaving at least 1 for training, drawn with ``seed`` (the same input and seed always hold
+    out the same records)."""
     if eval_fraction is None:
         return set()
-    if records < 2:
-        raise CustomDataError(f"--eval-fraction needs at least 2 records to split, the input has {records}")
-    count = min(max(1, round(eval_fraction * records)), records - 1)
-    return set(random.Random(f"custom/{seed}").sample(range(records), count))
+    kept = [index for index in range(records) if index not in dropped]
+    if len(kept) < 2:
+        raise CustomDataError(f"--eval-fraction needs at least 2 records to split, the input has {len(kept)}")
+    count = min(max(1, round(eval_fraction * len(kept))), len(kept) - 1)
+    return set(random.Random(f"custom/{seed}").sample(kept, count))
 
 
 def prepare(
@@ -401,16 +518,21 @@ def build(
     data_source: str = DEFAULT_DATA_SOURCE,
     tokenizer: Any = None,
     max_question_tokens: int | None = None,
+    duplicates: str = "error",
+    answer_lists: str = "error",
 ) -> Report:
     """Check every record of ``sources`` (from :func:`prepare`), then write the outputs (see the module
     docstring). Without ``eval_fraction`` every output gets every record; with it, ``train`` gets the rest and
-    ``val`` / ``eval`` the held-out ones."""
-    report = check(sources, fields, tokenizer, max_question_tokens)
-    held = held_out(report.records, eval_fraction, seed)
+    ``val`` / ``eval`` the held-out ones. Records dropped as duplicates go to none."""
+    report = check(sources, fields, tokenizer, max_question_tokens, duplicates=duplicates, answer_lists=answer_lists)
+    held = held_out(report.records, eval_fraction, seed, frozenset(report.dropped))
+    schema = _training_schema(report.with_ids)
 
     def wanted(kind: str) -> Iterator[Example]:
-        for _, example, _ in iter_examples(sources, fields):
+        for _, example, _ in iter_examples(sources, fields, answer_lists):
             assert example is not None  # check() passed
+            if example.index in report.dropped:
+                continue
             if eval_fraction is None or (example.index in held) == (kind != "train"):
                 yield example
 
@@ -427,22 +549,48 @@ def build(
             if kind == "eval":
                 with tmp.open("w", encoding="utf-8") as f:
                     for ex in wanted(kind):
-                        item = eval_item(ex.question, ex.answers, ex.context, ex.index, ex.num_docs)
+                        item = eval_item(ex.question, ex.answers, ex.context, ex.item_index, ex.num_docs)
                         f.write(json.dumps(item, ensure_ascii=False) + "\n")
                         counts[kind] += 1
             else:
-                rows = (
-                    memory_row(ex.question, ex.answers, ex.context, ex.index, ex.num_docs, data_source)
-                    for ex in wanted(kind)
-                )
-                write_parquet(counted(kind, rows), tmp, parquet_schema())
+                rows = (_training_row(ex, data_source, report.with_ids) for ex in wanted(kind))
+                write_parquet(counted(kind, rows), tmp, schema)
     report.written = {kind: (path, counts[kind]) for kind, path in outputs.given().items()}
     return report
+
+
+def _training_schema(with_ids: bool) -> Any:
+    """The training parquet's schema (hotpotqa's), with ``extra_info.id`` (text) when the records have ids."""
+    import pyarrow as pa
+
+    schema = parquet_schema()
+    if not with_ids:
+        return schema
+    at = schema.get_field_index("extra_info")
+    extra = schema.field(at).type
+    fields = [extra.field(i) for i in range(extra.num_fields)] + [pa.field("id", pa.string())]
+    return schema.set(at, pa.field("extra_info", pa.struct(fields)))
+
+
+def _training_row(example: Example, data_source: str, with_ids: bool) -> dict[str, Any]:
+    ex = example
+    row = memory_row(ex.question, ex.answers, ex.context, ex.index, ex.num_docs, data_source)
+    if with_ids:
+        row["extra_info"]["id"] = None if ex.id is None else str(ex.id)
+    return row
 
 
 def summary(report: Report, max_context_tokens: int | None = None) -> str:
     """What was read and written, and how to use it."""
     lines = [f"{report.records} records checked"]
+    if report.dropped:
+        lines.append(f"{len(report.dropped)} repeated record(s) dropped (--duplicates keep-first), the first kept:")
+        shown = list(report.dropped.values())
+        lines += [f"  {why}" for why in shown[:MAX_PROBLEMS]]
+        lines += [f"  ... and {len(shown) - MAX_PROBLEMS} more"] if len(shown) > MAX_PROBLEMS else []
+    if report.ignored:
+        counts = ", ".join(f"{name} ({count} records)" for name, count in sorted(report.ignored.items()))
+        lines.append(f"fields not written (no option names them): {counts}")
     names = {"train": "training rows", "val": "validation rows", "eval": "eval items"}
     for kind, (path, count) in report.written.items():
         lines.append(f"{names[kind]:15} {count:6d} -> {path}")

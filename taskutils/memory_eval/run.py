@@ -45,6 +45,7 @@ from recurrent.client import OpenAIChatClient
 from recurrent.interface import Episode, load_register
 from recurrent.models import ModelNotAvailableError, load_tokenizer
 from recurrent.options import parse_with_config
+from recurrent.sampling import argument as sampling_argument
 from recurrent.serving import log_tail
 from recurrent.trace import TraceWriter
 from taskutils.cli import non_negative_int, positive_int
@@ -186,9 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
         "those and the items in flight are not recorded, so the same command resumes them (default 3; 0: never)",
     )
     srv.add_argument("--backoff", type=float, default=1.0, help="first backoff in seconds (doubles each retry)")
-    srv.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (paper: 0.7)")
-    srv.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling (paper: 0.95)")
-    srv.add_argument("--seed", type=int, help="per-request sampling seed, if the server supports it")
+    srv.add_argument(
+        "--temperature", type=sampling_argument("temperature"), default=0.7, help="sampling temperature (paper: 0.7)"
+    )
+    srv.add_argument("--top-p", type=sampling_argument("top_p"), default=0.95, help="nucleus sampling (paper: 0.95)")
+    srv.add_argument(
+        "--seed", type=sampling_argument("seed"), help="per-request sampling seed, if the server supports it"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
 

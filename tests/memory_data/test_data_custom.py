@@ -249,7 +249,7 @@ def test_bad_json_lines_are_all_reported_and_nothing_is_written(tmp_path, capsys
         good,  # 5: replaced by an array
         {"q": "q?", "answers": "a"},  # 6
         {"question": "q?", "answers": {"text": "a"}, "context": None},  # 7
-        good,
+        good,  # 8: the question and context of line 1
     ]
     src = write_jsonl(tmp_path / "bad.jsonl", records, {4: '{"question": "q?" "answers": ["a"]}', 5: "[1, 2]"})
     train = tmp_path / "train.parquet"
@@ -257,7 +257,7 @@ def test_bad_json_lines_are_all_reported_and_nothing_is_written(tmp_path, capsys
     code, out, err = run([src, "--train-out", train], capsys)
     assert (code, out) == (2, "")
     assert err.splitlines() == [
-        "error: 10 problem(s) in 6 of 8 records; nothing was written:",
+        "error: 11 problem(s) in 7 of 8 records; nothing was written:",
         f"  {src}:2 field 'question': empty",
         f"  {src}:2 field 'answers': an empty list (at least one answer is needed)",
         f"  {src}:3 field 'answers[1]': must be text, got int 3",
@@ -268,6 +268,8 @@ def test_bad_json_lines_are_all_reported_and_nothing_is_written(tmp_path, capsys
         f"  {src}:6 field 'context': missing; the record has answers, q",
         f"  {src}:7 field 'answers': must be a string or a list of strings, got dict {{'text': 'a'}}",
         f"  {src}:7 field 'context': null",
+        f"  {src}:8: the same question and context as {src}:1 (a duplicate); --duplicates keep-first keeps the "
+        "first of each",
     ]
     assert train.read_bytes() == b"an older file"  # untouched
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "train.parquet"]  # no temporary left
@@ -301,9 +303,12 @@ def test_bad_parquet_and_datasets_rows_are_named_by_row(tmp_path, capsys):
     code, _, err = run([tmp_path / "bad.parquet", tmp_path / "bad_ds", "--train-out", tmp_path / "t.parquet"], capsys)
     assert code == 2
     assert err.splitlines() == [
-        "error: 4 problem(s) in 4 of 6 records; nothing was written:",
+        "error: 5 problem(s) in 5 of 6 records; nothing was written:",
         f"  {tmp_path / 'bad.parquet'}: row 1 field 'context': empty",
         f"  {tmp_path / 'bad.parquet'}: row 2 field 'question': null",
+        # the same good row in both inputs: one data set, so a duplicate across them
+        f"  {tmp_path / 'bad_ds'}: row 0: the same question and context as {tmp_path / 'bad.parquet'}: row 0 (a "
+        "duplicate); --duplicates keep-first keeps the first of each",
         f"  {tmp_path / 'bad_ds'}: row 1 field 'context': empty",
         f"  {tmp_path / 'bad_ds'}: row 2 field 'question': null",
     ]
@@ -395,6 +400,117 @@ def test_help_explains_formats_fields_and_outputs(capsys):
     assert [n for n in needles if n not in text] == []
 
 
+# -- data that would be silently wrong: repeats, ids, unnamed fields, a list stored as text ----------------
+
+
+def test_repeated_records_and_ids_are_errors_naming_both_lines(tmp_path, capsys):
+    records = [
+        {"id": "q-1", "question": "Who?", "answers": ["A"], "context": "A did it."},
+        {"id": "q-2", "question": "When?", "answers": ["1843"], "context": "In 1843."},
+        {"id": "q-3", "question": "Who?", "answers": ["A"], "context": "A did it."},  # line 1 again, another id
+        {"id": "q-2", "question": "Where?", "answers": ["Here"], "context": "Here it was."},  # line 2's id
+    ]
+    src = write_jsonl(tmp_path / "qa.jsonl", records)
+    outputs = ["--train-out", tmp_path / "t.parquet", "--eval-out", tmp_path / "eval_1.jsonl"]
+    code, out, err = run([src, "--eval-fraction", "0.5", *outputs], capsys)
+    assert (code, out) == (2, "")
+    hint = "; --duplicates keep-first keeps the first of each"
+    assert err.splitlines() == [
+        "error: 2 problem(s) in 2 of 4 records; nothing was written:",
+        f"  {src}:3: the same question and context as {src}:1 (a duplicate){hint}",
+        f"  {src}:4 field 'id': 'q-2' is also the id of {src}:2, the index of its eval item{hint}",
+    ]
+    # A record without an id is indexed by its position: an id equal to it would share its eval item's index.
+    mixed = write_jsonl(tmp_path / "mixed.jsonl", [{**records[1], "id": None}, {**records[3], "id": 0}])
+    code, _, err = run([mixed, "--eval-out", tmp_path / "eval_1.jsonl"], capsys)
+    assert code == 2
+    assert f"  {mixed}:2 field 'id': 0 is also the position of {mixed}:1, the index of its eval item{hint}" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mixed.jsonl", "qa.jsonl"]
+
+
+def test_keep_first_drops_the_repeats_so_no_question_is_both_trained_and_evaluated(tmp_path, capsys):
+    # 12 questions, each written twice (the second copy under another id): without the check, a held-out split
+    # of the 24 records would put copies of one question on both sides.
+    records = [
+        {"id": 100 * copy + k, "question": f"q{k}?", "answers": [f"a{k}"], "context": f"c{k}"}
+        for copy in (0, 1)
+        for k in range(12)
+    ]
+    src = write_jsonl(tmp_path / "qa.jsonl", records)
+    train, ev = tmp_path / "t.parquet", tmp_path / "ev" / "eval_1.jsonl"
+    argv = [src, "--eval-fraction", "0.25", "--duplicates", "keep-first", "--train-out", train, "--eval-out", ev]
+    code, out, err = run(argv, capsys)
+    assert (code, err) == (0, "")
+    trained = [r["prompt"][0]["content"] for r in parquet_rows(train)]
+    evaluated = [json.loads(line)["input"] for line in ev.read_text().splitlines()]
+    assert len(evaluated) == 3 and len(trained) == 9  # round(0.25 x 12 kept)
+    assert sorted(trained + evaluated) == sorted(f"q{k}?" for k in range(12))  # each question once, one side
+    assert "12 repeated record(s) dropped (--duplicates keep-first), the first kept:" in out
+    assert f"  {src}:13: the same question and context as {src}:1 (a duplicate)" in out
+    # the first copies are the ones kept: the eval items' indices are their ids, below 12
+    assert all(json.loads(line)["index"] < 12 for line in ev.read_text().splitlines())
+
+
+def test_the_id_is_the_eval_items_index_and_the_training_rows_id(tmp_path, capsys):
+    records = [
+        {"id": "5a8b57f2", "question": "Who?", "answers": ["A"], "context": "A did it."},
+        {"question": "When?", "answers": ["1843"], "context": "In 1843."},  # no id: its position
+        {"id": 77, "question": "Where?", "answers": ["Here"], "context": "Here it was."},
+    ]
+    src = write_jsonl(tmp_path / "qa.jsonl", records)
+    train, ev = tmp_path / "t.parquet", tmp_path / "eval_1.jsonl"
+    assert run([src, "--train-out", train, "--eval-out", ev], capsys)[0] == 0
+    assert [json.loads(line)["index"] for line in ev.read_text().splitlines()] == ["5a8b57f2", 1, 77]
+    extra = [r["extra_info"] for r in parquet_rows(train)]
+    assert [(e["index"], e["id"]) for e in extra] == [(0, "5a8b57f2"), (1, None), (2, "77")]
+    assert evalsets.scan(ev) == ["5a8b57f2", 1, 77]  # the harness reads them as the items' ids
+    # another field may hold it; an id that is neither an integer nor text is an error
+    renamed = write_jsonl(tmp_path / "r.jsonl", [{**records[0], "id": None, "key": 3.5}])
+    code, _, err = run([renamed, "--id-field", "key", "--eval-out", tmp_path / "eval_2.jsonl"], capsys)
+    assert code == 2 and f"{renamed}:1 field 'key': must be an integer or a non-empty string, got float 3.5" in err
+
+
+def test_fields_no_option_names_are_listed(tmp_path, capsys):
+    records = [
+        {"question": "Who?", "answers": ["A"], "context": "A did it.", "title": "t", "meta": {"x": 1}},
+        {"question": "When?", "answers": ["1843"], "context": "In 1843.", "title": "u"},
+    ]
+    src = write_jsonl(tmp_path / "qa.jsonl", records)
+    code, out, _ = run([src, "--eval-out", tmp_path / "eval_1.jsonl"], capsys)
+    assert code == 0
+    assert "fields not written (no option names them): meta (1 records), title (2 records)" in out
+    # a dotted field name uses its top-level field: nothing else is ignored
+    squad = write_jsonl(tmp_path / "s.jsonl", [{"q": "Who?", "ans": {"text": ["A"], "start": [0]}, "ctx": "A."}])
+    argv = [squad, "--question-field", "q", "--answers-field", "ans.text", "--context-field", "ctx"]
+    code, out, _ = run([*argv, "--eval-out", tmp_path / "eval_2.jsonl"], capsys)
+    assert code == 0 and "fields not written" not in out
+
+
+def test_answers_that_are_the_text_of_a_list(tmp_path, capsys):
+    # A table that stored a list as text: one literal answer would never be matched by a reply.
+    rows = [
+        {"question": "Where is the observatory?", "answers": "['Arecibo', 'Puerto Rico']", "context": "In Arecibo."},
+        {"question": "Which year?", "answers": '["1843"]', "context": "In 1843."},
+        {"question": "Which bracket?", "answers": "[citation needed]", "context": "A bracket."},  # not a list
+    ]
+    src = tmp_path / "qa.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), src)
+    ev = tmp_path / "eval_1.jsonl"
+    code, _, err = run([src, "--eval-out", ev], capsys)
+    assert code == 2
+    hint = "not one answer: --answer-lists parse reads it as that list, --answer-lists literal keeps it as one answer"
+    assert err.splitlines()[1:] == [
+        f"  {src}: row 0 field 'answers': the text of a list, \"['Arecibo', 'Puerto Rico']\", {hint}",
+        f"  {src}: row 1 field 'answers': the text of a list, '[\"1843\"]', {hint}",
+    ]
+    assert run([src, "--eval-out", ev, "--answer-lists", "parse"], capsys)[0] == 0
+    items = [json.loads(line) for line in ev.read_text().splitlines()]
+    assert [scoring.golds(i) for i in items] == [["Arecibo", "Puerto Rico"], ["1843"], ["[citation needed]"]]
+    assert run([src, "--eval-out", ev, "--answer-lists", "literal"], capsys)[0] == 0
+    items = [json.loads(line) for line in ev.read_text().splitlines()]
+    assert [scoring.golds(i) for i in items] == [[r["answers"]] for r in rows]
+
+
 # -- the README's worked example runs as written ------------------------------------------------------------
 
 
@@ -410,3 +526,18 @@ def test_the_readme_example_runs_as_written(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     for line in re.search(r"```text\n(.*?)```", section, re.S).group(1).splitlines():
         assert line in out, line
+
+
+def test_a_context_without_white_space_is_counted_window_by_window(tmp_path, capsys, caplog, tiny_tokenizer):
+    # 150,000 letters, no white space: one "word" for the tokenizer, once counted by encoding it whole (~190 bytes of
+    # memory a character); now in windows, cut inside the word, to the same count.
+    import logging
+    import random
+
+    letters = "".join(random.Random(3).choices("abcdefghijklmnopqrstuvwxyz", k=150_000))
+    src = write_jsonl(tmp_path / "qa.jsonl", [{"question": "Which letter?", "answers": ["a"], "context": letters}])
+    with caplog.at_level(logging.WARNING, logger="recurrent.tokens"):
+        code, out, _ = run([src, "--tokenizer", "tiny", "--eval-out", tmp_path / "eval_1.jsonl"], capsys)
+    assert code == 0 and caplog.text == ""  # no "encoding the whole text at once"
+    count = len(tiny_tokenizer.encode(letters, add_special_tokens=False))
+    assert f"context tokens: min {count:,}, median {count:,}, max {count:,}" in out

@@ -244,6 +244,48 @@ def test_quickstart_refuses_a_non_positive_budget(capsys, flag, value):
     assert f"error: argument {flag}: must be a positive integer, got {value}" in capsys.readouterr().err
 
 
+# ---- sampling values: the rule of recurrent/sampling.py, before anything starts (exit 2) ----
+
+SEED_RULE = "must be an integer in [-9223372036854775808, 9223372036854775807]"  # 64-bit, as vLLM's seeds
+BAD_SAMPLING_FLAGS = [
+    ("--temperature", "-1", "must be a finite number >= 0, got -1"),
+    ("--temperature", "nan", "must be a finite number >= 0, got nan"),
+    ("--temperature", "inf", "must be a finite number >= 0, got inf"),
+    ("--top-p", "0", "must be a finite number in (0, 1], got 0"),
+    ("--top-p", "1.01", "must be a finite number in (0, 1], got 1.01"),
+    ("--seed", "1.5", f"{SEED_RULE}, got '1.5'"),
+    ("--seed", "18446744073709551616", f"{SEED_RULE}, got 18446744073709551616"),
+]
+
+
+@pytest.mark.parametrize(("flag", "value", "said"), BAD_SAMPLING_FLAGS)
+def test_the_harness_refuses_a_bad_sampling_value(tmp_path, capsys, flag, value, said):
+    code, _, out = run_on(tmp_path, _line(GOOD), flag, value)
+    assert code == 2
+    assert f"error: argument {flag}: {said}" in capsys.readouterr().err
+    assert not out.exists()  # nothing ran
+
+
+def test_the_harness_refuses_a_bad_sampling_value_in_its_config_file(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("quiet: true\ntemperature: -0.5\n")
+    code, _, out = run_on(tmp_path, _line(GOOD), "--config", str(config))
+    assert code == 2
+    assert f"error: {config}:2: option 'temperature': must be a finite number >= 0, got -0.5" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("flag", "value", "said"), BAD_SAMPLING_FLAGS)
+def test_quickstart_refuses_a_bad_sampling_value(capsys, flag, value, said):
+    spec = importlib.util.spec_from_file_location("quickstart_args", REPO / "quickstart.py")
+    quickstart = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(quickstart)
+    with pytest.raises(SystemExit) as stop:
+        quickstart.main([flag, value, "--model", "tiny"])
+    assert stop.value.code == 2
+    assert f"error: argument {flag}: {said}" in capsys.readouterr().err
+
+
 # ---- item 4: an endpoint that does not answer ----
 
 
@@ -369,3 +411,17 @@ def test_failures_between_answers_are_recorded_and_do_not_stop_the_run(tmp_path,
     failed = [i for i in ids if errors[i]]
     assert failed == ids[2:4] and all("ChatRequestError: chat request to" in errors[i] for i in failed)
     assert "tiny direct hotpotqa_2: 2 failed, 0 not run" in err
+
+
+def test_a_success_ends_a_streak_of_connection_failures(tmp_path, capsys, tiny_model_dir):
+    # Requests 2, 3 and 5 are cut: three failures in all, never three in a row (item 4 is answered between them),
+    # so the run goes to the end with the limit of 3.
+    server = ScriptedServer(drop=lambda n: n in (2, 3, 5))
+    code, results, data = _dying_run(tmp_path, server, "--max-retries", "0")
+    err = capsys.readouterr().err
+    assert code == 1 and server.chat_requests == 8 and server.answered == 5
+    ids = [r["index"] for r in read_lines(data)]
+    errors = {r["id"]: r["error"] for r in read_lines(results)}
+    assert sorted(errors) == sorted(ids)
+    assert [i for i in ids if errors[i]] == [ids[1], ids[2], ids[4]]
+    assert "tiny direct hotpotqa_2: 3 failed, 0 not run" in err

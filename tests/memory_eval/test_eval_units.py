@@ -269,6 +269,18 @@ def test_table2_is_the_papers_layout_models_by_length(tmp_path, capsys):
         "|---|---|",
         "| agent | 50.00 |",
     ]
+    # lengths partly on the paper's grid: the paper's rows at its lengths only, each under its own column
+    mixed = tmp_path / "mixed"
+    for docs, scores in ((2, [1, 0]), (100, [1, 1]), (150, [0, 0]), (1600, [1, 0, 0, 0])):
+        _results_file(mixed, f"hotpotqa_{docs}", "agent", "memory", scores)
+    # By hand: 100 documents ~ 14K (the paper's 2nd column), 1600 ~ 224K (its 6th); 2 and 150 are not on its grid.
+    assert [line for line in table2(collect(mixed)).splitlines() if line.startswith("|")] == [
+        "| Model | 2 docs | 14K | 150 docs | 224K |",
+        "|---|---|---|---|---|",
+        "| agent | 50.00 | 100.00 | 0.00 | 25.00 |",
+        "| RL-MemAgent-14B (paper) |  | 82.03 |  | 81.25 |",
+        "| RL-MemAgent-7B (paper) |  | 79.69 |  | 72.66 |",
+    ]
     # no HotpotQA results: no Table 2
     ruler = tmp_path / "ruler"
     _results_file(ruler, "vt_8192", "agent", "memory", [1])

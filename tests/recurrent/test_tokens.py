@@ -9,7 +9,7 @@ import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from recurrent.tokens import centre_truncate, encode_long, end_token_ids, iter_chunks, num_chunks
+from recurrent.tokens import centre_truncate, encode_long, encode_windows, end_token_ids, iter_chunks, num_chunks
 
 PIECES = [
     "Document 12:\n",
@@ -38,6 +38,32 @@ def test_windowed_encoding_equals_whole_encoding(model, tiny_model_dir, smollm2_
     whole = np.asarray(tokenizer.encode(text, add_special_tokens=False))
     windowed = encode_long(text, tokenizer, window_chars=3000, margin_chars=200)  # ~20 seams
     assert windowed.dtype == np.int32 and np.array_equal(windowed, whole)
+
+
+@pytest.mark.parametrize("model", ["tiny", "smollm2"])
+@pytest.mark.parametrize("alphabet", ["abcdefghijklmnopqrstuvwxyz", "a", "東京大阪", "naïvecafé", "ab12"])
+def test_text_without_word_starts_is_windowed_exactly(model, alphabet, tiny_model_dir, smollm2_dir, caplog):
+    # No whitespace, no punctuation: each window is (mostly) one long pre-token, so it is cut at a token boundary
+    # inside the word (a character boundary: byte-level tokens may split a character), not encoded whole.
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir if model == "tiny" else smollm2_dir)
+    rng = random.Random(alphabet)
+    text = "".join(rng.choice(alphabet) for _ in range(20_000))
+    whole = np.asarray(tokenizer.encode(text, add_special_tokens=False))
+    windows = []
+    backend = tokenizer.backend_tokenizer
+    encode = backend.encode
+
+    class Counted:  # the backend, counting the texts it is given
+        def encode(self, window, **kwargs):
+            windows.append(len(window))
+            return encode(window, **kwargs)
+
+    with caplog.at_level(logging.WARNING, logger="recurrent.tokens"):
+        windowed = np.concatenate(list(encode_windows(text, Counted(), window_chars=2000, margin_chars=200)))
+    assert np.array_equal(windowed, whole)
+    assert max(windows) <= 2000 and caplog.text == ""  # never the whole text at once
+    # Each window moves on by at least half of the 1600 characters before its margins: at most 25 windows.
+    assert len(windows) <= 20_000 // 800 + 1
 
 
 def test_disagreeing_seams_fall_back_to_one_encode(caplog):

@@ -104,6 +104,12 @@ def test_the_command_line_refuses_what_it_cannot_serve(capsys):
     assert "--model is required" in _refused(["--upstream", "http://127.0.0.1:9/v1"], capsys)
     unset = ["--model", "x", "--upstream", "http://127.0.0.1:9/v1", "--api-key-env", "NO_SUCH_VARIABLE_HERE"]
     assert "NO_SUCH_VARIABLE_HERE is not set" in _refused(unset, capsys)
+    upstream = ["--model", "x", "--upstream", "http://127.0.0.1:9/v1"]
+    for flag, value, said in (
+        ("--temperature", "nan", "must be a finite number >= 0, got nan"),
+        ("--top-p", "0", "must be a finite number in (0, 1], got 0"),
+    ):  # the defaults of requests that give none: the rule of recurrent/sampling.py, as in a request
+        assert f"error: argument {flag}: {said}" in _refused([*upstream, flag, value], capsys)
     with pytest.raises(SystemExit) as no_tokenizer:  # a hosted model's name: no local tokenizer to count chunks
         serve(parse_args(["--model", "some-hosted-model", "--upstream", "http://127.0.0.1:9/v1"]), None)
     assert "no tokenizer for 'some-hosted-model' (pass --tokenizer" in str(no_tokenizer.value)

@@ -227,6 +227,8 @@ def test_an_upstream_that_is_down_answers_502_naming_it(tiny_tokenizer):
         (400, {"error": {"message": "maximum context length is 8 tokens"}}, 400, "maximum context length is 8"),
         (422, {"detail": "top_k is not supported"}, 422, "top_k is not supported"),
         (429, {"error": {"message": "rate limit reached"}}, 429, "rate limit reached"),
+        # the upstream's own timeout: the client's request was fine, the upstream too slow (as when it never answers)
+        (408, {"error": {"message": "request timed out"}}, 504, "request timed out"),
     ],
 )
 def test_upstream_failures_become_http_statuses_with_the_upstreams_message(
@@ -238,7 +240,9 @@ def test_upstream_failures_become_http_statuses_with_the_upstreams_message(
     error = response.json()["error"]
     assert response.status_code == expected
     assert said in error["message"] and scripted.url in error["message"]
-    assert error["code"] == f"upstream_{status}" or (status == 429 and error["code"] == "upstream_rate_limited")
+    named = {429: "upstream_rate_limited", 408: "upstream_timeout"}
+    assert error["code"] == named.get(status, f"upstream_{status}")
+    assert error["type"] == ("invalid_request_error" if expected in (400, 422) else "upstream_error")
 
 
 @pytest.mark.parametrize(
@@ -308,8 +312,8 @@ ONE = [{"role": "user", "content": f"Doc.\n\n{QUESTION}"}]
         ({"messages": ONE, "n": 2}, "n must be 1"),
         ({"messages": ONE, "tools": [{"type": "function"}]}, "tools"),
         ({"messages": ONE, "logprobs": True}, "logprobs"),
-        ({"messages": ONE, "max_tokens": 0}, "max_tokens must be >= 1"),
-        ({"messages": ONE, "temperature": "hot"}, "temperature must be a number"),
+        ({"messages": ONE, "max_tokens": 0}, "max_tokens must be an integer >= 1, got 0"),
+        ({"messages": ONE, "temperature": "hot"}, "temperature must be a finite number >= 0, got 'hot'"),
         ({"messages": ONE, "stop": 5}, "stop must be"),
         ({"messages": ONE, "stream": "yes"}, "stream must be"),
         ({"messages": ONE, "memagent": {"question_mod": "split"}}, "unknown field(s) ['question_mod']"),
@@ -333,6 +337,54 @@ def test_malformed_requests_are_400_and_send_nothing_upstream(scripted, tiny_tok
     error = response.json()["error"]
     assert said in error["message"] and error["type"] == "invalid_request_error"
     assert scripted.requests == 0
+
+
+# Each out of its range by the rule of recurrent/sampling.py (the ranges vLLM accepts), or NaN / an infinity.
+BAD_SAMPLING = [
+    ('"temperature": -1', "temperature", "must be a finite number >= 0, got -1"),
+    ('"temperature": NaN', "temperature", "must be a finite number >= 0, got nan"),
+    ('"temperature": Infinity', "temperature", "got inf"),
+    ('"top_p": 0', "top_p", "must be a finite number in (0, 1], got 0"),
+    ('"top_p": 1.5', "top_p", "got 1.5"),
+    ('"top_p": -Infinity', "top_p", "got -inf"),
+    ('"top_k": -2', "top_k", "must be an integer >= -1, got -2"),
+    ('"top_k": 2.5', "top_k", "got 2.5"),
+    ('"min_p": 1.5', "min_p", "must be a finite number in [0, 1], got 1.5"),
+    ('"presence_penalty": 2.5', "presence_penalty", "in [-2, 2], got 2.5"),
+    ('"frequency_penalty": NaN', "frequency_penalty", "got nan"),
+    ('"repetition_penalty": 0', "repetition_penalty", "must be a finite number > 0, got 0"),
+    ('"seed": 18446744073709551616', "seed", "must be an integer in [-9223372036854775808, 9223372036854775807]"),
+    ('"seed": true', "seed", "got True"),
+    ('"max_tokens": 1.5', "max_tokens", "must be an integer >= 1, got 1.5"),
+    ('"max_completion_tokens": -3', "max_completion_tokens", "must be an integer >= 1, got -3"),
+    ('"n": 0', "n", "must be an integer >= 1, got 0"),
+    ('"n": true', "n", "got True"),
+    ('"stop": ["END", 3]', "stop", "must be a string or a list of strings, got ['END', 3]"),
+]
+
+
+@pytest.mark.parametrize(("field", "param", "said"), BAD_SAMPLING)
+def test_sampling_values_out_of_range_are_400_naming_the_field(scripted, tiny_tokenizer, field, param, said):
+    # Raw JSON text: Python's json (and so the server) reads NaN and Infinity, which a JSON encoder may refuse to write.
+    body = f'{{"messages": {json.dumps(ONE)}, {field}}}'
+    with served(scripted.url, scripted.model, tiny_tokenizer) as (base, _):
+        response = post(base, body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["message"].startswith(f"{param} ") and said in error["message"], error["message"]
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+    assert scripted.requests == 0
+
+
+def test_a_bad_temperature_through_the_official_client_is_its_400(scripted, tiny_tokenizer):
+    with (
+        served(scripted.url, scripted.model, tiny_tokenizer) as (base, _),
+        pytest.raises(openai.BadRequestError) as bad,
+    ):
+        openai_client(base).chat.completions.create(model="memagent", messages=ONE, temperature=-1)
+    assert bad.value.status_code == 400 and bad.value.body["param"] == "temperature"
+    assert "temperature must be a finite number >= 0, got -1" in bad.value.message
+    assert scripted.requests == 0  # refused here: nothing was sent upstream, no retry
 
 
 def test_another_model_is_404_and_the_official_client_reads_the_400s(scripted, tiny_tokenizer):

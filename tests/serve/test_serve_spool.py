@@ -19,13 +19,15 @@ import httpx
 import numpy as np
 import pytest
 from serve_helpers import WAIT, counters, served, sse_events, wait_event, wait_until
-from transformers import AutoTokenizer
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from recurrent.serve import service as service_module
 from recurrent.serve import spool as spool_module
 from recurrent.serve.protocol import LONG_TEXT_FIELDS
 from recurrent.serve.questions import QuestionError, find_question
 from recurrent.serve.spool import LongText, TextSpool, parse_spooled
-from recurrent.tokens import SeamError, encode_windows
+from recurrent.tokens import encode_windows
 
 # Every body spooled, every string over 8 characters on disk, the document tokenized 200 characters at a time.
 SPOOLED = {"spool_bytes": 0, "spool_string_chars": 8, "tokenize_window": 200}
@@ -190,11 +192,11 @@ def test_a_document_on_disk_tokenizes_as_the_whole_text(model, tiny_model_dir, s
     whole = tokenizer.encode(text, add_special_tokens=False)
     parts = list(encode_windows(on_disk(text, pieces=5), backend, 1000, 200))
     assert len(parts) > 10 and np.concatenate(parts).tolist() == whole
-    # A long stretch with no white space: no seam can be proven there, so the windows refuse (the service then
-    # tokenizes the whole text, test_the_endpoint_falls_back_to_the_whole_text_where_no_seam_is_safe).
+    # A long stretch with no white space (one word over several windows): cut inside the word, still exact.
     letters = "".join(random.Random(1).choice("abcdefghij") for _ in range(5000))
-    with pytest.raises(SeamError):
-        list(encode_windows(on_disk(f"{text[:3000]} {letters} {text[3000:6000]}"), backend, 1000, 200))
+    glued = f"{text[:3000]} {letters} {text[3000:6000]}"
+    parts = list(encode_windows(on_disk(glued), backend, 1000, 200))
+    assert len(parts) > 10 and np.concatenate(parts).tolist() == tokenizer.encode(glued, add_special_tokens=False)
 
 
 # ---- through the endpoint ----
@@ -252,14 +254,46 @@ def test_a_spooled_request_reads_as_the_in_memory_one(scripted, tiny_tokenizer, 
     assert spooled_reply == memory_reply  # the same answer, memories, usage and extension fields
 
 
-def test_the_endpoint_falls_back_to_the_whole_text_where_no_seam_is_safe(scripted, smollm2_dir, caplog):
+def test_a_document_without_white_space_is_read_window_by_window(scripted, smollm2_dir, caplog):
+    # No white space at all (the request's document is one word of letters): cut inside it, never tokenized whole.
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
     letters = "".join(random.Random(2).choice("abcdefghij") for _ in range(1500))
-    request = {"messages": [{"role": "user", "content": f"{DOCUMENT}{letters}{DOCUMENT}\n\n{QUESTION}"}]}
+    request = {"messages": [{"role": "user", "content": f"{letters}\n\n{QUESTION}"}]}
     with caplog.at_level(logging.WARNING, logger="recurrent.serve"):
         (memory_reply, memory_turns), (spooled_reply, spooled_turns) = read_both(scripted, tokenizer, request)
-    assert "tokenized whole, in memory" in caplog.text
+    assert "tokenized whole" not in caplog.text
     assert spooled_turns == memory_turns and spooled_reply == memory_reply and len(memory_turns) > 4
+
+
+def disagreeing_tokenizer() -> PreTrainedTokenizerFast:
+    """A real tokenizer whose window seams never agree: it marks the start of every input it is given, so a
+    window that starts mid-text gets a mark the whole text has only once."""
+    raw = Tokenizer(models.BPE(unk_token="[UNK]"))
+    raw.normalizer = normalizers.Prepend("#")
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    raw.decoder = decoders.BPEDecoder()
+    corpus = [f"{DOCUMENT} {QUESTION} {n}" for n in range(20)]
+    raw.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["[UNK]"], show_progress=False))
+    return PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]", eos_token="[UNK]")
+
+
+def test_a_tokenizer_without_agreeing_seams_reads_a_document_whole_up_to_a_bound(scripted, caplog, monkeypatch):
+    tokenizer = disagreeing_tokenizer()
+    request = {"messages": [{"role": "user", "content": f"{DOCUMENT}\n\n{QUESTION}"}]}
+    context = len(DOCUMENT.strip())  # what the spooled path tokenizes
+    with caplog.at_level(logging.WARNING, logger="recurrent.serve"):
+        (memory_reply, memory_turns), (spooled_reply, spooled_turns) = read_both(scripted, tokenizer, request)
+    assert f"tokenizer seams do not agree; the {context}-character document is tokenized whole" in caplog.text
+    assert spooled_turns == memory_turns and spooled_reply == memory_reply
+    # Over the bound, the document is refused rather than tokenized whole in memory (~190 bytes a character).
+    monkeypatch.setattr(service_module, "WHOLE_TOKENIZE_CHARS", context - 1)
+    scripted.bodies.clear()
+    with served(scripted.url, scripted.model, tokenizer, chunk_size=24, **SPOOLED) as (base, _):
+        response = post(base, {**request, "model": "memagent"})
+    assert response.status_code == 413 and response.json()["error"]["code"] == "document_too_large"
+    said = f"the document ({context:,} characters) cannot be tokenized window by window (tokenizer seams do not agree)"
+    assert said in response.json()["error"]["message"]
+    assert scripted.requests == 0
 
 
 def open_under(folder: Path) -> list[str]:
@@ -325,3 +359,38 @@ def test_a_spooled_request_streams_what_the_in_memory_one_answers(scripted, tiny
     content, memories, answer = streamed["memory"]
     assert content == answer and len(memories) > 4
     assert streamed["spooled"] == streamed["memory"]
+
+
+# ---- the request-size limit ----
+
+
+def test_a_body_over_the_size_limit_is_413_before_it_is_read(scripted, tiny_tokenizer):
+    body = json.dumps({"messages": [{"role": "user", "content": f"{DOCUMENT}\n\n{QUESTION}"}]}).encode()
+    limit = len(body) - 1  # one byte short
+
+    def chunked():  # no Content-Length: the limit is found as the body arrives
+        for at in range(0, len(body), 100):
+            yield body[at : at + 100]
+
+    headers = {"Content-Type": "application/json"}
+    for spool in ({}, {"spool_bytes": 0}):  # read in memory, or into a file as it arrives
+        with served(scripted.url, scripted.model, tiny_tokenizer, max_request_bytes=limit, **spool) as (base, _):
+            declared = post(base, body)
+            streamed = httpx.post(f"{base}/chat/completions", content=chunked(), headers=headers, timeout=WAIT)
+        for response in (declared, streamed):
+            assert response.status_code == 413, response.text
+            error = response.json()["error"]
+            assert error["code"] == "request_too_large" and f"limit of {limit:,} bytes" in error["message"]
+        assert f"the request body is {len(body):,} bytes" in declared.json()["error"]["message"]
+    assert scripted.requests == 0
+    with served(scripted.url, scripted.model, tiny_tokenizer, max_request_bytes=len(body)) as (base, _):
+        at_limit = post(base, body)
+        streamed = httpx.post(f"{base}/chat/completions", content=chunked(), headers=headers, timeout=WAIT)
+    assert at_limit.status_code == 200 and streamed.status_code == 200
+
+
+def test_the_size_limit_defaults_to_64_mib_and_0_lifts_it():
+    from recurrent.serve.cli import parse_args
+
+    assert parse_args(["--model", "x"]).max_request_bytes == 64 * 2**20 == spool_module.MAX_REQUEST_BYTES
+    assert parse_args(["--model", "x", "--max-request-bytes", "0"]).max_request_bytes == 0  # None in the settings

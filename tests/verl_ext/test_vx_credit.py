@@ -4,13 +4,15 @@ One training step's actor side runs in a fresh process on the CPU platform (verl
 (``ActorRolloutRefWorker``, role ``actor``, its FSDP2 engine on a one-rank gloo group) computes the old
 log-probabilities, our trainer's ``_compute_advantage`` (verl's GRPO, then the credit mode) writes the advantages
 and masks, and the worker's ``update_actor`` (what verl's trainer calls through Ray) makes the updates. Rows are
-kept in a dict standing in for TransferQueue (the process has no Ray). The loss function verl calls is registered
+kept in a dict standing in for TransferQueue (the process has no Ray). The reference policy is the actor shifted by
+a constant, so that the KL loss term shows which tokens each mode trains. The loss function verl calls is registered
 under a test name (verl's policy-loss registry): it records the ``batch_num_tokens`` the engine hands it and then
 runs verl's ``vanilla`` loss. Expectations come from the row lengths and rewards below, by hand.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from pathlib import Path
@@ -39,6 +41,10 @@ ALL_TOKENS = [5 + 7 + 3 + 6 + 4 + 2, 8 + 9 + 2 + 4 + 3 + 6]  # 27, 32
 ANSWER_TOKENS = [3 + 2, 4 + 6]  # 5, 10
 ALL_ADVANTAGE_SUM = [0.5 * 15 - 0.5 * 12, -0.5 * 23 + 0.5 * 9]  # 1.5, -7.0
 ANSWER_ADVANTAGE_SUM = [0.5 * 3 - 0.5 * 2, -0.5 * 4 + 0.5 * 6]  # 0.5, 1.0
+# The reference policy is set REF_SHIFT nats above the actor's old log-probs on every token, so the KL loss term is
+# not zero: verl's low_var_kl of that gap, exp(d) - d - 1, on each token its response_mask keeps (at ratio 1).
+REF_SHIFT = 0.5
+KL_PER_TOKEN = math.exp(REF_SHIFT) - REF_SHIFT - 1
 
 
 def _free_port() -> int:
@@ -155,8 +161,8 @@ def one_step_per_credit_mode(model_dir: str, modes: list[str]) -> dict[str, dict
         batch = KVBatchMeta(keys=keys, tags=[{} for _ in keys], partition_id="train")
         metrics: dict = {}
         trainer._compute_old_log_prob(batch, metrics)  # verl's
-        for key in keys:  # the reference policy is the actor at the start
-            store[key]["ref_log_prob"] = store[key]["old_log_probs"]
+        for key in keys:  # a reference policy that differs from the actor by REF_SHIFT on every token
+            store[key]["ref_log_prob"] = store[key]["old_log_probs"] + REF_SHIFT
         seen.clear()
         trainer._compute_advantage(batch, metrics)  # verl's GRPO, then the credit mode
         trainer._update_actor(batch, metrics)  # verl's: extra_info, then the worker
@@ -164,6 +170,7 @@ def one_step_per_credit_mode(model_dir: str, modes: list[str]) -> dict[str, dict
         results[mode] = {
             "batch_num_tokens": list(seen),
             "pg_loss": [float(v) for v in reported["actor/pg_loss"]],
+            "kl_loss": [float(v) for v in reported["kl_loss"]],
             "grad_norm": [float(v) for v in reported["grad_norm"]],
             "advantages": {key: float(np.mean(store[key]["advantages"].numpy())) for key in keys},
             "masked": metrics.get("recurrent/credit/earlier_rows_masked"),
@@ -189,23 +196,27 @@ def test_the_advantages_each_mode_trains_with(steps):
 
 
 @pytest.mark.parametrize(
-    ("mode", "normalizer", "advantage_sum"),
+    ("mode", "normalizer", "advantage_sum", "trained"),
     [
         # the paper: every row trained, each update divided by all its rows' tokens
-        ("all", ALL_TOKENS, ALL_ADVANTAGE_SUM),
+        ("all", ALL_TOKENS, ALL_ADVANTAGE_SUM, ALL_TOKENS),
         # the answers alone trained, still divided by every row's tokens: the answers' step under `all`
-        ("final_same_step", ALL_TOKENS, ANSWER_ADVANTAGE_SUM),
+        ("final_same_step", ALL_TOKENS, ANSWER_ADVANTAGE_SUM, ANSWER_TOKENS),
         # the answers alone trained and counted: the token-mean of the loss that remains
-        ("final_token_mean", ANSWER_TOKENS, ANSWER_ADVANTAGE_SUM),
+        ("final_token_mean", ANSWER_TOKENS, ANSWER_ADVANTAGE_SUM, ANSWER_TOKENS),
     ],
 )
-def test_the_token_count_that_divides_each_update(steps, mode, normalizer, advantage_sum):
+def test_the_token_count_that_divides_each_update(steps, mode, normalizer, advantage_sum, trained):
     step = steps[mode]
     # one micro-batch per update (token budget 4096): the engine's all-reduced loss_mask sum, as the loss saw it
     assert step["batch_num_tokens"] == normalizer
     # verl's reported policy loss at ratio 1: -sum(advantage x tokens trained) / that count
     expected = [-total / count for total, count in zip(advantage_sum, normalizer, strict=True)]
     assert step["pg_loss"] == pytest.approx(expected, rel=1e-5, abs=1e-7)
+    # the KL term on the tokens trained (response_mask) only, over the same count: a memory row whose response_mask
+    # were kept under a final_* mode would add its tokens' KL although it carries no advantage
+    kl = [KL_PER_TOKEN * tokens / count for tokens, count in zip(trained, normalizer, strict=True)]
+    assert step["kl_loss"] == pytest.approx(kl, rel=1e-4)
 
 
 def test_the_answer_step_is_larger_by_the_ratio_of_token_counts(steps):

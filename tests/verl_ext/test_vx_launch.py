@@ -138,3 +138,36 @@ def test_a_real_launch_without_gpus_stops_with_what_is_missing(tmp_path, tiny_mo
     while session_members(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not session_members(proc.pid), "processes of the run were left behind"
+
+
+def test_a_launch_on_a_run_folder_in_use_stops_naming_its_holder(tmp_path):
+    """Two runs never share a run folder: the launcher takes a lock on it (scripts/lib/session.sh, hold_run_lock)
+    before anything starts, and stops with status 2 naming the run that holds it. Here the lock is held by this
+    test, as a running trainer holds it; DRY_RUN does not take it (nothing is written)."""
+    import fcntl
+
+    run_dir = tmp_path / "runs" / "memory_agent" / "7B"
+    run_dir.mkdir(parents=True)
+    env = {**os.environ, "PYTHON": sys.executable, "PROJ_ROOT": str(tmp_path / "runs"), "LOGGER": "console"}
+    env.pop("RAY_ADDRESS", None)
+    with open(run_dir / ".run.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock.write("pid 4242 on node-a, started 2026-01-01 00:00:00\n")
+        lock.flush()
+        result = subprocess.run(
+            ["bash", str(REPO / "run_memory_7B.sh")], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60
+        )
+        dry = subprocess.run(
+            ["bash", str(REPO / "run_memory_7B.sh")],
+            capture_output=True,
+            text=True,
+            env={**env, "DRY_RUN": "1"},
+            cwd=tmp_path,
+            timeout=300,
+        )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert (
+        f"error: {run_dir} is in use by another training run (pid 4242 on node-a, started 2026-01-01 00:00:00)"
+        in result.stderr
+    )
+    assert "[memagent] DRY_RUN" not in result.stdout and dry.returncode == 0, dry.stderr[-2000:]

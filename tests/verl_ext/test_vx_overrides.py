@@ -136,6 +136,27 @@ def test_static_micro_batches_where_verl_cuts_them():
     ]
 
 
+def test_coprime_micro_batch_sizes_round_to_their_least_common_multiple():
+    # Update micro-batches of 2 rows, log-prob micro-batches of 3: a slot must hold a multiple of both, so 6 rows
+    # (the larger size, 3, is not a multiple of 2; 4 is not a multiple of 3).
+    sizes = (
+        "actor_rollout_ref.actor.use_dynamic_bsz=false",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=3",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=3",
+    )
+    settings = actor_settings(config(*sizes))
+    assert settings == ActorSettings(epochs=1, row_multiple=6)
+    plan = plan_minibatches(STEP, 2, 2, "trajectory", settings.row_multiple, settings.epochs)
+    assert plan.slot_rows == 6
+    # What verl cuts with those sizes, and asserts divides: each rank's shard in micro-batches of 3 rows (the
+    # log-prob passes), each update's share in micro-batches of 2 rows.
+    for r, shard in enumerate(shards(plan)):
+        assert [len(m) for m in micro_batches(shard, 3)] == [3, 3, 3, 3]
+        for minibatch in worker_minibatches(plan, shard, r, 1, False):
+            assert [len(m) for m in micro_batches(minibatch, 2)] == [2, 2, 2]
+
+
 def test_without_rounding_verl_stops_at_the_first_update():
     # Token-budget micro-batches: slots of 3 rows. Cut into micro-batches of 2 rows, verl's engine asserts.
     plan = plan_minibatches(STEP, 2, 2, "trajectory")

@@ -68,3 +68,75 @@ def test_budgets_that_do_not_fit_stop_the_run(tmp_path):
         preflight(config)
     assert "rollout.prompt_length (data.max_prompt_length) is 200" in str(err.value)
     assert "max_model_len=100 is below prompt_length + response_length" in str(err.value)
+
+
+def test_rollout_n_below_one_is_refused_naming_the_key(tmp_path):
+    data = write(tmp_path / "train.parquet", [ROW])
+    for n in (0, -2):
+        with pytest.raises(PreflightError) as err:
+            preflight(config_for(data, data, "tiny", f"actor_rollout_ref.rollout.n={n}"), load_tokenizer=False)
+        assert f"actor_rollout_ref.rollout.n must be an integer >= 1, got {n}" in str(err.value)
+    with pytest.raises(PreflightError) as err:
+        preflight(config_for(data, data, "tiny", "actor_rollout_ref.rollout.val_kwargs.n=0"), load_tokenizer=False)
+    assert "actor_rollout_ref.rollout.val_kwargs.n must be an integer >= 1, got 0" in str(err.value)
+
+
+def test_sampling_values_follow_the_endpoints_rule(tmp_path):
+    data = write(tmp_path / "train.parquet", [ROW])
+    bad = [
+        "actor_rollout_ref.rollout.temperature=-0.5",
+        "actor_rollout_ref.rollout.top_p=0",
+        "actor_rollout_ref.rollout.top_k=-3",
+        "actor_rollout_ref.rollout.seed=1.5",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=nan",
+        "actor_rollout_ref.rollout.val_kwargs.top_p=inf",
+    ]
+    with pytest.raises(PreflightError) as err:
+        preflight(config_for(data, data, "tiny", *bad), load_tokenizer=False)
+    listed = [line.strip()[2:] for line in str(err.value).splitlines()[1:]]
+    assert listed == [  # every one at once, in the order of the config
+        "actor_rollout_ref.rollout.temperature must be a finite number >= 0, got -0.5",
+        "actor_rollout_ref.rollout.top_p must be a finite number in (0, 1], got 0",
+        "actor_rollout_ref.rollout.top_k must be an integer >= -1, got -3",
+        "actor_rollout_ref.rollout.seed must be an integer in [-9223372036854775808, 9223372036854775807], got 1.5",
+        "actor_rollout_ref.rollout.val_kwargs.temperature must be a finite number >= 0, got nan",
+        "actor_rollout_ref.rollout.val_kwargs.top_p must be a finite number in (0, 1], got inf",
+    ]
+
+
+def test_one_trajectory_per_prompt_is_warned_or_refused(tmp_path, capsys):
+    data = write(tmp_path / "train.parquet", [ROW])
+    preflight(config_for(data, data, "tiny", "actor_rollout_ref.rollout.n=1"), load_tokenizer=False)
+    err = capsys.readouterr().err
+    assert "[memagent] warning: actor_rollout_ref.rollout.n=1: GRPO has no group to compare a trajectory with" in err
+    assert "(recurrent.single_trajectory=refuse stops here)" in err
+    with pytest.raises(PreflightError) as refused:
+        preflight(
+            config_for(data, data, "tiny", "actor_rollout_ref.rollout.n=1", "recurrent.single_trajectory=refuse"),
+            load_tokenizer=False,
+        )
+    assert "actor_rollout_ref.rollout.n=1: GRPO has no group" in str(refused.value)
+    assert "(recurrent.single_trajectory=refuse)" in str(refused.value)
+    preflight(config_for(data, data, "tiny", "recurrent.single_trajectory=refuse"), load_tokenizer=False)  # n=4
+    assert capsys.readouterr().err == ""
+    with pytest.raises(PreflightError, match="recurrent.single_trajectory must be one of warn, refuse, got 'stop'"):
+        preflight(config_for(data, data, "tiny", "recurrent.single_trajectory=stop"), load_tokenizer=False)
+
+
+def test_a_refused_rollout_n_exits_2_before_ray_starts(tmp_path, tiny_model_dir):
+    import os
+    import subprocess
+    import sys
+
+    data = write(tmp_path / "train.parquet", [ROW])
+    env = {**os.environ, "VERL_PLATFORM": "cpu", "VERL_USE_EXTERNAL_MODULES": "verl_ext.cpu.load", "RAY_ADDRESS": ""}
+    overrides = [f"data.train_files={data}", f"data.val_files={data}", f"actor_rollout_ref.model.path={tiny_model_dir}"]
+    command = [sys.executable, "-m", "verl_ext.main", "--config-name", "tiny_cpu", *TINY_BUDGETS, *overrides]
+    result = subprocess.run(
+        [*command, "actor_rollout_ref.rollout.n=0", f"hydra.run.dir={tmp_path / 'hydra'}"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "[memagent] the run cannot start:" in result.stderr
+    assert "actor_rollout_ref.rollout.n must be an integer >= 1, got 0" in result.stderr
+    assert "ray" not in result.stderr.lower()  # stopped before Ray was started

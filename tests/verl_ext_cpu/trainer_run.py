@@ -49,7 +49,7 @@ def run_script(
             rc = -1
     elapsed = time.monotonic() - start
     output = log_path.read_text()
-    match = re.search(r"trainer pid=(\d+)", output)
+    match = re.search(r"trainer session=(\d+)", output)
     if match:  # nothing of the run (Ray daemons, workers, servers) may outlive it
         deadline = time.monotonic() + 15
         while session_members(int(match.group(1))) and time.monotonic() < deadline:
