@@ -41,6 +41,7 @@ from pathlib import Path
 # and a socket path may have at most 107.
 MAX_TEMP_DIR_CHARS = 40
 NODE_WAIT_S = 120.0
+START_ATTEMPTS = 3
 STOP_GRACE_S = 5.0
 
 
@@ -120,8 +121,25 @@ def node_environment() -> dict[str, str]:
 
 
 def start_node(cluster: Cluster, name: str, state: Path) -> Node:
-    """`ray start` for one node in its own session; the node is in the state file before Ray starts it, so that
-    ``stop`` finds whatever it left if it fails."""
+    """`ray start` for one node, tried up to :data:`START_ATTEMPTS` times: `ray start` gives a raylet a fixed 30 s
+    to register with the GCS, which a loaded machine can miss (a failed try is stopped before the next)."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        node, log = start_node_once(cluster, name, state)
+        if log is None:
+            return node
+        stop_node(node)
+        cluster.nodes.remove(node)
+        cluster.save(state)
+        last = (log.strip().splitlines() or ["(no output)"])[-1]
+        if attempt == START_ATTEMPTS:
+            raise RuntimeError(f"`ray start` of node {name} failed {START_ATTEMPTS} times; the last time:\n{log}")
+        print(f"[local_cluster] `ray start` of {name} failed ({last}); trying again", file=sys.stderr)
+    raise AssertionError("unreachable")
+
+
+def start_node_once(cluster: Cluster, name: str, state: Path) -> tuple[Node, str | None]:
+    """One `ray start` in its own session; the node is in the state file before Ray starts it, so that ``stop``
+    finds whatever it left. Returns the node and, if `ray start` failed, its output."""
     temp_dir = short_temp_dir(f"rc{name[0]}")
     args = [
         ray_command(),
@@ -150,11 +168,11 @@ def start_node(cluster: Cluster, name: str, state: Path) -> Node:
     cluster.nodes.append(node)
     cluster.save(state)
     if process.wait() != 0:
-        raise RuntimeError(f"`ray start` of node {name} failed (exit {process.returncode}):\n{log.read_text()}")
+        return node, log.read_text()
     if name == "head":
         cluster.address = (Path(temp_dir) / "ray_current_cluster").read_text().strip()
         cluster.save(state)
-    return node
+    return node, None
 
 
 def wait_for_nodes(cluster: Cluster, state: Path, nodes: list[Node], timeout_s: float = NODE_WAIT_S) -> None:
