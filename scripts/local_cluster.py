@@ -318,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "start":
             cluster = start(state, args.workers, args.gpus_per_node, args.cpus_per_node, args.object_store_mb)
             print(describe(cluster))
-            print(f"[local_cluster] launch with RAY_ADDRESS={cluster.address}")
+            mode = node_environment()["RAY_AUTH_MODE"]  # a launcher joining by address must use the nodes' mode
+            print(f"[local_cluster] launch with RAY_ADDRESS={cluster.address} RAY_AUTH_MODE={mode}")
             print(f"[local_cluster] stop with: python {sys.argv[0]} stop --state {state}")
         elif args.command == "status":
             print(describe(Cluster.load(state)))

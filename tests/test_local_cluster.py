@@ -11,12 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-from process_helpers import session_members
+from process_helpers import SCRIPTS, load_script, session_members
 
-REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "scripts" / "local_cluster.py"
-sys.path.insert(0, str(SCRIPT.parent))
-import local_cluster  # noqa: E402  (scripts/ is not a package)
+SCRIPT = SCRIPTS / "local_cluster.py"
+local_cluster = load_script("local_cluster")
 
 
 def run(*args: object) -> subprocess.CompletedProcess:
