@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from verl_ext.preflight import PreflightError, _files
 
@@ -70,6 +70,32 @@ def resource_problems(resources: Mapping[str, float], config: DictConfig) -> lis
             f"(1 each); give Ray more CPUs (ray_kwargs.ray_init.num_cpus) or lower num_data_storage_units"
         )
     return problems
+
+
+# What sizes a Ray the run starts itself (configs/cpu_platform.yaml sets the first two): ray.init refuses them when it
+# joins a running cluster ("When connecting to an existing cluster, ... must not be provided", ray/_private/worker.py).
+LOCAL_RAY_ONLY = ("num_cpus", "num_gpus", "resources", "object_store_memory", "labels", "_system_config")
+
+
+def cluster_address(config: DictConfig, environ: Mapping[str, str]) -> str | None:
+    """The Ray cluster the run joins (``ray_kwargs.ray_init.address``, else ``RAY_ADDRESS``), or None: it starts
+    its own Ray on this node (also for Ray's ``local``)."""
+    ray_init = config.get("ray_kwargs", {}).get("ray_init", {}) or {}
+    address = ray_init.get("address") or environ.get("RAY_ADDRESS")
+    return None if address in (None, "", "local") else str(address)
+
+
+def drop_local_ray_settings(config: DictConfig, environ: Mapping[str, str]) -> list[str]:
+    """When the run joins a cluster, remove the ``ray_kwargs.ray_init`` keys that size a Ray of its own (the
+    cluster's nodes were sized by ``ray start``); returns the removed keys."""
+    if cluster_address(config, environ) is None:
+        return []
+    ray_init = config.ray_kwargs.ray_init
+    dropped = [key for key in LOCAL_RAY_ONLY if ray_init.get(key) is not None]
+    with open_dict(config):
+        for key in dropped:
+            del ray_init[key]
+    return dropped
 
 
 def _writable_folder(path: Path) -> bool:

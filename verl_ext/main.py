@@ -6,7 +6,9 @@ The run: checks on this machine first (:mod:`verl_ext.preflight`: data files and
 the agent and its widest call against verl's rows), the config resolved here (so ``${oc.env:...}`` means this
 machine's environment, also on a remote Ray cluster), verl's own config validation, then verl's ``run_ppo`` with
 our task runner
-(:class:`verl_ext.trainer.RecurrentTaskRunner`: the V1 sync trainer plus final-answer metrics).
+(:class:`verl_ext.trainer.RecurrentTaskRunner`: the V1 sync trainer plus final-answer metrics). With
+``RAY_ADDRESS`` (or ``ray_kwargs.ray_init.address``) it joins that Ray cluster instead of starting one, and a node of
+the run lost mid-run stops it with a message (:mod:`verl_ext.node_watch`, exit status 75).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ def run(config: DictConfig) -> None:
     from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
 
+    from verl_ext.cluster import cluster_address, drop_local_ray_settings
+    from verl_ext.node_watch import LOSS_CONFIRM_S, NodeWatch, exit_on_node_lost
     from verl_ext.preflight import PreflightError, preflight
     from verl_ext.trainer import RecurrentTaskRunner
 
@@ -39,9 +43,28 @@ def run(config: DictConfig) -> None:
         )
     auto_set_device(config)
     preflight(config)
+    joined = cluster_address(config, os.environ)
+    dropped = drop_local_ray_settings(config, os.environ)
+    if dropped:
+        keys = ", ".join(f"ray_kwargs.ray_init.{key}" for key in dropped)
+        print(f"[memagent] joining the Ray cluster at {joined}: {keys} (the size of a Ray of its own) not used")
     OmegaConf.resolve(config)
     validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
-    run_ppo(config, task_runner_class=RecurrentTaskRunner)
+    watch = NodeWatch(config.trainer.get("default_local_dir"), exit_on_node_lost).start()
+    try:
+        run_ppo(config, task_runner_class=RecurrentTaskRunner)
+    except PreflightError:
+        raise
+    except Exception:
+        # A lost node may show first as an error from one of its actors or peers, before Ray declares the node dead
+        # (missed health checks): on a run over several nodes, give the watch that long to name it.
+        if len(watch.seen_alive) > 1:
+            print(f"[memagent] the run failed; looking {LOSS_CONFIRM_S:.0f} s for a lost Ray node", file=sys.stderr)
+            if watch.lost.wait(LOSS_CONFIRM_S):
+                exit_on_node_lost(str(watch.message))
+        raise
+    finally:
+        watch.stop()
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="memagent_7b", version_base=None)

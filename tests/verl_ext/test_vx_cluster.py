@@ -13,6 +13,8 @@ from vx_helpers import compose_config
 
 from verl_ext.cluster import (
     check_task_runner_node,
+    cluster_address,
+    drop_local_ray_settings,
     other_nodes_problems,
     path_problems,
     resource_problems,
@@ -192,3 +194,34 @@ def test_the_other_nodes_are_asked_by_a_task_pinned_to_each(tmp_path):
         f"{tmp_path / 'on-the-head-node-only'} is not a model folder here (no config.json); the launching node "
         "resolved it, so it must be on storage every node reads at the same path"
     ]
+
+
+@pytest.mark.parametrize(
+    ("environ", "overrides", "joins"),
+    [
+        ({}, [], None),  # no address: the run starts its own Ray
+        ({"RAY_ADDRESS": "local"}, [], None),  # Ray's word for the same
+        ({"RAY_ADDRESS": "10.0.0.1:6379"}, [], "10.0.0.1:6379"),
+        ({"RAY_ADDRESS": "auto"}, [], "auto"),  # the head node's running cluster (README)
+        ({}, ["+ray_kwargs.ray_init.address=10.0.0.2:6379"], "10.0.0.2:6379"),
+    ],
+)
+def test_joining_a_cluster_drops_the_size_of_a_local_ray(environ, overrides, joins):
+    """ray.init refuses num_cpus / num_gpus when it joins a running cluster; the CPU config sets both for the Ray it
+    starts on one machine (16 CPUs, 2 fake GPUs), so a cluster launch with the CPU config leaves them out."""
+    config = compose_config("tiny_cpu", overrides)
+    assert cluster_address(config, environ) == joins
+    dropped = drop_local_ray_settings(config, environ)
+    ray_init = config.ray_kwargs.ray_init
+    if joins is None:
+        assert dropped == [] and (ray_init.num_cpus, ray_init.num_gpus) == (16, 2)
+    else:
+        assert dropped == ["num_cpus", "num_gpus"]
+        assert "num_cpus" not in ray_init and "num_gpus" not in ray_init
+        assert ray_init.runtime_env.env_vars.VERL_PLATFORM == "cpu"  # the rest stays
+
+
+def test_the_gpu_configs_leave_the_cluster_to_size_itself():
+    config = paper_7b()
+    assert config.ray_kwargs.ray_init.num_cpus is None  # verl's default: Ray counts the node
+    assert drop_local_ray_settings(config, {"RAY_ADDRESS": "auto"}) == []
