@@ -13,6 +13,7 @@ constants are calibrated (``verl_ext.cost_calibration``).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -110,9 +111,10 @@ DEVICES = {
     kind: Device(f"{name} ({peak / 1e12:g} TFLOP/s dense bf16, {bandwidth / 1e12:g} TB/s)", peak, bandwidth)
     for kind, (name, peak, bandwidth) in GPU_SPECS.items()
 } | {
-    # One rank of this project's CPU machine, fp32: calibrated, not a data sheet (docs/cluster.md, "Calibrated on
-    # the CPU trainer"): the whole "peak" is the effective rate, so its utilisation is 1.
-    "cpu": Device("CPU rank (calibrated, fp32)", 1.0e9, 1e15, 0.05, calibrated=True),
+    # One rank of this project's 2-core CPU machine, fp32: fitted on the replication's step (docs/cluster.md,
+    # "Calibrated on the CPU trainer"), not a data sheet: the "peak" is the effective rate (utilisation 1), and a
+    # decode step's fixed time stands for the CPU server's per-token work (the bandwidth term is left out).
+    "cpu": Device("CPU rank (calibrated, fp32)", 8.33e9, 1e15, 0.111, calibrated=True),
 }
 
 
@@ -215,19 +217,25 @@ def micro_batches(
     longest = max((n for share in per_rank for n in share), default=0)
     if longest > max_tokens:
         raise ValueError(f"a row of {longest} tokens exceeds the micro-batch budget of {max_tokens} tokens")
-    distinct = sorted({tuple(sorted(share, reverse=True)) for share in per_rank})
+    distinct = sorted({tuple(sorted(share, reverse=True)) for share in per_rank}, key=sum, reverse=True)
     count = max(min(len(share), math.ceil(sum(share) / max_tokens)) for share in distinct)
     fewest = min(len(share) for share in distinct)
-    while True:
+    while True:  # verl's loop: the first count at which every rank's partition fits; a failing rank is tried first
         if count > fewest:
             raise ValueError(f"{count} micro-batches within {max_tokens} tokens, but a rank holds only {fewest} rows")
-        cut = {share: _balanced_parts(share, count) for share in distinct}
-        if all(sum(mb) <= max_tokens for parts in cut.values() for mb in parts):
-            return [cut[tuple(sorted(share, reverse=True))] for share in per_rank]
+        failing = next(
+            (i for i, share in enumerate(distinct) if max(map(sum, _balanced_parts(share, count))) > max_tokens), None
+        )
+        if failing is None:
+            return [_balanced_parts(tuple(sorted(share, reverse=True)), count) for share in per_rank]
+        distinct.insert(0, distinct.pop(failing))
         count += 1
 
 
+@functools.lru_cache(maxsize=4096)
 def _balanced_parts(lengths: tuple[int, ...], count: int) -> list[list[int]]:
+    """verl's partition of these rows into ``count`` micro-batches (cached: the old log-prob and reference passes cut
+    the same shards with the same budget by default)."""
     from verl.utils.seqlen_balancing import calculate_workload, get_seqlen_balanced_partitions
 
     parts = get_seqlen_balanced_partitions([calculate_workload(n) for n in lengths], count, equal_size=False)

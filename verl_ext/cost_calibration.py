@@ -19,12 +19,11 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 from omegaconf import DictConfig, OmegaConf
 
 from verl_ext.cost import PHASES, TRAINING_PHASES, Cluster, Device, StepCost, step_cost
-from verl_ext.cost_report import CostInputs, train_file
+from verl_ext.cost_report import CostInputs, default_args, train_file
 
 UNIT = Device("unit: FLOP and decode steps", 1.0, 1e30, 0.0)
 
@@ -70,18 +69,12 @@ def read_run(run_dir: Path) -> tuple[DictConfig, list[MeasuredStep]]:
 
 def modelled(config: DictConfig, step: MeasuredStep) -> StepCost:
     """The model on a unit device for one measured step (its prompts, its measured generated lengths)."""
-    args = SimpleNamespace(
+    args = default_args(
         data=train_file(config),
         step=step.step,
-        tokenizer=None,
         memory_tokens=step.memory_tokens,
         answer_tokens=step.answer_tokens,
-        question_tokens=0,
-        context_tokens=0,
         device="cpu",
-        devices=None,
-        utilisation=[],
-        bandwidth_efficiency=1.0,
     )
     inputs = CostInputs(config, args)
     cluster = Cluster(UNIT, inputs.cluster.devices, dict.fromkeys(PHASES, 1.0), 1.0)

@@ -22,6 +22,7 @@ from verl_ext.cost import (
     ESTIMATED_QWEN_TEMPLATE_TOKENS,
     PAPER_CONTEXT_TOKENS,
     PHASES,
+    TRAINING_PHASES,
     Cluster,
     Documents,
     Generated,
@@ -32,6 +33,7 @@ from verl_ext.cost import (
 )
 
 GPU_UTILISATION = 0.4  # of dense peak, every phase: an assumption until measured (docs/cluster.md)
+REPORTABLE = (*TRAINING_PHASES, "step")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,6 +57,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"share of peak FLOP/s (GPU default {GPU_UTILISATION}; phases: {', '.join(PHASES)})",
     )
     group.add_argument("--bandwidth-efficiency", type=float, default=0.7, help="decode's share of memory bandwidth")
+    group.add_argument(
+        "--reported",
+        action="append",
+        default=[],
+        metavar="PHASE=SECONDS",
+        help=f"a measured time to set beside the model ({', '.join(REPORTABLE)}): the utilisation that reconciles it",
+    )
+
+
+def default_args(**values: Any) -> argparse.Namespace:
+    """The command line's defaults (``--context-tokens`` is the plan's own option), with ``values`` set."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args([])
+    args.context_tokens = PAPER_CONTEXT_TOKENS
+    for name, value in values.items():
+        if not hasattr(args, name):
+            raise TypeError(f"no cost argument {name!r}")
+        setattr(args, name, value)
+    return args
 
 
 def model_folder(config: DictConfig) -> str | None:
@@ -146,6 +168,22 @@ def utilisation(values: Sequence[str], default: float) -> dict[str, float]:
     return out
 
 
+def reported_times(values: Sequence[str]) -> dict[str, float]:
+    """``--reported update_actor=2100``: measured seconds by phase (or ``step``)."""
+    out = {}
+    for value in values:
+        phase, _, number = value.partition("=")
+        if phase not in REPORTABLE:
+            raise ValueError(f"--reported {value}: PHASE=SECONDS, phase one of {', '.join(REPORTABLE)}")
+        try:
+            out[phase] = float(number)
+        except ValueError:
+            raise ValueError(f"--reported {value}: {number!r} is not a number of seconds") from None
+        if out[phase] <= 0:
+            raise ValueError(f"--reported {value}: seconds must be positive")
+    return out
+
+
 def cluster_from(config: DictConfig, args: argparse.Namespace) -> Cluster:
     kind = args.device or ("cpu" if str(config.trainer.get("device", "cuda")) == "cpu" else "h100")
     devices = args.devices or int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
@@ -197,6 +235,7 @@ class CostInputs:
         given = args.memory_tokens is not None or args.answer_tokens is not None
         self.generated = Generated(memory, answer, "given" if given else "the caps, an upper bound")
         self.cluster = cluster_from(config, args)
+        self.reported = reported_times(args.reported)
 
     def trajectories(self) -> list[list[Turn]]:
         return [
@@ -240,14 +279,28 @@ def report(config: DictConfig, inputs: CostInputs, cost: StepCost) -> list[str]:
     for phase in cost.phases.values():
         if phase.flops == 0:
             lines.append(
-                f"{phase.name:>20}  {'-':>9} {'-':>9} {'-':>7} {'-':>10} {'-':>9} {0:9.1f} {0:6.0%}  "
+                f"{phase.name:>20}  {'-':>9} {'-':>9} {'-':>7} {'-':>10} {'-':>9} {0:9.4g} {0:6.0%}  "
                 + "; ".join(phase.notes)
             )
             continue
         lines.append(
             f"{phase.name:>20}  {count(phase.tokens):>9} {count(phase.computed_tokens):>9} {phase.padding:7.1%} "
-            f"{phase.micro_batches or '-':>10} {phase.flops:9.3g} {phase.seconds:9.1f} {phase.seconds / total:6.0%}"
+            f"{phase.micro_batches or '-':>10} {phase.flops:9.3g} {phase.seconds:9.4g} {phase.seconds / total:6.0%}"
             + ("  " + "; ".join(phase.notes) if phase.notes else "")
         )
-    lines.append(f"{'step (modelled)':>20}  {total:60.1f}  (weight sync, reward, advantage not modelled)")
+    lines.append(f"{'step (modelled)':>20}  {total:60.4g}  (weight sync, reward, advantage not modelled)")
+    for phase, seconds in inputs.reported.items():
+        if phase == "step":
+            lines.append(f"{'reported step':>20}: {seconds:g} s, {seconds / total:.3g} x the modelled {total:.4g} s")
+            continue
+        modelled = cost.phases[phase].seconds
+        if modelled == 0:
+            lines.append(f"{'reported ' + phase:>20}: {seconds:g} s, but the model runs no such pass")
+            continue
+        # FLOP-bound: time is inversely proportional to utilisation.
+        reconciling = cluster.utilisation[phase] * modelled / seconds
+        lines.append(
+            f"{'reported ' + phase:>20}: {seconds:g} s against {modelled:.4g} s modelled: utilisation "
+            f"{reconciling:.3g} reconciles them"
+        )
     return lines

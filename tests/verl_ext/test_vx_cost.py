@@ -4,7 +4,6 @@ own session, verl's own micro-batch cutter, the tokenizer)."""
 
 from __future__ import annotations
 
-import argparse
 from types import SimpleNamespace
 
 import numpy as np
@@ -110,20 +109,7 @@ def tiny_step(tiny_model_dir, overrides: list[str], **args):
             *overrides,
         ],
     )
-    namespace = argparse.Namespace(
-        context_tokens=150,
-        data=None,
-        step=1,
-        tokenizer=None,
-        memory_tokens=None,
-        answer_tokens=None,
-        question_tokens=10,
-        device=None,
-        devices=None,
-        utilisation=[],
-        bandwidth_efficiency=0.7,
-    )
-    vars(namespace).update(args)
+    namespace = cost_report.default_args(context_tokens=150, question_tokens=10, **args)
     inputs = cost_report.CostInputs(config, namespace)
     unit = Cluster(Device("unit", 1.0, 1e30), 2, dict.fromkeys(PHASES, 1.0))
     return inputs, step_cost(config, inputs.shape, inputs.trajectories(), unit)
@@ -221,6 +207,8 @@ def test_documents_are_read_through_the_memory_agent(tiny_model_dir, tiny_tokeni
         (["--utilisation", "decode=0.3"], "--utilisation decode=0.3: phase must be one of gen, old_log_prob"),
         (["--utilisation", "1.5"], "--utilisation 1.5: a share of peak must be in (0, 1]"),
         (["--step", "0"], "--step 0: steps count from 1"),
+        (["--reported", "gen=100"], "--reported gen=100: PHASE=SECONDS, phase one of old_log_prob, ref, update_actor"),
+        (["--reported", "step=-1"], "--reported step=-1: seconds must be positive"),
     ],
 )
 def test_bad_cost_inputs_exit_2_with_the_reason(capsys, argv, message):
@@ -266,3 +254,19 @@ def test_a_shape_needs_a_local_folder_or_a_published_one():
     assert cost_report.model_shape(compose("memagent_7b", []), None)[0] == ModelShape(
         "Qwen2.5-7B-Instruct", 3584, 28, 28, 4, 128, 18944, 152064, False
     )
+
+
+def test_the_reported_time_and_the_utilisation_that_reconciles_it(capsys, tiny_model_dir):
+    """Setting the utilisation the plan says reconciles a reported update time makes the modelled update that long
+    (a FLOP-bound pass: time inversely proportional to utilisation)."""
+    from verl_ext.plan import main
+
+    base = ["--config-name", "tiny_cpu", f"actor_rollout_ref.model.path={tiny_model_dir}", "--device", "h100"]
+    main([*base, "--reported", "update_actor=0.002", "--reported", "step=1"])
+    out = capsys.readouterr().out.splitlines()
+    line = next(x for x in out if x.startswith("reported update_actor: 0.002 s against"))
+    reconciling = line.split("utilisation ")[1].split()[0]
+    assert any(x.startswith("       reported step: 1 s, ") for x in out)
+    main([*base, "--utilisation", f"update_actor={reconciling}"])
+    update = next(x for x in capsys.readouterr().out.splitlines() if x.split()[:1] == ["update_actor"])
+    assert float(update.split()[6]) * 1e3 == pytest.approx(2.0, rel=0.01)  # seconds, to 3 digits of utilisation
