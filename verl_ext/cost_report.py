@@ -107,7 +107,7 @@ def memory_config(config: DictConfig) -> Any:
     return MemoryConfig(**OmegaConf.to_container(config.recurrent.config, resolve=True))
 
 
-def template_lengths(budgets: Any, tokenizer: Any | None) -> TemplateLengths:
+def template_lengths(budgets: Any, tokenizer: Any | None, source: str = "its tokenizer") -> TemplateLengths:
     if tokenizer is None:
         return TemplateLengths(
             *ESTIMATED_QWEN_TEMPLATE_TOKENS, "estimated for Qwen2.5's chat format: no tokenizer here"
@@ -119,7 +119,7 @@ def template_lengths(budgets: Any, tokenizer: Any | None) -> TemplateLengths:
         workflow.memory_ids_template.length,
         workflow.final_ids_template.length,
         len(workflow.no_memory_ids),
-        "counted with the model's tokenizer",
+        f"counted with {source}",
     )
 
 
@@ -206,7 +206,8 @@ class CostInputs:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
-        self.templates = template_lengths(self.budgets, tokenizer)
+        where = "the model's tokenizer" if args.tokenizer is None else f"the tokenizer of {args.tokenizer}"
+        self.templates = template_lengths(self.budgets, tokenizer, where)
         if args.step < 1:
             raise ValueError(f"--step {args.step}: steps count from 1")
         prompts = int(config.data.train_batch_size)

@@ -270,3 +270,11 @@ def test_the_reported_time_and_the_utilisation_that_reconciles_it(capsys, tiny_m
     main([*base, "--utilisation", f"update_actor={reconciling}"])
     update = next(x for x in capsys.readouterr().out.splitlines() if x.split()[:1] == ["update_actor"])
     assert float(update.split()[6]) * 1e3 == pytest.approx(2.0, rel=0.01)  # seconds, to 3 digits of utilisation
+
+
+def test_verls_own_row_counting_makes_its_own_updates(tiny_model_dir):
+    # recurrent.minibatch=rows: ppo_mini_batch_size x n = 1 x 2 rows an update; 16 rows make 8 updates, every row once.
+    _, rows = tiny_step(tiny_model_dir, ["recurrent.minibatch=rows", "actor_rollout_ref.model.use_remove_padding=true"])
+    _, trajectory = tiny_step(tiny_model_dir, ["actor_rollout_ref.model.use_remove_padding=true"])
+    assert "8 updates" in rows.phases["update_actor"].notes[0]
+    assert rows.phases["update_actor"].flops == trajectory.phases["update_actor"].flops
