@@ -12,7 +12,7 @@ hub id already in the Hugging Face cache): a local ``transformers serve`` is sta
 end. With ``URL`` (and ``API_KEY``) the endpoint is used as is: a local vLLM server, an online service or an
 Azure deployment. The API key is never printed.
 
-The memory agent is the one of ``recurrent.impls.memory`` (the prompts the released checkpoints were trained
+The memory agent is the one of ``recurrent.agents.memory`` (the prompts the released checkpoints were trained
 with, the boxed final answer as in the original quickstart). The document is cut into ``--chunk``-token chunks
 with the model's tokenizer; ``--max-new`` caps both every memory update and the answer, as the original does.
 """
@@ -167,9 +167,9 @@ def _any_case(text: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from recurrent.agents.memory import inference_workflow
     from recurrent.async_manager import run_session
     from recurrent.client import OpenAIChatClient
-    from recurrent.impls.memory import inference_workflow
     from recurrent.models import KNOWN_MODELS, ModelNotAvailableError, load_tokenizer, resolve_model_path
     from recurrent.serving import transformers_serve
     from recurrent.trace import TraceWriter

@@ -6,7 +6,7 @@ What a training step does to one prompt, with the project's own pieces and verl'
 
 1. the run config (``configs/tiny_cpu.yaml``: the paper's algorithm at tiny sizes) and the tiny offline model;
 2. one question about a document of several chunks, rolled out ``n`` times by the memory agent
-   (``recurrent/impls/memory.py``) in lockstep rounds (``recurrent/lockstep.py``, fed to verl's token server by
+   (``recurrent/agents/memory.py``) in lockstep rounds (``recurrent/lockstep.py``, fed to verl's token server by
    ``verl_ext/lockstep.py``): each chunk is a fresh conversation whose reply overwrites the memory, then the
    final answer;
 3. the reward of each trajectory's final answer (the run's reward function; the strict verdict beside it);
@@ -37,7 +37,7 @@ from taskutils.verifiers.strict import compute_score as strict_score
 from verl_ext.cpu.hf_server import HFTokenServer
 from verl_ext.lockstep import Trajectory, run_trajectories
 from verl_ext.plan import compose
-from verl_ext.rollout import MemoryRollout
+from verl_ext.rollout import AgentRollout
 
 QUESTION = "What is the magic number?"
 CONTEXT = "The river city was born in the year of the film. " * 6 + "The magic number is 42. " + "It rained. " * 20
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"[1] config tiny_cpu, model {model_dir} ({sum(p.numel() for p in model.parameters()):,} parameters)")
 
     # 2. Roll the prompt out n times: memory turns chunk by chunk, then the answer.
-    rollout = MemoryRollout.get(config, tokenizer)
+    rollout = AgentRollout.get(config, tokenizer)
     sample = {"uid": "prompt0", "prompt": QUESTION, "context": CONTEXT}
     params = {"temperature": 1.0, "logprobs": True}
     trajectories = [Trajectory(sample, s, {**params, "seed": args.seed + s}) for s in range(args.n)]

@@ -1,4 +1,5 @@
-"""The async manager: one coroutine per sample, each driving its :class:`Session` through a :class:`ChatClient`.
+"""The async manager: one coroutine per sample, each driving its episode (a :class:`Session` or an agent function's run)
+through a :class:`ChatClient`.
 
 Samples finish independently (no batch barrier): a sample with a short document is done while
 another is still reading. The client bounds in-flight requests; the manager may also bound how many samples
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from recurrent.interface import ChatClient, Reply, Session, Turn, TurnRecord
+from recurrent.interface import ChatClient, Episode, Reply, Turn, TurnRecord
 from recurrent.trace import TraceWriter
 
 if TYPE_CHECKING:
@@ -32,35 +33,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _stop_requested() -> bool:
-    """Whether the current task has been asked to stop (a cancellation may be pending, not yet delivered: a
-    client call that returned without awaiting again never raised it)."""
-    task = asyncio.current_task()
-    cancelling = getattr(task, "cancelling", None)  # Python 3.11+
-    return bool(cancelling and cancelling())
-
-
 async def run_session(
-    session: Session,
+    session: Episode,
     client: ChatClient,
     sampling: dict[str, Any] | None = None,
     on_turn: Callable[[Turn, Reply], None] | None = None,
     final_sampling: dict[str, Any] | None = None,
-) -> Session:
-    """Drive one session to its end: ask for the next turn, call the model, hand the reply back, then tell
-    ``on_turn`` (the quickstart prints there). The one turn loop of every asynchronous caller. A session whose
-    task was cancelled stops between turns, even if the cancellation arrived together with a reply.
-    ``final_sampling`` is merged over ``sampling`` for turns flagged final (the server's client-given stop
-    strings shape the answer, not the memory)."""
-    sampling = sampling or {}
-    final = {**sampling, **(final_sampling or {})}
-    while (turn := session.next_turn()) is not None:
-        reply = await client.chat(turn.messages, turn.max_tokens, **(final if turn.final else sampling))
-        if _stop_requested():
-            raise asyncio.CancelledError("cancelled between turns")
-        session.record(reply)
-        if on_turn is not None:
-            on_turn(turn, reply)
+) -> Episode:
+    """Drive one episode (a session or an agent function's run) to its end and return it: the one per-sample
+    driver of every asynchronous caller (training, the harness, the endpoint, the quickstart). ``on_turn`` is told
+    of every finished model call (the quickstart prints there). ``final_sampling`` is merged over ``sampling`` for
+    turns flagged final (the server's client-given stop strings shape the answer, not the memory)."""
+    await session.run(client, sampling, final_sampling, on_turn)
     return session
 
 
@@ -86,7 +70,7 @@ def reduce_timings(timings: Sequence[dict[str, float]]) -> dict[str, float]:
     return {key: total / counts[key] if key.endswith("_mean") else total for key, total in sums.items()}
 
 
-def check_finished(session: Session) -> None:
+def check_finished(session: Episode) -> None:
     """A finished session has at least one turn, and no turn flagged final before its last one (its last turn
     is the row the reward is computed on, flagged in advance or not)."""
     flagged = [i for i, rec in enumerate(session.history) if rec.turn.final]
@@ -101,7 +85,7 @@ def check_finished(session: Session) -> None:
 class AsyncRollout:
     """The outcome of a batch of sessions, in input order."""
 
-    sessions: list[Session]
+    sessions: list[Episode]
     seconds: list[float]  # wall time of each sample (queueing for a session slot excluded)
     errors: list[BaseException | None]  # the error of each failed sample, None for the others
     records: list[TurnRecord]  # the rows: every turn of every successful sample, sample-major
@@ -122,7 +106,7 @@ class AsyncRollout:
         return sum(error is not None for error in self.errors)
 
 
-def _collect(sessions: list[Session], seconds: list[float], errors: list[BaseException | None]) -> AsyncRollout:
+def _collect(sessions: list[Episode], seconds: list[float], errors: list[BaseException | None]) -> AsyncRollout:
     import torch  # here, not at import: clients that only chat (the eval harness, the quickstart) never load it
 
     records: list[TurnRecord] = []
@@ -175,7 +159,7 @@ class AsyncGenerationManager:
 
     async def run(
         self,
-        sessions: list[Session],
+        sessions: list[Episode],
         sampling: dict[str, Any] | None = None,
         ids: list[Any] | None = None,
         *,
@@ -228,7 +212,7 @@ class AsyncGenerationManager:
 
 
 def run_sessions(
-    sessions: list[Session],
+    sessions: list[Episode],
     client: ChatClient,
     sampling: dict[str, Any] | None = None,
     ids: list[Any] | None = None,

@@ -238,8 +238,11 @@ class OpenAIChatClient:
     def _redact(self, text: str) -> str:
         return text.replace(self._api_key, "***") if self._api_key else text
 
-    async def chat(self, messages: list[dict[str, str]], max_tokens: int, **sampling: Any) -> Reply:
-        """One chat completion. ``sampling``: temperature, top_p, seed, stop, ... (merged over the defaults)."""
+    async def chat(
+        self, messages: list[dict[str, str]], max_tokens: int, *, prompt_ids: list[int] | None = None, **sampling: Any
+    ) -> Reply:
+        """One chat completion. ``sampling``: temperature, top_p, seed, stop, ... (merged over the defaults).
+        ``prompt_ids`` is ignored: the endpoint applies its chat template to ``messages`` itself."""
         client, semaphore = self._bind()
         sampling = {**self.default_sampling, **sampling}
         request = self._request(messages, max_tokens, sampling)

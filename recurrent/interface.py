@@ -1,27 +1,34 @@
-"""The contracts of the multi-conversation workflow framework.
+"""The contracts of the agent framework: what an agent is, what one model call is, how agents are registered.
 
-A *workflow* (the memory agent, a tool agent, ...) is written once, as a per-sample :class:`Session`: a small
-state machine that says what the next model call is (:meth:`Session.next_turn`) and consumes its reply
-(:meth:`Session.record`). Every turn is its own conversation (its own prompt and response), which becomes
-its own training row. The managers drive sessions without knowing what they do:
+An *agent* (a workflow: the memory agent, a tool agent, ...) is written once, in either of two forms, and then
+trains (verl_ext), evaluates (taskutils.memory_eval) and serves (recurrent.serve) through the same generic layers:
 
-- sync mode (:mod:`recurrent.lockstep`): all samples of a batch advance one turn at a time, in lockstep rounds,
-  through any ``generate(i, turn) -> Reply`` coroutine (training: verl's token servers, via ``verl_ext``).
-- async mode (:mod:`recurrent.async_manager`): one coroutine per sample against a :class:`ChatClient`
-  (the ``openai`` async client for HTTP endpoints; verl's server manager in ``verl_ext``).
+- **a function** (:mod:`recurrent.functions`): ``async def agent(sample, client, config) -> answer``, plain code
+  that calls the model through an OpenAI-style :class:`ChatClient` as often as it likes, with any control flow;
+- **a session** (:class:`Session`): a small state machine that says what the next model call is
+  (:meth:`Session.next_turn`) and consumes its reply (:meth:`Session.record`). Only this form can also run in
+  lockstep rounds (sync mode, :mod:`recurrent.lockstep`), the schedule of the paper's released training runs.
 
-A :class:`Turn` carries the prompt both as chat ``messages`` (for OpenAI-style endpoints that apply the
-chat template themselves) and, when the workflow can build it, as ``prompt_ids`` in token space (for
-token-in backends: no decode and re-encode of long chunks).
+Either way one sample's run is an :class:`Episode`: every model call in order (a :class:`TurnRecord`), each call
+one training row, the last call the answer that the reward scores. The drivers run episodes without knowing what
+they do: one coroutine per sample against a :class:`ChatClient` (:func:`recurrent.async_manager.run_session`), or
+lockstep rounds for sessions.
+
+A :class:`Turn` carries the prompt both as chat ``messages`` (for OpenAI-style endpoints that apply the chat
+template themselves) and, when the workflow can build it, as ``prompt_ids`` in token space (for token-in
+backends: no decode and re-encode of long chunks).
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
+import pkgutil
 import sys
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -56,6 +63,10 @@ class Reply:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     seconds: float = 0.0
+    # Token backends (training): the exact prompt ids the backend received and its own output (verl's TokenOutput:
+    # log-probs, weight versions), from which the call's training row is built.
+    prompt_ids: list[int] | None = None
+    backend_output: Any = None
 
 
 @dataclass
@@ -66,24 +77,37 @@ class TurnRecord:
     reply: Reply
 
 
-class Session(ABC):
-    """One sample's workflow: the single definition that sync and async modes both run."""
-
-    @abstractmethod
-    def next_turn(self) -> Turn | None:
-        """The next model call, or ``None`` when the session is finished."""
-
-    @abstractmethod
-    def record(self, reply: Reply) -> None:
-        """Consume the reply to the turn last returned by :meth:`next_turn`."""
+class Episode(ABC):
+    """One sample's run of an agent: its model calls in order. The last call is the answer (the reward's row)."""
 
     @property
     @abstractmethod
     def history(self) -> list[TurnRecord]:
-        """Every finished turn, in order; the last one is final when the session is complete."""
+        """Every finished model call, in order."""
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run has ended with its answer."""
+        return bool(self.history)
+
+    @abstractmethod
+    async def run(
+        self,
+        client: ChatClient,
+        sampling: dict[str, Any] | None = None,
+        final_sampling: dict[str, Any] | None = None,
+        on_turn: Callable[[Turn, Reply], None] | None = None,
+    ) -> None:
+        """Run the episode to its end against ``client``, calling ``on_turn`` after every model call.
+        ``final_sampling`` is merged over ``sampling`` for calls known in advance to be the answer (sessions)."""
+
+    @property
+    def answer(self) -> str | None:
+        """The answer: the last call's reply, once finished."""
+        return self.history[-1].reply.text if self.finished else None
 
     def trace(self) -> dict[str, Any]:
-        """A JSON-serializable summary of this session for memory traces (override to add more)."""
+        """A JSON-serializable summary of this run for traces (override to add more)."""
         return {
             "turns": [
                 {
@@ -100,55 +124,193 @@ class Session(ABC):
         }
 
 
-class ChatClient(Protocol):
-    """An OpenAI-style chat endpoint: messages in, text out (async)."""
+class Session(Episode):
+    """An episode written as a state machine: the one form that both the async and the lockstep driver run."""
 
-    async def chat(self, messages: list[dict[str, str]], max_tokens: int, **sampling: Any) -> Reply: ...
+    @abstractmethod
+    def next_turn(self) -> Turn | None:
+        """The next model call, or ``None`` when the session is finished."""
+
+    @abstractmethod
+    def record(self, reply: Reply) -> None:
+        """Consume the reply to the turn last returned by :meth:`next_turn`."""
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.history) and self.history[-1].turn.final
+
+    async def run(
+        self,
+        client: ChatClient,
+        sampling: dict[str, Any] | None = None,
+        final_sampling: dict[str, Any] | None = None,
+        on_turn: Callable[[Turn, Reply], None] | None = None,
+    ) -> None:
+        """The turn loop: ask for the next turn, call the model, hand the reply back. A session whose task was
+        cancelled stops between turns, even if the cancellation arrived together with a reply."""
+        sampling = sampling or {}
+        final = {**sampling, **(final_sampling or {})}
+        while (turn := self.next_turn()) is not None:
+            # prompt_ids only when built: an OpenAI-style client that does not know the keyword never sees it.
+            extra = {} if turn.prompt_ids is None else {"prompt_ids": turn.prompt_ids}
+            reply = await client.chat(turn.messages, turn.max_tokens, **extra, **(final if turn.final else sampling))
+            if stop_requested():
+                raise asyncio.CancelledError("cancelled between turns")
+            self.record(reply)
+            if on_turn is not None:
+                on_turn(turn, reply)
+
+
+def stop_requested() -> bool:
+    """Whether the current task has been asked to stop (a cancellation may be pending, not yet delivered: a client
+    call that returned without awaiting again never raised it)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+    return bool(cancelling and cancelling())
+
+
+class ChatClient(Protocol):
+    """An OpenAI-style chat endpoint: messages in, text out (async).
+
+    ``prompt_ids``, when given, is the same prompt already in token space, chat template included: a token-in
+    backend (training) sends it instead of templating ``messages``; an HTTP endpoint ignores it."""
+
+    async def chat(
+        self, messages: list[dict[str, str]], max_tokens: int, *, prompt_ids: list[int] | None = None, **sampling: Any
+    ) -> Reply: ...
+
+
+@dataclass(frozen=True)
+class RowWidths:
+    """The longest prompt and the largest ``max_tokens`` of any model call of an agent, in tokens (chat template
+    included), and the settings that make them, named in the error when they do not fit a trainer's rows."""
+
+    prompt: int
+    response: int
+    made_of: str  # e.g. "template 213 + question max_prompt_length=64 + chunk chunk_size=64 + memory 32"
 
 
 class Workflow(ABC):
-    """A workflow implementation: built once per config and tokenizer, it makes one session per sample."""
+    """An agent, built once per config and tokenizer: it makes one :class:`Episode` per sample.
+
+    Besides :meth:`episode`, an agent may say the widest call it can make (checked against a trainer's row widths);
+    the columns it reads are declared with its registration (:class:`WorkflowRegistration`), so that they can be
+    checked before any tokenizer is loaded."""
 
     def __init__(self, config: WorkflowConfig, tokenizer: Any) -> None:
         self.config = config
         self.tokenizer = tokenizer
 
     @abstractmethod
+    def episode(self, sample: dict[str, Any]) -> Episode:
+        """The episode of one sample (a row: a dict of columns). Missing columns raise a KeyError naming them. May
+        be expensive (a long document is tokenized here): callers with an event loop run it in a worker thread."""
+
+    def row_widths(self) -> RowWidths | None:
+        """The widest model call this agent can make, or None when it cannot say (calls are then checked one by
+        one, as they are made)."""
+        return None
+
+
+class SessionWorkflow(Workflow):
+    """A workflow written as sessions (state machines), which the lockstep driver can also run."""
+
+    @abstractmethod
     def session(self, sample: dict[str, Any]) -> Session:
         """The session of one sample (a row: a dict of columns). Missing columns raise a KeyError naming them."""
+
+    def episode(self, sample: dict[str, Any]) -> Episode:
+        return self.session(sample)
+
+
+Columns = tuple[str, ...] | Callable[[Any], tuple[str, ...]]  # fixed, or read from the agent's config
 
 
 @dataclass(frozen=True)
 class WorkflowRegistration:
-    """What a workflow implementation exports as ``REGISTER``: its name, config class and workflow class."""
+    """What an agent's module exports as ``REGISTER``: its name, its config class, how it is built, what it reads.
+
+    ``build(config, tokenizer)`` makes the agent for training (prompts in token space where it can build them);
+    ``inference(tokenizer, **options)``, where given, makes it for evaluation and serving behind an OpenAI-style
+    endpoint (the memory agent's paper settings: recurrent/agents/memory.py); without it, inference builds the
+    agent from ``config_cls(**options)`` like training does. ``columns``: what every sample must hold (a trainer
+    checks its data files for them); ``large_columns``: what is too large to copy into every training row."""
 
     name: str
     config_cls: type[WorkflowConfig]
-    workflow_cls: type[Workflow]
+    build: Callable[[WorkflowConfig, Any], Workflow]
+    inference: Callable[..., Workflow] | None = None
+    columns: Columns = ()
+    large_columns: Columns = ()
+    # How many model calls one sample makes, from facts about it (keywords; the memory agent reads
+    # context_tokens, a document's length): what a step plan counts rows with (verl_ext/plan.py). None: unknown.
+    calls_per_sample: Callable[..., int] | None = None
+
+    def columns_of(self, config: WorkflowConfig) -> tuple[str, ...]:
+        return tuple(self.columns(config) if callable(self.columns) else self.columns)
+
+    def large_columns_of(self, config: WorkflowConfig) -> tuple[str, ...]:
+        return tuple(self.large_columns(config) if callable(self.large_columns) else self.large_columns)
+
+    def make_config(self, values: Mapping[str, Any] | None = None) -> WorkflowConfig:
+        """The agent's config from a mapping (a config section), unknown keys named in the error."""
+        values = dict(values or {})
+        known = {f.name for f in fields(self.config_cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(
+                f"agent {self.name!r} ({self.config_cls.__name__}) has no setting {', '.join(map(repr, unknown))}; "
+                f"its settings: {', '.join(sorted(known)) or 'none'}"
+            )
+        return self.config_cls(**values)
+
+    def for_training(self, values: Mapping[str, Any] | None, tokenizer: Any) -> Workflow:
+        return self.build(self.make_config(values), tokenizer)
+
+    def for_inference(self, tokenizer: Any, **options: Any) -> Workflow:
+        if self.inference is not None:
+            return self.inference(tokenizer, **options)
+        return self.build(self.make_config(options), tokenizer)
+
+
+AGENTS_PACKAGE = "recurrent.agents"  # an agent named NAME is the module recurrent.agents.NAME
+
+
+def registered_agents() -> list[str]:
+    """The names of the agents in :data:`AGENTS_PACKAGE` (one module or package each)."""
+    package = importlib.import_module(AGENTS_PACKAGE)
+    return sorted(info.name for info in pkgutil.iter_modules(package.__path__) if not info.name.startswith("_"))
 
 
 def load_register(spec: str, obj_name: str = "REGISTER") -> WorkflowRegistration:
-    """Load a workflow by dotted module path (``recurrent.impls.memory``, ``pkg.mod:OBJ``) or by file path
-    (``path/to/impl.py`` or ``path/to/impl.py:OBJ``). Errors name the file, module or object at fault."""
+    """Load an agent by name (``memory``: the module ``recurrent.agents.memory``), by dotted module path
+    (``pkg.mod``, ``pkg.mod:OBJ``) or by file path (``path/to/agent.py`` or ``path/to/agent.py:OBJ``). Errors name
+    the file, module or object at fault, and for an unknown name the registered ones."""
     target, _, explicit = spec.partition(":")
     obj_name = explicit or obj_name
     if target.endswith(".py") or "/" in target:
         path = Path(target)
         if not path.is_file():
-            raise FileNotFoundError(f"workflow file not found: {path}")
-        module_spec = importlib.util.spec_from_file_location(f"recurrent_workflow_{path.stem}", path)
+            raise FileNotFoundError(f"agent file not found: {path}")
+        module_spec = importlib.util.spec_from_file_location(f"recurrent_agent_{path.stem}", path)
         if module_spec is None or module_spec.loader is None:
-            raise ImportError(f"cannot import workflow file {path}")
+            raise ImportError(f"cannot import agent file {path}")
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[module_spec.name] = module  # dataclasses resolve annotations through sys.modules
         module_spec.loader.exec_module(module)
         where = str(path)
     else:
+        name = f"{AGENTS_PACKAGE}.{target}" if "." not in target else target
         try:
-            module = importlib.import_module(target)
+            module = importlib.import_module(name)
         except ModuleNotFoundError as err:
-            raise ModuleNotFoundError(f"workflow module {target!r} not found: {err}") from err
-        where = target
+            if err.name != name and not name.startswith(f"{err.name}."):
+                raise  # the module exists and one of its own imports is missing
+            known = ", ".join(registered_agents())
+            raise ModuleNotFoundError(
+                f"no agent {target!r}: not a registered agent name ({known}) nor an importable module ({err})"
+            ) from err
+        where = name
     if not hasattr(module, obj_name):
         raise AttributeError(f"{where} has no object {obj_name!r}")
     register = getattr(module, obj_name)

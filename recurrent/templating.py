@@ -8,7 +8,7 @@ segmentation, so the sync training path keeps it.
 
 Slots are ``{name}`` with ``name`` made of ASCII letters only: ``\\boxed{}`` and ``{{}}`` stay literal text,
 braces and all, as in the fork's token templates (which is why the released checkpoints saw ``\\boxed{{}}``:
-``recurrent.impls.memory.FINAL_TEMPLATE_BOXED_RELEASED``, tested in tests/recurrent/test_memory_agent.py).
+``recurrent.agents.memory.FINAL_TEMPLATE_BOXED_RELEASED``, tested in tests/recurrent/test_memory_agent.py).
 """
 
 from __future__ import annotations
@@ -129,3 +129,8 @@ def chat_token_template(tokenizer: Any, message_template: str, system: str | Non
     """
     text = chat_prompt_template(tokenizer, system=system).replace("{message}", message_template)
     return TokenTemplate(text, tokenizer)
+
+
+def render(template: str, **values: str) -> str:
+    """Fill ``{name}`` slots of a prompt in one pass (so braces inside values, or ``\\boxed{}``, are left alone)."""
+    return SLOT.sub(lambda m: values[m.group(1)], template)

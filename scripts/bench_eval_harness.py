@@ -1,6 +1,6 @@
 """Benchmark the evaluation harness's own cost per request, against a server that answers instantly.
 
-The server is ``taskutils.memory_eval.instant_server`` in its own process (a real HTTP/1.1 server; it reports
+The server is ``scripts/instant_server.py`` in its own process (a real HTTP/1.1 server; it reports
 how long it spent on each request, ~0.1 ms), so whatever the harness measures beyond that is client and harness
 overhead. Printed, side by side in one run:
 
@@ -61,8 +61,7 @@ class InstantServerProcess:
         self.port = free_port()
         cmd = [
             sys.executable,
-            "-m",
-            "taskutils.memory_eval.instant_server",
+            str(Path(__file__).with_name("instant_server.py")),
             "--port",
             str(self.port),
             "--served-model-name",
@@ -143,13 +142,13 @@ def bare_run(base_url: str, n: int, limit: int):
 
 
 def harness_run(base_url: str, n: int, limit: int, tokenizer, out_dir: Path):
+    from recurrent.agents.direct import DirectConfig, DirectWorkflow
     from recurrent.trace import TraceWriter
     from taskutils.memory_eval import scoring
-    from taskutils.memory_eval.direct import DirectWorkflow
     from taskutils.memory_eval.results import item_record
     from taskutils.memory_eval.runner import run_items
 
-    workflow = DirectWorkflow(tokenizer, max_input=4096, max_output=16)
+    workflow = DirectWorkflow(DirectConfig(max_input=4096, max_output=16), tokenizer)
     items = [
         {
             "index": i,

@@ -46,9 +46,9 @@ def one_pass(args: argparse.Namespace) -> dict:
     """Run inside a subprocess: one document through the memory agent; print a JSON line of measurements."""
     from transformers import AutoTokenizer
 
+    from recurrent.agents.memory import MemoryConfig, MemoryWorkflow
     from recurrent.async_manager import run_sessions
     from recurrent.client import OpenAIChatClient
-    from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
 
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     document = make_document(tokenizer, args.tokens)

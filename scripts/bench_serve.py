@@ -2,9 +2,9 @@
 agent in process, per request and in memory, up to a 3.5M-token request (docs/third_party_eval.md, "What the
 endpoint costs").
 
-Both paths run the same memory agent (``recurrent.impls.memory.inference_workflow``, the paper's budgets by
+Both paths run the same memory agent (``recurrent.agents.memory.inference_workflow``, the paper's budgets by
 default: 5000-token chunks, 1024-token memory and answer) against the same upstream, an OpenAI-compatible server
-that answers instantly (``taskutils.memory_eval.instant_server``, which reports its own time per call), so what
+that answers instantly (``scripts/instant_server.py``, which reports its own time per call), so what
 separates the two paths is the endpoint's own work: the HTTP hop, reading and parsing the request, the hand-over
 of a long document's tokenization to a worker thread, writing the response. Measured side by side in one run, one
 request at a time, the two paths alternating which goes first (so drift in the machine's load hits both):
@@ -48,9 +48,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from recurrent.agents.memory import inference_workflow  # noqa: E402
 from recurrent.async_manager import run_session  # noqa: E402
 from recurrent.client import OpenAIChatClient  # noqa: E402
-from recurrent.impls.memory import inference_workflow  # noqa: E402
 from recurrent.models import TINY, _english_like_corpus, load_tokenizer, resolve_model_path  # noqa: E402
 from recurrent.serving import free_port, health_probe, managed_server  # noqa: E402
 
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     logs = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     upstream_port, endpoint_port = free_port(), free_port()
     upstream_root = f"http://127.0.0.1:{upstream_port}"
-    upstream_cmd = [sys.executable, "-m", "taskutils.memory_eval.instant_server", "--port", str(upstream_port),
+    upstream_cmd = [sys.executable, str(Path(__file__).with_name("instant_server.py")), "--port", str(upstream_port),
                     "--served-model-name", MODEL]  # fmt: skip
     endpoint_cmd = [
         sys.executable, "-m", "recurrent.serve", "--upstream", f"{upstream_root}/v1", "--model", MODEL,

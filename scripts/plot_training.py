@@ -6,7 +6,7 @@ stdout, the wall time per step with each stage's share (verl's ``timing_s/*``), 
 
 A folder means its ``metrics.N.jsonl`` (earlier runs, kept by ``scripts/train_tiny_cpu.sh`` before a resume) in
 order of N, then ``metrics.jsonl``. Files are merged per step, later files winning. The training reward is the
-final answers' mean reward (``memagent/final/reward/mean``; ``critic/score/mean`` for runs without it).
+final answers' mean reward (``recurrent/final/reward/mean``; ``critic/score/mean`` for runs without it).
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import math
 import re
 from pathlib import Path
 
-REWARD_KEYS = ("memagent/final/reward/mean", "critic/score/mean")
-ACC_KEY = "memagent/final/acc/mean"
+# Metric names before and after the trainer's metrics were named for the framework ("memagent/" in older runs).
+REWARD_KEYS = ("recurrent/final/reward/mean", "memagent/final/reward/mean", "critic/score/mean")
+ACC_KEYS = ("recurrent/final/acc/mean", "memagent/final/acc/mean")
 KL_KEY = "actor/kl_loss"
 # verl's timers inside `timing_s/step` (trainer_base.py fit/_step_once; update_weights: trainer_sync.py).
 STAGES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights", "save_checkpoint")
@@ -68,6 +69,11 @@ def reward_of(data: dict) -> float | None:
     return next((float(data[key]) for key in REWARD_KEYS if key in data), None)
 
 
+def acc_of(data: dict) -> float | None:
+    """The final answers' verdict of one step, under whichever name the run logged it."""
+    return next((float(data[key]) for key in ACC_KEYS if key in data), None)
+
+
 def fmt(value: float | None, width: int = 8) -> str:
     return f"{value:{width}.4f}" if value is not None and math.isfinite(value) else " " * (width - 1) + "-"
 
@@ -80,7 +86,7 @@ def table(steps: dict[int, dict]) -> list[str]:
     lines = [header]
     for step, data in steps.items():
         val = validation(data)
-        line = f"{step:>4} {fmt(reward_of(data))} {fmt(data.get(ACC_KEY))} {fmt(data.get(KL_KEY))} "
+        line = f"{step:>4} {fmt(reward_of(data))} {fmt(acc_of(data))} {fmt(data.get(KL_KEY))} "
         line += fmt(data.get("timing_s/step")) + "".join(f" {fmt(val.get(name), 22)}" for name in val_names)
         lines.append(line)
     return lines
@@ -128,7 +134,7 @@ def plot(steps: dict[int, dict], out: Path) -> None:
     train = [(step, reward_of(data)) for step, data in steps.items() if reward_of(data) is not None]
     if train:
         ax.plot(*zip(*train, strict=True), marker="o", markersize=3, label="train: final-answer reward")
-    acc = [(step, float(data[ACC_KEY])) for step, data in steps.items() if ACC_KEY in data]
+    acc = [(step, acc_of(data)) for step, data in steps.items() if acc_of(data) is not None]
     if acc:
         ax.plot(*zip(*acc, strict=True), linestyle=":", label="train: strict verifier (acc)")
     val_names = sorted({name for data in steps.values() for name in validation(data)})

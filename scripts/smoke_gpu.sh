@@ -72,7 +72,7 @@ fi
 mkdir -p "$OUT_DIR"
 # 16 questions (2 steps of 8) and 4 to validate, each about a document of 2900-3200 filler sentences: ~28K tokens.
 if [[ ! -f "$DATA/train.parquet" || ! -f "$DATA/dev.parquet" ]]; then
-  (cd "$REPO" && "$PYTHON" -m verl_ext.cpu.toy_data --task memory --train 16 --val 4 --sentences 2900 3200 \
+  (cd "$REPO" && "$PYTHON" -m experiments.tiny.data --task memory --train 16 --val 4 --sentences 2900 3200 \
     --out "$DATA" >/dev/null)
 fi
 export VERL_LOGGING_LEVEL=${VERL_LOGGING_LEVEL:-DEBUG} PYTHONUNBUFFERED=1

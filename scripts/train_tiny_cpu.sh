@@ -4,16 +4,18 @@
 #   scripts/train_tiny_cpu.sh [hydra overrides...]
 #
 # TASK=memory (default): our trainer, `python -m verl_ext.main --config-name tiny_cpu` (the entry of the GPU runs:
-#   RecurrentPPOTrainer, the `memory_agent` loop and its agent-loop manager), on a needle-in-a-haystack task made
-#   here (verl_ext/cpu/toy_data.py --task memory: documents of 2-4 chunks) with a dense reward next to the strict
+#   RecurrentPPOTrainer, the `recurrent_agent` loop and its agent-loop manager), on a needle-in-a-haystack task made
+#   here (experiments/tiny/data.py --task memory: documents of 2-4 chunks) with a dense reward next to the strict
 #   verifier. configs/tiny_cpu.yaml carries the whole run; this script adds only what belongs to the machine and
 #   the run folder (model folder, data files, ranks, steps, output folders, Ray temp dir, the environment).
 # TASK=toy: verl's stock `python -m verl.trainer.main_ppo` (trainer.use_v1=True, trainer.v1.trainer_mode=sync) with
-#   the stock `single_turn_agent` loop on a generated copy task (verl_ext/cpu/toy_data.py) and a dense reward
-#   (verl_ext/cpu/toy_reward.py); verl's own config, so the CPU values are passed below.
+#   the stock `single_turn_agent` loop on a generated copy task (experiments/tiny/data.py) and a dense reward
+#   (experiments/tiny/reward.py); verl's own config, so the CPU values are passed below.
 # TASK=needle: our trainer with configs/replicate_cpu.yaml, the RL run of the CPU replication (docs/replication_cpu.md):
 #   needle documents of 1-4 chunks (taskutils/replication/needle.py), the strict reward; MODEL must be the warm
 #   start (python -m taskutils.replication.warm_start). scripts/replicate_cpu.sh calls it this way.
+# CONFIG=<name> (any TASK): our trainer with configs/<name>.yaml, any agent (e.g. CONFIG=calculator_cpu), on
+#   DATA_DIR/train.parquet and DATA_DIR/validation.parquet, which must exist (the config's task makes them).
 # All: GRPO (memory n=4, toy n=2), KL loss against the ref policy, NGPUS FSDP2 ranks on gloo (fake Ray GPUs), the
 # `hf_cpu` transformers rollout, validation before training and after every step, a checkpoint every step
 # (resume_mode=auto; with the Hugging Face model), console + JSONL metrics, rollout and validation dumps. The CPU
@@ -26,6 +28,7 @@
 #   OUT_DIR=...      everything the run writes: data/, checkpoints/, metrics.jsonl (this run; earlier runs
 #                    metrics.N.jsonl), rollout/, validation/, hydra/, train.log (appended across runs), training.png
 #   TASK=memory      memory | toy | needle (see above)
+#   CONFIG=...       a run config of configs/ instead of TASK's (see above); needs DATA_DIR
 #   MODEL=...        model folder (default: the tiny offline model, materialized if missing)
 #   NGPUS=2          FSDP ranks (= fake Ray GPUs)
 #   DATA_DIR=...     the task's data files (default OUT_DIR/data; made there when missing)
@@ -64,6 +67,16 @@ fi
 # Ray's Unix sockets live under its temp dir: keep the path short (108-byte limit), and unique per run.
 RAY_TMP="$(mktemp -d -t rc.XXXXXX)"  # $TMPDIR or /tmp: short enough for Unix sockets
 
+CONFIG="${CONFIG:-}"
+if [[ -n "$CONFIG" ]]; then
+  if [[ ! -f "$REPO/configs/$CONFIG.yaml" ]]; then
+    echo "CONFIG=$CONFIG: no configs/$CONFIG.yaml" >&2; exit 2
+  fi
+  if [[ -z "${DATA_DIR:-}" || ! -f "$DATA_DIR/train.parquet" || ! -f "$DATA_DIR/validation.parquet" ]]; then
+    echo "CONFIG=$CONFIG needs DATA_DIR holding train.parquet and validation.parquet" >&2; exit 2
+  fi
+  TASK=config
+fi
 if [[ "$TASK" == needle && -z "${MODEL:-}" ]]; then
   echo "TASK=needle needs MODEL=<warm-start folder> (python -m taskutils.replication.warm_start --out DIR)" >&2
   exit 2
@@ -76,15 +89,18 @@ case "$TASK" in
   memory) data_args=(--task memory --train 256 --val 4) ;;
   # 2,000 training documents of 1-4 chunks; 8 validation documents at each of 1, 2 and 4 chunks.
   needle) data_args=(--train 2000 --validation 8 --test 0 --eval-chunks 1 2 4 --tokenizer "$MODEL") ;;
+  config) data_args=() ;;
   *) echo "TASK must be toy, memory or needle, got '$TASK'" >&2; exit 2 ;;
 esac
 # Made once per OUT_DIR (deterministic for the seed): a resumed run reads the same files.
-if [[ "$TASK" == needle ]]; then
+if [[ "$TASK" == config ]]; then
+  :  # the config's own data, in DATA_DIR (checked above)
+elif [[ "$TASK" == needle ]]; then
   if [[ ! -f "$DATA/train.parquet" || ! -f "$DATA/validation.parquet" ]]; then
     "$PYTHON" -m taskutils.replication.needle "${data_args[@]}" --out "$DATA" >/dev/null
   fi
 elif [[ ! -f "$DATA/train.parquet" || ! -f "$DATA/val.parquet" ]]; then
-  "$PYTHON" -m verl_ext.cpu.toy_data "${data_args[@]}" --out "$DATA" >/dev/null
+  "$PYTHON" -m experiments.tiny.data "${data_args[@]}" --out "$DATA" >/dev/null
 fi
 
 # --- the machine and the run folder (any task) ----------------------------------------------------------------
@@ -101,7 +117,13 @@ machine_args=(
 )
 
 # --- the task -----------------------------------------------------------------------------------------------
-if [[ "$TASK" == needle ]]; then
+if [[ "$TASK" == config ]]; then
+  entry=(-m verl_ext.main --config-name "$CONFIG")
+  task_args=(
+    data.train_files="$DATA/train.parquet"
+    data.val_files="$DATA/validation.parquet"
+  )
+elif [[ "$TASK" == needle ]]; then
   # configs/replicate_cpu.yaml: tiny_cpu's CPU platform values plus the replication's budgets, reward and step shape.
   entry=(-m verl_ext.main --config-name replicate_cpu)
   task_args=(
@@ -181,7 +203,7 @@ else
     actor_rollout_ref.rollout.max_model_len=80
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4
     actor_rollout_ref.rollout.agent.default_agent_loop=single_turn_agent
-    reward.custom_reward_function.path=pkg://verl_ext.cpu.toy_reward
+    reward.custom_reward_function.path=pkg://experiments.tiny.reward
     reward.custom_reward_function.name=compute_score
     trainer.project_name=tiny_cpu
     trainer.experiment_name=single_turn
@@ -201,7 +223,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 cd "$REPO"
-echo "[train_tiny_cpu] task=$TASK steps=$STEPS out=$OUT_DIR ranks=$NGPUS model=$MODEL ray_tmp=$RAY_TMP"
+echo "[train_tiny_cpu] task=$TASK${CONFIG:+ config=$CONFIG} steps=$STEPS out=$OUT_DIR ranks=$NGPUS model=$MODEL ray_tmp=$RAY_TMP"
 start=$(date +%s)
 set +e
 setsid "$PYTHON" "${entry[@]}" "${task_args[@]}" "${machine_args[@]}" "$@" > >(tee -a "$OUT_DIR/train.log") 2>&1 &

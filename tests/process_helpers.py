@@ -46,3 +46,19 @@ def in_a_fresh_process(function: Callable[..., T], *args: Any) -> T:
 
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(function, *args).result()
+
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def load_script(name: str) -> Any:
+    """A script of ``scripts/`` imported as a module (scripts are run by path, not installed)."""
+    import importlib.util
+    import sys
+
+    path = SCRIPTS / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"scripts_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module

@@ -1,5 +1,5 @@
-"""The distribution: our three packages import next to stock verl, no copy of verl lives here, and `recurrent`
-imports nothing above it."""
+"""The distribution: our packages import next to stock verl, no copy of verl lives here, `recurrent` imports nothing
+above it, and the framework below the agents names none of them."""
 
 import ast
 import importlib
@@ -13,7 +13,7 @@ def test_packages_import_with_stock_verl():
     verl = importlib.import_module("verl")
     assert verl.__version__ == "0.9.1"
     assert "site-packages" in verl.__file__  # the installed package, not a vendored copy
-    for name in ("recurrent", "verl_ext", "taskutils"):
+    for name in PACKAGES:
         module = importlib.import_module(name)
         assert Path(module.__file__).parent == REPO / name
 
@@ -24,25 +24,49 @@ def test_no_vendored_verl():
     assert vendored == []
 
 
+PACKAGES = ("recurrent", "verl_ext", "taskutils", "experiments")
+
+
+def absolute_imports(path: Path) -> list[str]:
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.append(node.module or "")
+    return names
+
+
 def test_recurrent_imports_nothing_above_it():
-    # recurrent/ is the framework verl_ext/ and taskutils/ build on: it imports neither of them, nor verl.
-    above = {"verl", "verl_ext", "taskutils"}
+    # recurrent/ is the framework verl_ext/, taskutils/ and experiments/ build on: it imports none of them, nor verl.
+    above = {"verl", "verl_ext", "taskutils", "experiments"}
     offenders = []
     paths = sorted((REPO / "recurrent").rglob("*.py"))
-    assert REPO / "recurrent" / "impls" / "memory.py" in paths  # the walk sees the package
+    assert REPO / "recurrent" / "agents" / "memory.py" in paths  # the walk sees the package
     for path in paths:
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                names = [node.module or ""]
-            else:
-                continue
-            offenders += [f"{path.relative_to(REPO)}: {name}" for name in names if name.split(".")[0] in above]
+        names = absolute_imports(path)
+        offenders += [f"{path.relative_to(REPO)}: {name}" for name in names if name.split(".")[0] in above]
     assert offenders == []
 
 
-PACKAGES = ("recurrent", "verl_ext", "taskutils")
+def test_the_framework_names_no_agent():
+    # Below the agents, nothing imports one: the framework of recurrent/ (its agents/ aside) and verl_ext/ reach
+    # agents by name, through the registry (recurrent.interface.load_register).
+    framework = [p for p in (REPO / "recurrent").rglob("*.py") if "agents" not in p.relative_to(REPO).parts]
+    framework += list((REPO / "verl_ext").rglob("*.py"))
+    framework = [p for p in framework if p.relative_to(REPO).parts[:2] != ("recurrent", "serve")]
+    offenders = [
+        f"{path.relative_to(REPO)}: {name}"
+        for path in sorted(framework)
+        for name in absolute_imports(path)
+        if name.startswith("recurrent.agents")
+    ]
+    assert offenders == []
+    # The endpoint's document path is the memory agent's (docs/serving.md); every other agent it reaches by name.
+    serve = [name for path in (REPO / "recurrent" / "serve").rglob("*.py") for name in absolute_imports(path)]
+    assert {name for name in serve if name.startswith("recurrent.agents")} == {"recurrent.agents.memory"}
+
+
 SKIP = {".venv", ".venv-gpu", ".cache", ".git", "tests"}
 
 

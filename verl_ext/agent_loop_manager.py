@@ -1,11 +1,11 @@
-"""verl's V1 agent-loop managers and workers, extended for the memory agent: one manager per rollout mode.
+"""verl's V1 agent-loop managers and workers, extended for multi-call agents: one manager per rollout mode.
 
 verl builds the manager class named by ``actor_rollout_ref.rollout.agent.agent_loop_manager_class`` (verl's
 ``TaskRunnerV1.init_agent_loop_manager`` and our ``RecurrentTaskRunner``). ``configs/recurrent_trainer.yaml``
 sets that key from ``recurrent.mode`` (``recurrent.manager_class``), the one place where the mode picks a class:
 
-- async (default), :class:`MemoryAgentLoopManager`: verl's own behaviour. The batch is split over the
-  agent-loop workers and every trajectory runs its own ``memory_agent`` loop (:mod:`verl_ext.agent_loop`).
+- async (default), :class:`RecurrentAgentLoopManager`: verl's own behaviour. The batch is split over the agent-loop
+  workers and every trajectory runs its own ``recurrent_agent`` loop (:mod:`verl_ext.agent_loop`).
 - sync, :class:`LockstepAgentLoopManager`: the whole batch goes to one worker (round-robin over calls), which
   runs all its trajectories in lockstep rounds (:mod:`verl_ext.lockstep`) and then stores them exactly as
   verl's worker does (reward on the last output, copied to the earlier ones; keys ``{uid}_{session_id}_{index}``).
@@ -14,9 +14,9 @@ sets that key from ``recurrent.mode`` (``recurrent.manager_class``), the one pla
 
 Both modes: only the final answer is sent to the reward worker (works around a padding bug of verl
 0.9.1's multi-output scoring, see ``_compute_score``), the final row's ``reward_extra_info`` gains the
-trajectory's memory statistics (so verl's validation reports them per data source), and the long
-``context`` column is not copied into every stored row (verl's worker copies every dataset column into each
-row it stores).
+trajectory's call statistics (so verl's validation reports them per data source), and the columns the agent
+calls large (the memory agent's document) are not copied into every stored row (verl's worker copies every
+dataset column into each row it stores).
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWo
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ, apply_greedy_sampling_params
 
 from verl_ext.lockstep import Trajectory, run_trajectories
-from verl_ext.rollout import MemoryRollout, recurrent_section, session_stats
+from verl_ext.rollout import AgentRollout, episode_stats
 
 logger = logging.getLogger(__name__)
 
 
-class MemoryAgentLoopWorkerImpl(AgentLoopWorkerTQ.__ray_actor_class__):
-    """verl's ``AgentLoopWorkerTQ`` (async mode) plus memory statistics and no stored context."""
+class RecurrentAgentLoopWorkerImpl(AgentLoopWorkerTQ.__ray_actor_class__):
+    """verl's ``AgentLoopWorkerTQ`` (async mode) plus call statistics, without the agent's large columns."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # AgentLoopWorkerTQ.__init__ (agent_loop_tq.py:54-57) calls zero-argument super(), whose class cell is
@@ -50,7 +50,8 @@ class MemoryAgentLoopWorkerImpl(AgentLoopWorkerTQ.__ray_actor_class__):
         self.background_tasks = set()
 
     async def _agent_loop_postprocess(self, output, validate, **kwargs) -> None:
-        kwargs.pop(recurrent_section(self.config).get("config", {}).get("context_key", "context"), None)
+        for column in AgentRollout.get(self.config, self.tokenizer).large_columns:
+            kwargs.pop(column, None)
         return await super()._agent_loop_postprocess(output, validate, **kwargs)
 
     async def _compute_score(self, outputs: list[AgentLoopOutput], kwargs: dict) -> None:
@@ -62,10 +63,10 @@ class MemoryAgentLoopWorkerImpl(AgentLoopWorkerTQ.__ray_actor_class__):
         await super()._compute_score(outputs[-1:], kwargs)
         info = outputs[-1].extra_fields.get("reward_extra_info")
         if isinstance(info, dict) and "turn_kind" in outputs[-1].extra_fields:
-            info.update(session_stats(outputs))
+            info.update(episode_stats(outputs))
 
 
-class LockstepAgentLoopWorkerImpl(MemoryAgentLoopWorkerImpl):
+class LockstepAgentLoopWorkerImpl(RecurrentAgentLoopWorkerImpl):
     """The sync-mode worker: all trajectories of its batch in lockstep rounds, stored as verl's worker stores them."""
 
     async def generate_sequences(self, batch: TensorDict) -> None:
@@ -123,7 +124,7 @@ class LockstepAgentLoopWorkerImpl(MemoryAgentLoopWorkerImpl):
         # rows, its finished siblings are stored, and its prompt's status is "failure" (the replay buffer then
         # trains on what the group has); other prompts are not affected.
         try:
-            rollout = MemoryRollout.get(self.config, self.tokenizer)
+            rollout = AgentRollout.get(self.config, self.tokenizer)
             results = await run_trajectories(rollout, self.llm_client, trajectories)
         except Exception as err:  # the whole batch (e.g. the workflow cannot be built)
             results = [err] * len(trajectories)
@@ -137,24 +138,24 @@ class LockstepAgentLoopWorkerImpl(MemoryAgentLoopWorkerImpl):
         failed: set[str] = set()
         for trajectory, error in errors:
             uid, session = trajectory.sample["uid"], trajectory.session_id
-            logger.error("memory agent trajectory %s_%s failed: %s", uid, session, error, exc_info=error)
+            logger.error("agent trajectory %s_%s failed: %s", uid, session, error, exc_info=error)
             failed.add(uid)
         for uid in uids:
             status = "failure" if uid in failed else "finished"
             await tq.async_kv_put(key=uid, partition_id=partition_id, tag={"status": status})
 
 
-class MemoryAgentLoopManager(AgentLoopManagerTQ):
-    """Async mode: ``AgentLoopManagerTQ`` with :class:`MemoryAgentLoopWorkerImpl` workers."""
+class RecurrentAgentLoopManager(AgentLoopManagerTQ):
+    """Async mode: ``AgentLoopManagerTQ`` with :class:`RecurrentAgentLoopWorkerImpl` workers."""
 
-    worker_impl: type[MemoryAgentLoopWorkerImpl] = MemoryAgentLoopWorkerImpl
+    worker_impl: type[RecurrentAgentLoopWorkerImpl] = RecurrentAgentLoopWorkerImpl
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.agent_loop_workers_class = ray.remote(self.worker_impl)  # workers are created later, in create()
 
 
-class LockstepAgentLoopManager(MemoryAgentLoopManager):
+class LockstepAgentLoopManager(RecurrentAgentLoopManager):
     """Sync mode: the whole batch to one :class:`LockstepAgentLoopWorkerImpl` worker per call."""
 
     worker_impl = LockstepAgentLoopWorkerImpl

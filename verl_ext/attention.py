@@ -42,6 +42,6 @@ def attn_implementation() -> str:
 
 
 def register_resolvers() -> None:
-    if not OmegaConf.has_resolver("memagent_remove_padding"):
-        OmegaConf.register_new_resolver("memagent_remove_padding", remove_padding)
-        OmegaConf.register_new_resolver("memagent_attn_implementation", attn_implementation)
+    if not OmegaConf.has_resolver("recurrent_remove_padding"):
+        OmegaConf.register_new_resolver("recurrent_remove_padding", remove_padding)
+        OmegaConf.register_new_resolver("recurrent_attn_implementation", attn_implementation)

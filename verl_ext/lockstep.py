@@ -1,4 +1,4 @@
-"""Sync mode on verl: the trajectories of a batch run through ``recurrent``'s lockstep driver.
+"""Sync mode on verl: the trajectories of a batch run through ``recurrent``'s lockstep driver (session agents).
 
 :func:`recurrent.lockstep.run_lockstep` holds the schedule (each round holds the next memory turn of every
 session still reading, and the final answers of all sessions form the last round); this module builds one
@@ -20,12 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
-from verl.workers.rollout.replica import TokenOutput
 
 from recurrent.interface import Reply, Session, Turn
 from recurrent.lockstep import run_lockstep
 from verl_ext.agent_loop import request_id_for
-from verl_ext.rollout import MemoryRollout
+from verl_ext.rollout import AgentRollout
 
 
 @dataclass
@@ -38,7 +37,7 @@ class Trajectory:
 
 
 async def run_trajectories(
-    rollout: MemoryRollout, server: Any, trajectories: list[Trajectory]
+    rollout: AgentRollout, server: Any, trajectories: list[Trajectory]
 ) -> list[list[AgentLoopOutput] | Exception]:
     """Run every trajectory to its end in lockstep rounds; returns each trajectory's rows (session order), or
     the exception that ended it.
@@ -50,20 +49,24 @@ async def run_trajectories(
     results: list[list[AgentLoopOutput] | Exception | None] = [None] * len(trajectories)
     sessions: list[Session] = []
     running: list[int] = []  # lockstep index -> trajectory index
-    for i, trajectory in enumerate(trajectories):  # contexts tokenized once per uid
+    for i, trajectory in enumerate(trajectories):
         try:
-            sessions.append(await rollout.session(trajectory.sample))
+            session = await rollout.episode(trajectory.sample)
+            if not isinstance(session, Session):
+                raise TypeError(
+                    f"recurrent.mode=sync runs session agents in lockstep rounds; agent {rollout.settings.agent!r} is "
+                    "an agent function (its next call is known only when it is made): use recurrent.mode=async"
+                )
+            sessions.append(session)
             running.append(i)
         except Exception as err:
             results[i] = err
-    token_outputs: list[list[TokenOutput]] = [[] for _ in trajectories]
 
     async def generate(j: int, turn: Turn) -> Reply:
         i = running[j]
         sample, params = trajectories[i].sample, trajectories[i].sampling_params
-        output, reply = await rollout.call(server, request_id_for(sample), turn.prompt_ids, turn.max_tokens, params)
-        token_outputs[i].append(output)  # one call per trajectory and round: the order is the session's
-        return reply
+        prompt_ids = turn.prompt_ids if turn.prompt_ids is not None else rollout.render(turn.messages)
+        return await rollout.call(server, request_id_for(sample), list(prompt_ids), turn.max_tokens, params)
 
     run = await run_lockstep(sessions, generate)
     for j, (session, error) in enumerate(zip(sessions, run.errors, strict=True)):
@@ -73,12 +76,12 @@ async def run_trajectories(
             continue
         want_logprobs = bool(trajectories[i].sampling_params.get("logprobs"))
         try:
-            results[i] = rollout.outputs(session, token_outputs[i], want_logprobs=want_logprobs)
+            results[i] = rollout.outputs(session, want_logprobs=want_logprobs)
         except Exception as err:
             results[i] = err
     failed = sum(isinstance(result, Exception) for result in results)
     print(
-        f"[memagent] lockstep: {len(trajectories)} trajectories in {len(run.rounds)} rounds, {failed} failed",
+        f"[recurrent] lockstep: {len(trajectories)} trajectories in {len(run.rounds)} rounds, {failed} failed",
         flush=True,
     )
     return results  # type: ignore[return-value]

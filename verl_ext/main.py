@@ -1,9 +1,11 @@
-"""Train the memory agent on stock verl: ``python -m verl_ext.main --config-name memagent_7b [overrides]``.
+"""Train an agent on stock verl: ``python -m verl_ext.main --config-name memagent_7b [overrides]`` (MemAgent 7B, the
+default; any run config of ``configs/`` names its agent in ``recurrent.agent``).
 
 Hydra entry over ``configs/`` (``--cfg job`` prints the composed config and exits without running).
 The run: checks on this machine first (:mod:`verl_ext.preflight`: data files and columns, the model folder,
-token budgets), the config resolved here (so ``${oc.env:...}`` means this machine's environment, also on
-a remote Ray cluster), verl's own config validation, then verl's ``run_ppo`` with our task runner
+the agent and its widest call against verl's rows), the config resolved here (so ``${oc.env:...}`` means this
+machine's environment, also on a remote Ray cluster), verl's own config validation, then verl's ``run_ppo`` with
+our task runner
 (:class:`verl_ext.trainer.RecurrentTaskRunner`: the V1 sync trainer plus final-answer metrics).
 """
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 from omegaconf import DictConfig
 
-MODES = ("trajectory", "turn_major", "rows")
+from verl_ext.settings import recurrent_settings
 
 
 @dataclass(frozen=True)
@@ -180,12 +180,8 @@ def plan_minibatches(
 
 
 def minibatch_mode(config: object) -> str:
-    """``recurrent.minibatch`` of a run config (default ``trajectory``), checked."""
-    recurrent = getattr(config, "recurrent", None)
-    mode = str(recurrent.get("minibatch", "trajectory")) if recurrent is not None else "trajectory"
-    if mode not in MODES:
-        raise ValueError(f"recurrent.minibatch must be one of {MODES}, got {mode!r}")
-    return mode
+    """``recurrent.minibatch`` of a run config (default ``trajectory``), checked (verl_ext/settings.py)."""
+    return recurrent_settings(config).minibatch
 
 
 def check_updates_made(plan: MiniBatchPlan, made: int | None) -> None:

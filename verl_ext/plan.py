@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 from verl_ext import cost_report
 from verl_ext.cost import step_cost
 from verl_ext.minibatch import actor_settings, minibatch_mode, updates_per_step
+from verl_ext.settings import recurrent_settings
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 PHASES = ("generation", "old_log_prob", "ref", "update_actor", "update_weights")
@@ -32,7 +33,7 @@ PHASES = ("generation", "old_log_prob", "ref", "update_actor", "update_weights")
 @dataclass(frozen=True)
 class StepPlan:
     trajectories: int  # train_batch_size x n
-    rows_per_trajectory: int  # memory turns + the final answer, for the given context length
+    rows_per_trajectory: int  # the agent's calls for a typical sample (the memory agent: its document's chunks + 1)
     rows: int
     minibatch: str
     epochs: int  # actor.ppo_epochs: the worker takes every mini-batch this many times
@@ -42,10 +43,20 @@ class StepPlan:
     rollout_gib_by_phase: dict[str, float]  # vLLM's share per GPU; asleep 0 (the remainder: asleep_resident)
 
 
+def calls_per_trajectory(config: DictConfig, context_tokens: int) -> int:
+    """The agent's own count of its calls for a sample with a document of ``context_tokens`` (its registration's
+    ``calls_per_sample``); a ValueError when the agent cannot say."""
+    from recurrent.interface import load_register
+
+    settings = recurrent_settings(config)
+    register = load_register(settings.agent)
+    if register.calls_per_sample is None:
+        raise ValueError(f"agent {settings.agent!r} does not say how many calls a sample makes (calls_per_sample)")
+    return register.calls_per_sample(register.make_config(settings.agent_config), context_tokens=context_tokens)
+
+
 def plan_step(config: DictConfig, context_tokens: int, gpu_memory_gib: float) -> StepPlan:
-    memory = config.recurrent.config
-    kept = context_tokens if memory.max_chunks is None else min(context_tokens, memory.max_chunks * memory.chunk_size)
-    rows_per_trajectory = math.ceil(kept / memory.chunk_size) + 1
+    rows_per_trajectory = calls_per_trajectory(config, context_tokens)
     actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
     trajectories = int(config.data.train_batch_size) * int(rollout.n)
     rows = trajectories * rows_per_trajectory

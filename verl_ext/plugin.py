@@ -1,4 +1,4 @@
-"""verl plugin: registers the memory agent loop in every process that uses verl's agent loops.
+"""verl plugin: registers our agent loop in every process that uses verl's agent loops.
 
 Declared in ``pyproject.toml`` as the entry point ``verl_ext`` of the group ``verl.plugins``;
 ``import verl`` loads every such entry point in every process (driver, task runner, Ray workers;
@@ -6,7 +6,7 @@ Declared in ``pyproject.toml`` as the entry point ``verl_ext`` of the group ``ve
 
 verl's agent-loop module takes seconds to import (tensordict, transformers, ...) and most processes that
 import verl never run an agent loop, so the plugin does not import it: a ``wrapt`` post-import hook adds
-``memory_agent`` to the registry as soon as that module has been imported (at once if it already has).
+``recurrent_agent`` to the registry as soon as that module has been imported (at once if it already has).
 The entry is what ``@register`` writes; ``hydra.utils.instantiate`` imports :mod:`verl_ext.agent_loop`
 when it is used.
 
@@ -21,7 +21,7 @@ from types import ModuleType
 import wrapt
 
 AGENT_LOOP_MODULE = "verl.experimental.agent_loop.agent_loop"
-AGENT_LOOPS = {"memory_agent": "verl_ext.agent_loop.MemoryAgentLoop"}
+AGENT_LOOPS = {"recurrent_agent": "verl_ext.agent_loop.RecurrentAgentLoop"}
 
 
 def register_agent_loops(module: ModuleType) -> None:

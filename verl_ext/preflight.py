@@ -1,10 +1,11 @@
 """Checks that run on the launching machine before Ray starts and before any GPU is touched.
 
-Every problem found is reported at once (one :class:`PreflightError` listing them): a missing data file,
-a data file without the columns the memory agent and the reward need, a model that is neither a local
-folder nor in the local Hugging Face cache (nothing is downloaded at run time), token budgets that do
-not fit verl's row widths, algorithm settings the multi-conversation path does not support, and actor settings
-the paper's mini-batch layout cannot honour (:func:`verl_ext.minibatch.actor_setting_problems`).
+Every problem found is reported at once (one :class:`PreflightError` listing them): a ``recurrent:`` section that
+does not parse (verl_ext/settings.py), a missing data file, a data file without the columns the agent and the
+reward need, a model that is neither a local folder nor in the local Hugging Face cache (nothing is downloaded at
+run time), an agent whose widest call does not fit verl's row widths, algorithm settings the multi-call path does
+not support, and actor settings the paper's mini-batch layout cannot honour
+(:func:`verl_ext.minibatch.actor_setting_problems`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, open_dict
 
 from verl_ext.minibatch import actor_setting_problems
-from verl_ext.rollout import Budgets, check_budgets, recurrent_section
+from verl_ext.rollout import Budgets, build_agent, check_budgets
+from verl_ext.settings import RecurrentSettings, recurrent_settings
 
 
 class PreflightError(ValueError):
@@ -32,10 +34,11 @@ def _files(value: Any) -> list[str]:
     return [str(value)]
 
 
-def data_problems(path: str, required: dict[str, str]) -> list[str]:
+def data_problems(path: str, required: dict[str, str], check_reward: bool = True) -> list[str]:
     """Problems with one data file: missing, unreadable, or lacking a required column.
 
-    ``required`` maps a column to what it is for; ``reward_model`` must hold a ``ground_truth`` field.
+    ``required`` maps a column to what it is for; ``reward_model`` must hold a ``ground_truth`` field (unless
+    ``check_reward`` is off: a second pass over the same file, for the agent's own columns).
     """
     if "://" in path:  # remote storage (hdfs://, s3://): verl copies it locally at run time
         return []
@@ -51,7 +54,7 @@ def data_problems(path: str, required: dict[str, str]) -> list[str]:
     except Exception as err:
         return [f"cannot read the parquet schema of {file}: {err}"]
     problems = [f"{file} has no column {col!r} ({why})" for col, why in required.items() if col not in schema.names]
-    if "reward_model" in schema.names:
+    if check_reward and "reward_model" in schema.names:
         kind = schema.field("reward_model").type
         fields = [kind.field(i).name for i in range(kind.num_fields)] if hasattr(kind, "num_fields") else []
         if "ground_truth" not in fields:
@@ -62,18 +65,23 @@ def data_problems(path: str, required: dict[str, str]) -> list[str]:
 def preflight(config: DictConfig, load_tokenizer: bool = True) -> None:
     """Raise :class:`PreflightError` if the run cannot work; resolves ``model.path`` to a local folder."""
     problems: list[str] = []
-    section = recurrent_section(config)
+    try:
+        settings = recurrent_settings(config)
+    except ValueError as err:
+        raise PreflightError(f"the run cannot start:\n  - {err}") from err
+    if not settings.agent:
+        problems.append("recurrent.agent is not set: name the agent to train (e.g. recurrent.agent=memory)")
     algorithm = config.algorithm
     if algorithm.adv_estimator != "grpo":
         problems.append(
             f"algorithm.adv_estimator={algorithm.adv_estimator!r}: only grpo spreads a trajectory's advantage over "
             "its turns in verl 0.9.1 (compute_advantage_for_multi_trajectories); other estimators would treat "
-            "every memory turn as an independent response"
+            "every call of a trajectory as an independent response"
         )
     if algorithm.use_kl_in_reward:
         problems.append(
-            "algorithm.use_kl_in_reward=true is not supported: the advantage is computed from the final turn "
-            "only, so the memory turns' KL would be ignored; use actor_rollout_ref.actor.use_kl_loss"
+            "algorithm.use_kl_in_reward=true is not supported: the advantage is computed from the final call "
+            "only, so the earlier calls' KL would be ignored; use actor_rollout_ref.actor.use_kl_loss"
         )
 
     try:
@@ -89,10 +97,8 @@ def preflight(config: DictConfig, load_tokenizer: bool = True) -> None:
             f"= {widest}: the server could not hold the longest turn"
         )
 
-    memory = section.get("config") or {}
     required = {
-        config.data.prompt_key: "the question",
-        memory.get("context_key", "context"): "the long document",
+        config.data.prompt_key: "verl's prompt column",
         config.data.get("reward_fn_key", "data_source"): "selects the verifier",
         "reward_model": "holds ground_truth",
     }
@@ -113,23 +119,41 @@ def preflight(config: DictConfig, load_tokenizer: bool = True) -> None:
     if model_path is not None:
         with open_dict(config):
             config.actor_rollout_ref.model.path = model_path  # workers load the same local folder
-        if load_tokenizer:
-            problems += budget_problems(config, section, model_path)
+    if settings.agent:
+        problems += agent_problems(config, settings, model_path if load_tokenizer else None, required)
     if problems:
         raise PreflightError("the run cannot start:\n  - " + "\n  - ".join(problems))
 
 
-def budget_problems(config: DictConfig, section: dict[str, Any], model_path: str) -> list[str]:
-    from transformers import AutoTokenizer
+def agent_problems(
+    config: DictConfig, settings: RecurrentSettings, model_path: str | None, required: dict[str, str]
+) -> list[str]:
+    """The agent is unknown or its settings are wrong, the data lack its columns, or (with a model folder, whose
+    tokenizer counts tokens) its widest call does not fit verl's rows."""
+    from recurrent.interface import load_register
 
-    from verl_ext.rollout import build_workflow
+    try:
+        register = load_register(settings.agent)
+        agent_config = register.make_config(settings.agent_config)
+    except (ValueError, TypeError, KeyError, ImportError, AttributeError, FileNotFoundError) as err:
+        return [f"recurrent.agent={settings.agent!r}: {err}"]
+    columns = {column: f"agent {settings.agent!r} reads it" for column in register.columns_of(agent_config)}
+    columns = {column: why for column, why in columns.items() if column not in required}
+    problems = []
+    for key in ("train_files", "val_files"):
+        for path in _files(config.data.get(key)):
+            if Path(path).expanduser().is_file():  # a missing file is reported once, by preflight
+                problems += data_problems(path, columns, check_reward=False)
+    if model_path is None:
+        return problems
+    from transformers import AutoTokenizer
 
     rollout = config.actor_rollout_ref.rollout
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         check_budgets(
-            build_workflow(section, tokenizer), Budgets(int(rollout.prompt_length), int(rollout.response_length))
+            build_agent(settings, tokenizer), Budgets(int(rollout.prompt_length), int(rollout.response_length))
         )
-    except (ValueError, TypeError, OSError) as err:
-        return [str(err)]
-    return []
+    except (ValueError, TypeError, OSError, KeyError) as err:
+        problems.append(f"agent {settings.agent!r}: {err}")
+    return problems

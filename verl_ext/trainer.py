@@ -9,7 +9,7 @@
   step (and prints a one-line summary of the step: final-answer reward and verdict, KL loss, advantages, seconds);
 - the rollout dump (``trainer.rollout_data_dir``: verl's ``{step}.jsonl``, one line per row with ``input``,
   ``output``, ``gts``, ``score``, ``step`` and the row key as ``uid``) gains the columns of
-  :data:`DUMP_COLUMNS` per row, so that a dump shows what every memory turn was trained with, and in which update;
+  :data:`DUMP_COLUMNS` per row, so that a dump shows what every call's row was trained with, and in which update;
 - the replay buffer's poll interval comes from ``recurrent.replay_poll_interval_s``.
 
 Everything else (GRPO over the final rows of each ``{uid}_{session}`` broadcast to every turn, token-mean
@@ -36,23 +36,22 @@ from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.seqlen_balancing import log_seqlen_unbalance
 
-from verl_ext.metrics import FIELDS, memagent_metrics_from_rows, split_key
+from verl_ext.metrics import FIELDS, split_key, trajectory_metrics_from_rows
 from verl_ext.minibatch import (
     MiniBatchPlan,
     Row,
     actor_settings,
     check_updates_made,
-    minibatch_mode,
     plan_minibatches,
     updates_per_step,
 )
-from verl_ext.rollout import recurrent_section
+from verl_ext.settings import RecurrentSettings, recurrent_settings
 
 # Columns added to each line of the rollout dump (verl's columns are kept as they are):
 DUMP_COLUMNS = (
     "trajectory",  # {uid}_{session_id}: the rows of one trajectory (the row key itself is verl's `uid` column)
     "turn_index",  # position of the row in its trajectory (0..; the final answer is the last)
-    "turn_kind",  # "memory" | "final" (None for verl's padding rows)
+    "turn_kind",  # the call's kind ("memory", "tool_call", ...; the answer's is "final"; None for padding rows)
     "is_padding",  # verl's zero-mask padding rows (trainer_base.py _balance_batch); no loss, advantage 0
     "response_length",  # tokens trained on (valid response tokens)
     "advantage",  # the row's GRPO advantage: the mean over its valid response tokens ...
@@ -94,27 +93,34 @@ def dump_columns(
 
 
 class RecurrentPPOTrainer(PPOTrainerSync):
-    """``PPOTrainerSync`` plus the paper's optimizer updates per step and MemAgent's final-answer, turn and
-    memory metrics."""
+    """``PPOTrainerSync`` plus the paper's optimizer updates per step, credit on every call of a trajectory, and
+    per-trajectory metrics."""
 
     _dump_extra: dict[str, dict[str, Any]] | None = None
     _plan: MiniBatchPlan | None = None  # this step's mini-batches (None: verl's row counting)
     _minibatch_of: dict[str, int] | None = None  # row key -> update index, for the rollout dump
     _failed_groups: frozenset[str] = frozenset()  # prompt groups of this step whose rollout failed
+    _settings: RecurrentSettings | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.minibatch_mode = minibatch_mode(self.config)
+        self._settings = recurrent_settings(self.config)  # a typo fails here, not after the first rollout
+        self.minibatch_mode = self.settings.minibatch
         # ppo_epochs, shuffle and static micro-batches: refused or honoured before the first step (also the preflight)
         self.actor_settings = actor_settings(self.config)
-        credit_mode(self.config)  # a typo fails here, not after the first rollout
         if self.minibatch_mode != "rows":
             check_minibatch_contract()
         # verl's replay buffer checks for finished rollouts every poll_interval seconds (2.0, a constructor
         # argument it does not read from the config); a CPU step lasts a few seconds, so the CPU runs poll faster.
-        poll = recurrent_section(self.config).get("replay_poll_interval_s")
-        if poll is not None:
-            self.replay_buffer.poll_interval = float(poll)
+        if self.settings.replay_poll_interval_s is not None:
+            self.replay_buffer.poll_interval = self.settings.replay_poll_interval_s
+
+    @property
+    def settings(self) -> RecurrentSettings:
+        """The run's ``recurrent:`` section (verl_ext/settings.py), parsed once."""
+        if self._settings is None:
+            self._settings = recurrent_settings(self.config)
+        return self._settings
 
     def on_sample_end(self):
         # The prompt groups of this step whose rollout failed somewhere (verl 0.9.1's replay buffer keeps the set
@@ -154,9 +160,9 @@ class RecurrentPPOTrainer(PPOTrainerSync):
         )
         metrics.update(
             {
-                "memagent/minibatch/updates": plan.updates,
-                "memagent/minibatch/rows": plan.minibatch_rows,
-                "memagent/minibatch/padding_rows": plan.num_padding,
+                "recurrent/minibatch/updates": plan.updates,
+                "recurrent/minibatch/rows": plan.minibatch_rows,
+                "recurrent/minibatch/padding_rows": plan.num_padding,
             }
         )
         self._plan = plan
@@ -176,7 +182,7 @@ class RecurrentPPOTrainer(PPOTrainerSync):
             output = send(planned_batch)
             made = optimizer_updates(output["metrics"])
             if made is not None:
-                metrics["memagent/minibatch/updates_made"] = made
+                metrics["recurrent/minibatch/updates_made"] = made
             check_updates_made(plan, made)
             return output
 
@@ -190,14 +196,14 @@ class RecurrentPPOTrainer(PPOTrainerSync):
 
     def _compute_advantage(self, batch, metrics):
         batch = super()._compute_advantage(batch, metrics)
-        mode = credit_mode(self.config)
+        mode = self.settings.credit
         if mode != "all":
-            memory = memory_row_keys(batch.keys, batch.tags)
-            if memory:
-                rows = tq.kv_batch_get(keys=memory, partition_id=batch.partition_id, select_fields=["response_mask"])
-                fields = memory_credit_fields(mode, rows["response_mask"].unbind(0))
-                tq.kv_batch_put(keys=memory, partition_id=batch.partition_id, fields=TensorDict(fields, len(memory)))
-            metrics["memagent/credit/memory_rows_masked"] = len(memory)
+            earlier = earlier_row_keys(batch.keys, batch.tags)
+            if earlier:
+                rows = tq.kv_batch_get(keys=earlier, partition_id=batch.partition_id, select_fields=["response_mask"])
+                fields = earlier_credit_fields(mode, rows["response_mask"].unbind(0))
+                tq.kv_batch_put(keys=earlier, partition_id=batch.partition_id, fields=TensorDict(fields, len(earlier)))
+            metrics["recurrent/credit/earlier_rows_masked"] = len(earlier)
         return batch
 
     # ---- metrics and dumps ----
@@ -209,7 +215,7 @@ class RecurrentPPOTrainer(PPOTrainerSync):
             return
         keys = [batch.keys[i] for i in real]
         rows = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=FIELDS)
-        metrics.update(memagent_metrics_from_rows(keys, rows))
+        metrics.update(trajectory_metrics_from_rows(keys, rows))
         metrics.update(failure_metrics(keys, self._failed_groups, int(self.config.actor_rollout_ref.rollout.n)))
         print(step_summary(global_steps, metrics), flush=True)
 
@@ -233,45 +239,13 @@ class RecurrentPPOTrainer(PPOTrainerSync):
         super()._dump_generations(inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path)
 
 
-# recurrent.credit (docs/fidelity.md "Credit on every turn"). verl 0.9.1 masks the policy-gradient and KL terms
-# with `response_mask` (workers/utils/losses.py ppo_loss) but divides the token-mean loss of an update by the sum of
-# `loss_mask` over all its rows and ranks (the FSDP engine's forward_backward_batch: `batch_num_tokens`); its
-# rollout stores loss_mask = response_mask (trainer/ppo/v1/agent_loop_tq.py).
-CREDIT_MODES = (
-    "all",  # the paper: the answer's advantage on every turn; each update divided by all its rows' tokens
-    "final_same_step",  # memory rows: zero advantage and response_mask, loss_mask kept: the answer turns' loss is
-    # still divided by every row's tokens, so the answers take exactly the step they take under `all`
-    "final_token_mean",  # loss_mask zeroed too: the answers' loss divided by the answer tokens of the update alone
-)
-
-
-def credit_mode(config: Any) -> str:
-    """``recurrent.credit`` of a run config (default ``all``), checked: one of :data:`CREDIT_MODES`."""
-    mode = str(config.recurrent.get("credit", "all"))
-    if mode == "final":  # the switch's name before the two ablations were told apart
-        raise ValueError(
-            "recurrent.credit=final is now two switches: final_same_step (what `final` did: the answer turns keep "
-            "the step they take with credit on every turn) or final_token_mean (the answers' loss averaged over "
-            "their own tokens); docs/fidelity.md, 'Credit on every turn'"
-        )
-    if mode not in CREDIT_MODES:
-        raise ValueError(f"recurrent.credit must be one of {CREDIT_MODES}, got {mode!r}")
-    if mode == "final_token_mean" and minibatch_mode(config) != "trajectory":
-        # an update of memory rows only (possible unless updates hold whole trajectories) would divide 0 by 0
-        raise ValueError(
-            f"recurrent.credit=final_token_mean needs recurrent.minibatch=trajectory (got "
-            f"{minibatch_mode(config)!r}): it divides each update's loss by the update's answer tokens, and an "
-            "update without an answer row would have none"
-        )
-    return mode
-
-
-def memory_credit_fields(mode: str, response_masks: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The fields a ``final_*`` credit mode writes over the memory rows (``response_masks``: theirs, as stored):
+def earlier_credit_fields(mode: str, response_masks: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The fields a ``final_*`` credit mode (verl_ext/settings.py) writes over the rows of the calls before each
+    trajectory's answer (``response_masks``: theirs, as stored):
     zero advantages and response masks (no policy-gradient or KL term), and for ``final_token_mean`` a zero
     ``loss_mask`` (no tokens in the update's normalizer)."""
     if mode not in ("final_same_step", "final_token_mean"):
-        raise ValueError(f"no memory-row fields for recurrent.credit={mode!r}")
+        raise ValueError(f"no fields for the earlier rows under recurrent.credit={mode!r}")
     zeros = [torch.zeros_like(mask) for mask in response_masks]
     fields = {
         "response_mask": torch.nested.as_nested_tensor(zeros, layout=torch.jagged),
@@ -282,8 +256,9 @@ def memory_credit_fields(mode: str, response_masks: Sequence[torch.Tensor]) -> d
     return fields
 
 
-def memory_row_keys(keys: list[str], tags: list[dict]) -> list[str]:
-    """The rows of a step that are not the last row of their trajectory (memory turns); padding rows excluded."""
+def earlier_row_keys(keys: list[str], tags: list[dict]) -> list[str]:
+    """The rows of a step that are not the last row of their trajectory (the calls before its answer: the memory
+    agent's memory updates); padding rows excluded."""
     last: dict[str, int] = {}
     real = [key for key, tag in zip(keys, tags, strict=True) if not tag.get("is_padding", False)]
     for key in real:
@@ -301,8 +276,8 @@ def failure_metrics(keys: list[str], failed_groups: frozenset[str] | set[str], n
         if uid in present:
             present[uid].add(session)
     return {
-        "memagent/rollout/failed_groups": len(failed_groups),
-        "memagent/rollout/failed_trajectories": sum(n - len(sessions) for sessions in present.values()),
+        "recurrent/rollout/failed_groups": len(failed_groups),
+        "recurrent/rollout/failed_trajectories": sum(n - len(sessions) for sessions in present.values()),
     }
 
 
@@ -327,14 +302,14 @@ def optimizer_updates(actor_metrics: dict[str, Any]) -> int | None:
 
 
 SUMMARY = (
-    ("reward", "memagent/final/reward/mean"),
-    ("acc", "memagent/final/acc/mean"),
+    ("reward", "recurrent/final/reward/mean"),
+    ("acc", "recurrent/final/acc/mean"),
     ("kl", "actor/kl_loss"),
     ("pg_loss", "actor/pg_loss"),
     ("adv_min", "critic/advantages/min"),
     ("adv_max", "critic/advantages/max"),
-    ("trajectories", "memagent/num_trajectories"),
-    ("turns", "memagent/turns_per_sample/mean"),
+    ("trajectories", "recurrent/num_trajectories"),
+    ("turns", "recurrent/turns_per_sample/mean"),
     ("step_s", "timing_s/step"),
 )
 
@@ -351,22 +326,22 @@ def step_summary(step: int, metrics: dict[str, Any]) -> str:
             if n >= validation.get((source, var), (-1, 0.0))[0]:
                 validation[(source, var)] = (n, float(value))
     parts += [f"val_{var}[{source}]={value:.4g}" for (source, var), (_, value) in sorted(validation.items())]
-    return f"[memagent] step {step}: " + " ".join(parts)
+    return f"[recurrent] step {step}: " + " ".join(parts)
 
 
 def check_registrations() -> None:
-    """Fail loudly if the memory agent loop is not registered (verl swallows plugin import errors)."""
+    """Fail loudly if our agent loop is not registered (verl swallows plugin import errors)."""
     from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 
-    import verl_ext.agent_loop  # noqa: F401  (registers memory_agent in this process)
+    from verl_ext.agent_loop import AGENT_LOOP_NAME  # registers the loop in this process
 
-    if "memory_agent" not in _agent_loop_registry:
-        raise RuntimeError("the memory_agent loop is not registered in verl's agent-loop registry")
+    if AGENT_LOOP_NAME not in _agent_loop_registry:
+        raise RuntimeError(f"the {AGENT_LOOP_NAME} loop is not registered in verl's agent-loop registry")
 
 
 @ray.remote(num_cpus=1)
 class RecurrentTaskRunner:
-    """``TaskRunnerV1`` with :class:`RecurrentPPOTrainer` and the memory agent-loop manager."""
+    """``TaskRunnerV1`` with :class:`RecurrentPPOTrainer` and our agent-loop manager."""
 
     def run(self, config: DictConfig) -> None:
         from verl.utils.import_utils import load_class_from_fqn

@@ -1,5 +1,5 @@
 """MemAgent behind an OpenAI-compatible endpoint (``python -m recurrent.serve``): the OpenAI chat API outside, the
-memory loop of :mod:`recurrent.impls.memory` inside, every turn sent to an upstream OpenAI-compatible server.
+memory loop of :mod:`recurrent.agents.memory` inside, every turn sent to an upstream OpenAI-compatible server.
 
 - :mod:`recurrent.serve.questions`: where a request holds the document and the question (the question modes);
 - :mod:`recurrent.serve.protocol`: the request checked field by field, errors in OpenAI's shape, upstream failures

@@ -34,7 +34,7 @@ Every option can come from --config FILE (YAML, keys as the long flags); flags o
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from recurrent.impls.memory import FINAL_TEMPLATES
+    from recurrent.agents.memory import FINAL_TEMPLATES
     from recurrent.serve.questions import QUESTION_MODES
     from recurrent.serve.spool import SPOOL_BYTES
 
@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--served-model-name", help="the model name clients use (default: --model)")
     up.add_argument("--server-log", type=Path, help="without --upstream: the local server's log (default: a temp file)")
     up.add_argument("--ready-timeout", type=seconds, default=300.0, help="seconds for the local server to start")
+    up.add_argument(
+        "--agent",
+        default="memory",
+        help="the registered agent to serve (recurrent/agents/; default memory: each request's document is read "
+        "by the memory agent; any other agent runs on the request's messages with its own default settings)",
+    )
     agent = parser.add_argument_group("the memory agent (defaults: the paper's evaluation protocol)")
     agent.add_argument("--chunk-size", type=positive_int, default=5000, help="document tokens per memory turn (5000)")
     agent.add_argument("--max-new", type=positive_int, default=1024, help="max new tokens of a memory update (1024)")
@@ -145,6 +151,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parse_with_config(parser, argv)
     if not args.model:
         parser.error("--model is required (the upstream's model name, or a local model without --upstream)")
+    try:  # an unknown agent is refused before any server starts
+        from recurrent.interface import load_register
+
+        load_register(args.agent)
+    except (ImportError, AttributeError, TypeError, FileNotFoundError) as err:
+        parser.error(f"--agent {args.agent}: {err}")
     for flag, var in (("--api-key-env", args.api_key_env), ("--server-key-env", args.server_key_env)):
         if var and not os.environ.get(var):
             parser.error(f"{flag} {var}: the environment variable {var} is not set")
@@ -208,6 +220,7 @@ def serve(args: argparse.Namespace, stop: _Stop) -> int:
         api_key = os.environ[args.api_key_env] if args.api_key_env else None
         settings = ServeSettings(
             model=args.served_model_name or args.model,
+            agent=args.agent,
             chunk_size=args.chunk_size,
             max_new=args.max_new,
             final_max_new=args.final_max_new,

@@ -1,7 +1,10 @@
-"""The MemAgent service: one request is one document, read by the memory agent through the upstream.
+"""The MemAgent service: one request is one document, read by the memory agent through the upstream; or, with
+another registered agent (``--agent NAME``), one request is one run of that agent on the request's conversation.
 
-Its question and document are found by a question mode (:mod:`recurrent.serve.questions`); the memory agent of
-:func:`recurrent.impls.memory.inference_workflow` reads the document chunk by chunk; every turn goes upstream
+For the memory agent (the default), a request's question and document are found by a question mode
+(:mod:`recurrent.serve.questions`); the memory agent of :func:`recurrent.agents.memory.inference_workflow` reads the
+document chunk by chunk. Any other agent gets the request's messages as its sample (``prompt``: the chat list, as a
+training row holds it; ``input``: the last user message) and its answer is the reply. Every call goes upstream
 through :class:`recurrent.client.OpenAIChatClient`, driven by :func:`recurrent.async_manager.run_session` (the turn
 loop of the harness and the quickstart). Around it, what a service needs: a limit on documents in flight with a
 bounded queue, cancellation of a document's remaining turns, timeouts, upstream failures as HTTP statuses that
@@ -19,10 +22,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from recurrent.agents.memory import FINAL_TEMPLATES, MemorySession, MemoryWorkflow, inference_workflow
 from recurrent.async_manager import run_session
 from recurrent.client import ChatRequestError, OpenAIChatClient
-from recurrent.impls.memory import FINAL_TEMPLATES, MemorySession, MemoryWorkflow, inference_workflow
-from recurrent.interface import Reply, Turn
+from recurrent.interface import Episode, Reply, Turn, load_register
 from recurrent.serve.protocol import ApiError, ChatRequest, bad_request, upstream_error
 from recurrent.serve.questions import QUESTION_MODES, Found, QuestionError, find_question
 from recurrent.serve.spool import SPOOL_BYTES, LongText, Spools, as_str
@@ -45,6 +48,7 @@ class ServeSettings:
     ``memory`` method): 5000-token chunks, 1024-token memory and answer, the whole document, "the answer is"."""
 
     model: str  # the name clients use (GET /v1/models lists it)
+    agent: str = "memory"  # a registered agent; "memory" reads a document per request, any other a conversation
     chunk_size: int = 5000
     max_new: int = 1024  # cap on a memory update
     final_max_new: int = 1024  # cap on the answer (a request's max_tokens replaces it)
@@ -104,11 +108,14 @@ class Document:
     found: Found | None = None
     passthrough: bool = False  # the request goes upstream as it is
     session: MemorySession | None = None
+    episode: Episode | None = None  # another agent's run (--agent)
     state: str = "new"  # new, queued, running, done
     cancel_reason: str | None = None  # why the service cancelled it: "client disconnected", "shutdown"
     spools: Spools | None = None  # a long request's files, closed when its task ends
 
     def progress(self) -> str:
+        if self.episode is not None:
+            return f"after {len(self.episode.history)} calls"
         if self.session is None:
             return f"while {self.state}"
         return f"after {len(self.session.history)} of {self.session.num_chunks + 1} turns"
@@ -149,7 +156,10 @@ class MemAgentService:
         self.settings = settings
         self.tokenizer = tokenizer
         self.client = client
-        self.workflow = self._workflow(settings.final_max_new)
+        self.reads_documents = settings.agent == "memory"
+        # Another agent runs with its own settings (its config's defaults) on the request's conversation.
+        self.agent = None if self.reads_documents else load_register(settings.agent).for_inference(tokenizer)
+        self.workflow = self._workflow(settings.final_max_new) if self.reads_documents else None
         self.counters = Counters()
         self.documents: set[Document] = set()
         self.draining = False
@@ -212,11 +222,13 @@ class MemAgentService:
         passes through. The document takes ``spools`` (a long request's files): its task's end closes them; a
         400 here leaves them to the caller."""
         doc = Document(request)
-        if self._passes_through(request, check_tokens=False):
+        if not self.reads_documents:
+            request.messages = [{**m, "content": as_str(m["content"])} for m in request.messages]
+        elif self._passes_through(request, check_tokens=False):
             doc.passthrough = await asyncio.to_thread(self._passes_through, request, True)
         if doc.passthrough:
             request.messages = [{**m, "content": as_str(m["content"])} for m in request.messages]
-        else:
+        elif self.reads_documents:
             doc.found = self._find(request)
         doc.spools = spools
         doc.task = asyncio.create_task(self._drive(doc))
@@ -264,7 +276,12 @@ class MemAgentService:
             async with self._slot(doc):
                 try:
                     async with asyncio.timeout(self.settings.document_timeout):
-                        outcome = await (self._pass_through(doc) if doc.passthrough else self._read(doc))
+                        if not self.reads_documents:
+                            outcome = await self._converse(doc)
+                        elif doc.passthrough:
+                            outcome = await self._pass_through(doc)
+                        else:
+                            outcome = await self._read(doc)
                 except TimeoutError:
                     raise ApiError(
                         504,
@@ -294,7 +311,7 @@ class MemAgentService:
         log.info(
             "%s answered: %s, %d turns, %d+%d tokens, %.2f s",
             doc.id,
-            outcome.memagent.get("question_mode", "passthrough"),
+            outcome.memagent.get("question_mode", outcome.memagent.get("agent", "passthrough")),
             outcome.memagent["turns"],
             outcome.prompt_tokens,
             outcome.completion_tokens,
@@ -312,6 +329,34 @@ class MemAgentService:
         answer = _cut_stop(reply.text, request.stop) if reply.finish_reason == "stop" else reply.text
         memagent = {"passthrough": True, "turns": 1}
         return Outcome(answer, reply.finish_reason, reply.prompt_tokens, reply.completion_tokens, memagent)
+
+    async def _converse(self, doc: Document) -> Outcome:
+        """Another agent's run on the request's conversation: the messages as the sample's ``prompt`` (the chat list
+        a training row holds) and its last user message as ``input``; the answer is the agent's."""
+        request = doc.request
+        users = [m["content"] for m in request.messages if m.get("role") == "user"]
+        sample = {"prompt": [dict(m) for m in request.messages], "input": users[-1] if users else ""}
+        try:
+            doc.episode = self.agent.episode(sample)
+        except (KeyError, ValueError, TypeError) as err:
+            raise bad_request(f"agent {self.settings.agent!r} cannot run this request: {err}") from None
+
+        def on_turn(turn: Turn, reply: Reply) -> None:
+            self._count(reply)
+            if request.stream:
+                doc.events.put_nowait(("turn", False, None))
+
+        await run_session(doc.episode, self.client, self._sampling(request), on_turn)
+        history = doc.episode.history
+        last = history[-1].reply
+        info = {"agent": self.settings.agent, "turns": len(history)}
+        return Outcome(
+            doc.episode.answer,
+            last.finish_reason,
+            sum(rec.reply.prompt_tokens for rec in history),
+            sum(rec.reply.completion_tokens for rec in history),
+            info,
+        )
 
     def _spooled_session(
         self, workflow: MemoryWorkflow, question: str, document: LongText, spools: Spools

@@ -301,7 +301,7 @@ def _run(args) -> int:
 
 
 def _custom(args) -> int:
-    from recurrent.impls.memory import MemoryConfig
+    from recurrent.agents.memory import MemoryConfig
     from taskutils.memory_data import custom
     from taskutils.memory_data.tokenizer import load_tokenizer
 

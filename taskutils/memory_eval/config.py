@@ -8,6 +8,7 @@ environment variables (the original exported them and never unset them, so they 
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field, fields, replace
@@ -16,18 +17,40 @@ from typing import Any
 
 import yaml
 
+from recurrent.interface import registered_agents
 from recurrent.options import ConfigError, key_nodes, read_yaml, where
 
 TABLE_PATH = Path(__file__).with_name("models.yaml")
 
-# method -> (agent, final prompt). "memory" and "direct" are the paper's protocol ("the answer is", lenient
-# verifier: the original `recurrent` and `openai` APIs); the -boxed variants use the training answer format.
+# method -> (registered agent, final prompt). "memory" and "direct" are the paper's protocol ("the answer is",
+# lenient verifier: the original `recurrent` and `openai` APIs); the -boxed variants use the training answer format.
+# Any other registered agent (recurrent/agents/) is a method of its own name, with its own prompts, scored on
+# its \boxed{} answer.
 METHODS: dict[str, tuple[str, str]] = {
     "memory": ("memory", "answer_is"),
     "memory-boxed": ("memory", "boxed"),
     "direct": ("direct", "answer_is"),
     "direct-boxed": ("direct", "boxed"),
 }
+AGENT_ANSWER_FORMAT = "boxed"  # how a registered agent's own answer is scored
+
+
+def method_agent(method: str) -> tuple[str, str | None]:
+    """(agent, final prompt) of a method: one of :data:`METHODS`, or a registered agent by name (None: its own
+    prompts)."""
+    if method in METHODS:
+        return METHODS[method]
+    if method in registered_agents():
+        return method, None
+    raise ValueError(f"unknown method {method!r}; choose from {', '.join(known_methods())}")
+
+
+def known_methods() -> tuple[str, ...]:
+    """The paper's methods, then every other registered agent."""
+    agents = {agent for agent, _ in METHODS.values()}
+    return (*METHODS, *(name for name in registered_agents() if name not in agents))
+
+
 DEFAULT_GROUPS = ("paper", "ablation")  # the paper's run.py evaluates all 14 configurations
 
 HOTPOTQA = "hotpotqa"
@@ -81,7 +104,7 @@ def _field_problem(name: str, value: Any, hint: Any) -> str | None:
     if hint is str:
         if not isinstance(value, str) or not value.strip():
             return f"must be a non-empty string, got {value!r}"
-        choices = {"method": tuple(METHODS), "serve": SERVE_KINDS}.get(name)
+        choices = {"method": known_methods(), "serve": SERVE_KINDS}.get(name)
         if choices and value not in choices:
             return f"must be one of {', '.join(choices)}, got {value!r}"
         return None
@@ -252,13 +275,21 @@ def with_overrides(entry: ModelEntry, **changes: Any) -> ModelEntry:
     return replace(entry, **{k: v for k, v in changes.items() if v is not None})
 
 
-def expand_tasks(names: list[str] | None) -> list[str]:
-    """Task names with groups expanded (``ruler``, ``all``); default: HotpotQA and the paper's RULER tasks."""
+CUSTOM_TASK = re.compile(r"[a-z0-9][a-z0-9_]*")  # another agent's task: files eval_{task}_{length}.jsonl
+
+
+def expand_tasks(names: list[str] | None, lengths: list[int] | None = None) -> list[str]:
+    """Task names with groups expanded (``ruler``, ``all``); default: HotpotQA and the paper's RULER tasks. A name
+    that is not one of these is a custom task (another agent's eval set, ``eval_{task}_{length}.jsonl``, scored on
+    its \\boxed{} answer), allowed with explicit ``lengths`` only (it has no paper lengths)."""
     out: list[str] = []
     for name in names or ["all"]:
         for task in TASK_GROUPS.get(name, (name,)):
-            if task not in KNOWN_TASKS:
-                raise ValueError(f"unknown task {task!r}; known: {', '.join(KNOWN_TASKS)} (groups: ruler, all)")
+            if task not in KNOWN_TASKS and not (lengths and CUSTOM_TASK.fullmatch(task)):
+                raise ValueError(
+                    f"unknown task {task!r}; known: {', '.join(KNOWN_TASKS)} (groups: ruler, all); another agent's "
+                    "task needs --lengths (files eval_{task}_{length}.jsonl)"
+                )
             if task not in out:
                 out.append(task)
     return out

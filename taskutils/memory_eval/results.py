@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from recurrent.atomic import write_atomic
-from recurrent.interface import Session
+from recurrent.interface import Episode
 from recurrent.resume import SettingsMismatchError, check_settings, read_jsonl  # noqa: F401 (the run catches it)
 
 FORMAT_VERSION = 1
@@ -141,7 +141,7 @@ def item_record(
     length: int,
     model: str,
     method: str,
-    session: Session | None,
+    session: Episode | None,
     error: BaseException | None,
     seconds: float,
     scores: dict[str, Any],
@@ -150,7 +150,7 @@ def item_record(
 ) -> dict[str, Any]:
     """The result line of one item (the context is never stored)."""
     history = session.history if session is not None else []
-    answer = history[-1].reply.text if history and history[-1].turn.final and error is None else None
+    answer = session.answer if session is not None and error is None else None
     record: dict[str, Any] = {
         "id": item["index"],
         "task": task,

@@ -39,10 +39,10 @@ from typing import Any, TypeVar
 
 from tqdm import tqdm
 
+from recurrent.agents.memory import MemoryConfig
 from recurrent.async_manager import cancel_and_wait
 from recurrent.client import OpenAIChatClient
-from recurrent.impls.memory import MemoryConfig, inference_workflow
-from recurrent.interface import Session
+from recurrent.interface import Episode, load_register
 from recurrent.models import ModelNotAvailableError, load_tokenizer
 from recurrent.options import parse_with_config
 from recurrent.serving import log_tail
@@ -51,7 +51,6 @@ from taskutils.cli import non_negative_int, positive_int
 
 from . import config as cfg
 from . import evalsets, results, scoring
-from .direct import DirectWorkflow
 from .runner import EndpointDownError, FailureStreak, FileOutcome, run_items
 from .serve import Endpoint, ServerError, endpoint, endpoint_problem
 
@@ -117,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     sel.add_argument(
         "--method",
         type=parse_list,
-        help=f"comma list of {', '.join(cfg.METHODS)}; memory/direct use the paper's 'the answer is' prompt and "
+        help=f"comma list of {', '.join(cfg.known_methods())} (any registered agent by name); memory/direct use the "
+        "paper's 'the answer is' prompt and "
         "the -boxed variants the training format (default: each model's method in the table)",
     )
     sel.add_argument("--limit", type=positive_int, help="only the first N items of every eval set")
@@ -196,36 +196,53 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parse_with_config(parser, argv)  # a config file sets defaults; flags on the command line still win
-    unknown = [m for m in args.method or [] if m not in cfg.METHODS]
+    known = cfg.known_methods()
+    unknown = [m for m in args.method or [] if m not in known]
     if unknown:
-        parser.error(f"unknown method(s) {unknown}; choose from {', '.join(cfg.METHODS)}")
+        parser.error(f"unknown method(s) {unknown}; choose from {', '.join(known)}")
     return args
 
 
-def make_workflow(entry: cfg.ModelEntry, method: str, tokenizer: Any) -> Callable[[dict[str, Any]], Session]:
-    """The session factory of one method: the memory agent of ``recurrent`` or the direct baseline."""
-    agent, final_prompt = cfg.METHODS[method]
-    if agent == "memory":
-        workflow = inference_workflow(tokenizer, final_prompt=final_prompt, **asdict(entry.memory))
-    else:
-        workflow = DirectWorkflow(tokenizer, entry.direct.max_input, entry.direct.max_output, final_prompt)
+def agent_options(entry: cfg.ModelEntry, method: str) -> dict[str, Any]:
+    """The inference settings of a method's agent: the model table's section named after the agent (``memory``,
+    ``direct``: its budgets), and the method's final prompt; an agent without a section runs on its defaults."""
+    agent, final_prompt = cfg.method_agent(method)
+    section = getattr(entry, agent, None)
+    options = asdict(section) if section is not None else {}
+    if final_prompt is not None:
+        options["final_prompt"] = final_prompt
+    return options
 
-    def make_session(item: dict[str, Any]) -> Session:
-        return workflow.session({"input": str(item.get("input", "")).strip(), "context": item.get("context") or ""})
 
-    return make_session
+def make_workflow(entry: cfg.ModelEntry, method: str, tokenizer: Any) -> Callable[[dict[str, Any]], Episode]:
+    """The episode factory of one method: its agent, by name from the registry (recurrent/agents/)."""
+    agent, _ = cfg.method_agent(method)
+    workflow = load_register(agent).for_inference(tokenizer, **agent_options(entry, method))
+
+    def make_episode(item: dict[str, Any]) -> Episode:
+        return workflow.episode(agent_sample(item))
+
+    return make_episode
+
+
+def agent_sample(item: dict[str, Any]) -> dict[str, Any]:
+    """What an agent sees of an eval item: its fields without the gold answers, the question stripped (``input``;
+    also as ``prompt``, the column training reads it from) and the document (``context``, empty when absent)."""
+    question = str(item.get("input", "")).strip()
+    sample = {key: value for key, value in item.items() if key not in scoring.GOLD_FIELDS}
+    return {**sample, "input": question, "prompt": question, "context": item.get("context") or ""}
 
 
 def settings_of(entry: cfg.ModelEntry, method: str, sampling: dict[str, Any]) -> dict[str, Any]:
     """What decides a file's results: resuming with other settings is refused."""
-    agent, final_prompt = cfg.METHODS[method]
-    budget = asdict(entry.memory if agent == "memory" else entry.direct)
+    options = agent_options(entry, method)
+    final_prompt = options.pop("final_prompt", None)
     return {
         "checkpoint": entry.checkpoint,
         "tokenizer": entry.tokenizer or entry.checkpoint,
         "method": method,
         "final_prompt": final_prompt,
-        "budget": budget,
+        "budget": options,
         "sampling": sampling,
     }
 
@@ -249,7 +266,7 @@ def plan_jobs(
     jobs = []
     pool = evalsets.pool_file(args.data_dir, args.hotpotqa_dev)
     for method in args.method or [entry.method]:
-        for task, length in cfg.plan(entry, cfg.expand_tasks(args.tasks), args.lengths):
+        for task, length in cfg.plan(entry, cfg.expand_tasks(args.tasks, args.lengths), args.lengths):
             data = evalsets.data_file(args.data_dir, task, length)
             if data is None:
                 continue
@@ -292,8 +309,8 @@ async def run_model(
             def make_record(item, session, error, seconds, job=job):
                 gold = scoring.golds(item)
                 if error is None:
-                    final_prompt = cfg.METHODS[job.method][1]
-                    scores = scoring.score(job.task, final_prompt, session.history[-1].reply.text, gold)
+                    final_prompt = cfg.method_agent(job.method)[1] or cfg.AGENT_ANSWER_FORMAT
+                    scores = scoring.score(job.task, final_prompt, session.answer, gold)
                 else:
                     scores = scoring.failed(job.task)
                 return results.item_record(
@@ -342,7 +359,7 @@ def report_long_questions(entry: cfg.ModelEntry, jobs: list[Job], tokenizer: Any
     budget = MemoryConfig.max_prompt_length
     lines = []
     for job in jobs:
-        if cfg.METHODS[job.method][0] != "memory":
+        if cfg.method_agent(job.method)[0] != "memory":  # the memory agent's trained question budget
             continue
         for where, question in job.questions.values():
             tokens = len(tokenizer.encode(question.strip(), add_special_tokens=False))
@@ -501,7 +518,9 @@ def check_data(entries: list[cfg.ModelEntry], args: argparse.Namespace) -> list[
     """Raise :class:`evalsets.EvalDataError` when a selected task, or a selected length, has no eval set at all;
     return the (task, length) pairs that are absent while their task and length exist elsewhere (``--lengths``
     applies to every task, so HotpotQA document counts and RULER token counts meet in one list)."""
-    pairs = {pair for entry in entries for pair in cfg.plan(entry, cfg.expand_tasks(args.tasks), args.lengths)}
+    pairs = {
+        pair for entry in entries for pair in cfg.plan(entry, cfg.expand_tasks(args.tasks, args.lengths), args.lengths)
+    }
     absent = {pair for pair in pairs if evalsets.data_file(args.data_dir, *pair) is None}
     tasks = sorted({t for t, _ in pairs if all((t, n) in absent for t2, n in pairs if t2 == t)})
     lengths = sorted({n for _, n in pairs if all((t, n) in absent for t, n2 in pairs if n2 == n)})

@@ -1,6 +1,7 @@
 """Run the items of one eval file concurrently and write each result line as soon as the item finishes.
 
-Each item is a :class:`~recurrent.interface.Session` (the memory agent or the direct baseline) driven by
+Each item is an :class:`~recurrent.interface.Episode` of a registered agent (the memory agent, the direct baseline,
+any other) driven by
 :func:`recurrent.async_manager.run_session`, the same per-sample driver the async manager uses. Unlike
 :class:`~recurrent.async_manager.AsyncGenerationManager`, which takes every session up front, sessions are built
 lazily here, at most ``concurrency`` at a time: a 3.5M-token item holds ~14 MB of token ids, and an eval file
@@ -26,7 +27,7 @@ import openai
 from tqdm import tqdm
 
 from recurrent.async_manager import cancel_and_wait, check_finished, run_session
-from recurrent.interface import ChatClient, Session
+from recurrent.interface import ChatClient, Episode
 from recurrent.serving import ServerError
 from recurrent.trace import TraceWriter
 
@@ -75,8 +76,8 @@ class FileOutcome:
 
 async def run_items(
     items: Iterable[dict[str, Any]],
-    make_session: Callable[[dict[str, Any]], Session],
-    make_record: Callable[[dict[str, Any], Session | None, BaseException | None, float], dict[str, Any]],
+    make_session: Callable[[dict[str, Any]], Episode],
+    make_record: Callable[[dict[str, Any], Episode | None, BaseException | None, float], dict[str, Any]],
     client: ChatClient,
     writer: TraceWriter,
     concurrency: int,
@@ -130,7 +131,7 @@ async def run_items(
         write(record, failed=error is not None)
 
     async def run_one_item(item: dict[str, Any]) -> None:
-        session: Session | None = None
+        session: Episode | None = None
         error: BaseException | None = None
         began = time.perf_counter()
         try:

@@ -37,6 +37,9 @@ def is_qa(task: str) -> bool:
     return task in QA_TASKS
 
 
+GOLD_FIELDS = ("answers", "outputs")  # never shown to an agent
+
+
 def golds(item: dict[str, Any]) -> list[str]:
     """The gold strings of an eval item: ``answers`` (HotpotQA) or ``outputs`` (RULER)."""
     value = item.get("answers", item.get("outputs"))

@@ -165,7 +165,7 @@ def make_documents(
 
 
 def verl_row(doc: dict[str, Any], split: str, index: int) -> dict[str, Any]:
-    """A verl RL row (``verl_ext/cpu/toy_data.py`` columns) of one document."""
+    """A verl RL row (``experiments/tiny/data.py`` columns) of one document."""
     return {
         "prompt": [{"role": "user", "content": doc["question"]}],
         "context": doc["context"],

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from recurrent.impls.memory import FINAL_TEMPLATES, MEMORY_TEMPLATE, NO_MEMORY
+from recurrent.agents.memory import FINAL_TEMPLATES, MEMORY_TEMPLATE, NO_MEMORY
 from recurrent.models import train_bpe_tokenizer
 
 VOCAB_SIZE = 512

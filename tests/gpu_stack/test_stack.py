@@ -62,7 +62,7 @@ def test_rollout_and_agent_loop_modules_import(module):
     importlib.import_module(module)
 
 
-def test_the_memory_agent_loop_is_registered_with_real_vllm():
+def test_the_recurrent_agent_loop_is_registered_with_real_vllm():
     from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 
-    assert "memory_agent" in _agent_loop_registry
+    assert "recurrent_agent" in _agent_loop_registry

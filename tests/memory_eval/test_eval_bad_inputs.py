@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 from eval_fixtures import harness_argv, hotpotqa_set, read_lines
+from process_helpers import load_script
 
 from recurrent.serving import free_port
-from taskutils.memory_eval.instant_server import InstantServer
 from taskutils.memory_eval.report import main as report_main
 from taskutils.memory_eval.run import main as run_main
 
@@ -135,7 +135,7 @@ TABLES = {
     ),
     "an unknown method": (
         "models:\n  - {name: a, checkpoint: tiny, method: recurrent}\n",
-        ":2: model 'a': field 'method' must be one of memory, memory-boxed, direct, direct-boxed, got 'recurrent'",
+        ":2: model 'a': field 'method' must be one of memory, memory-boxed, direct, direct-boxed, calculator, got 'recurrent'",
     ),
     "no checkpoint": ("models:\n  - {name: a}\n", ":2: model 'a': field 'checkpoint' is missing; fields: name"),
     "duplicate names": (
@@ -265,7 +265,7 @@ def test_a_closed_port_is_refused_before_the_first_item(tmp_path, capsys, caplog
     assert not list(out.glob("*/*.jsonl"))
 
 
-class ScriptedServer(InstantServer):
+class ScriptedServer(load_script("instant_server").InstantServer):
     """An OpenAI-compatible server that answers chat requests until ``drop(n)`` says the n-th (1-based) is not
     to be answered: then it hangs up without a reply, and with ``die`` it also stops listening, so every later
     connection is refused (a server process that died). Runs in a thread with its own event loop."""

@@ -10,7 +10,7 @@ import time
 
 import pytest
 from openai import OpenAI
-from process_helpers import pid_alive
+from process_helpers import SCRIPTS, pid_alive
 
 from recurrent.serving import free_port
 from taskutils.memory_eval.config import ModelEntry
@@ -22,6 +22,8 @@ from taskutils.memory_eval.serve import (
     vllm_command,
     wait_ready,
 )
+
+INSTANT_SERVER = SCRIPTS / "instant_server.py"
 
 
 def test_vllm_command_line():
@@ -76,8 +78,7 @@ def instant(tmp_path):
     with log.open("w") as f:
         cmd = [
             sys.executable,
-            "-m",
-            "taskutils.memory_eval.instant_server",
+            str(INSTANT_SERVER),
             "--port",
             str(port),
             "--served-model-name",
@@ -117,8 +118,9 @@ def fake_vllm(tmp_path):
         f"#!{sys.executable}\n"
         "import json, sys\n"
         f"json.dump(sys.argv[1:], open({str(argv_file)!r}, 'w'))\n"
-        "from taskutils.memory_eval.instant_server import main\n"
-        "main(sys.argv[1:])\n"
+        "import runpy\n"
+        f"sys.argv = [{str(INSTANT_SERVER)!r}, *sys.argv[1:]]\n"
+        f"runpy.run_path({str(INSTANT_SERVER)!r}, run_name='__main__')\n"
     )
     script.chmod(0o755)
     return script, argv_file

@@ -10,10 +10,10 @@ import pytest
 from eval_fixtures import hotpotqa_set, read_lines
 from transformers import AutoTokenizer
 
+from recurrent.agents.direct import TEMPLATE_0SHOT, DirectConfig, DirectWorkflow
 from recurrent.interface import Reply
 from taskutils.memory_eval import config as cfg
 from taskutils.memory_eval import evalsets, results, scoring
-from taskutils.memory_eval.direct import TEMPLATE_0SHOT, DirectWorkflow
 from taskutils.memory_eval.report import collect, markdown, plot, table2, write_report
 from taskutils.memory_eval.report import main as report_main
 
@@ -27,7 +27,7 @@ def tokenizer(tiny_model_dir):
 
 
 def test_direct_prompt_is_the_paper_template_when_it_fits(tokenizer):
-    workflow = DirectWorkflow(tokenizer, max_input=10_000, max_output=7)
+    workflow = DirectWorkflow(DirectConfig(max_input=10_000, max_output=7), tokenizer)
     session = workflow.session({"input": " Who? ", "context": "  some text  "})
     turn = session.next_turn()
     # The paper's 0-shot layout written out by hand, with the context and question stripped.
@@ -42,7 +42,7 @@ def test_direct_prompt_is_the_paper_template_when_it_fits(tokenizer):
 
 def test_direct_prompt_is_middle_truncated_in_token_space(tokenizer):
     context = " ".join(f"word{i}" for i in range(3000))
-    workflow = DirectWorkflow(tokenizer, max_input=200, max_output=5, final_prompt="boxed")
+    workflow = DirectWorkflow(DirectConfig(max_input=200, max_output=5, final_prompt="boxed"), tokenizer)
     session = workflow.session({"input": "Which word comes first?", "context": context})
     text = session.next_turn().messages[0]["content"]
     full = tokenizer.encode(TEMPLATE_0SHOT.format(context=context, question="x"), add_special_tokens=False)
@@ -55,7 +55,7 @@ def test_direct_prompt_is_middle_truncated_in_token_space(tokenizer):
 
 
 def test_direct_session_is_one_final_turn(tokenizer):
-    session = DirectWorkflow(tokenizer, 100, 5).session({"input": "q", "context": "c"})
+    session = DirectWorkflow(DirectConfig(100, 5), tokenizer).session({"input": "q", "context": "c"})
     turn = session.next_turn()
     with pytest.raises(RuntimeError):
         session.next_turn()

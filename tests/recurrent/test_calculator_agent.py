@@ -1,20 +1,39 @@
-"""The second workflow (``examples/calculator_workflow.py``): a growing conversation with a calculator tool,
-driven by hand."""
+"""The second agent (``recurrent/agents/calculator.py``), an agent function: a growing conversation with a
+calculator tool, driven through the framework by a scripted client."""
 
-import inspect
-from pathlib import Path
+from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict
 
 import pytest
 from transformers import AutoTokenizer
 
+from recurrent.agents.calculator import CalculatorConfig, calculate, parse_tool_call, row_widths
+from recurrent.async_manager import run_session
+from recurrent.functions import FunctionEpisode
 from recurrent.interface import Reply, load_register
 
-# The example is loaded as a user's workflow file is (recurrent.path=examples/calculator_workflow.py).
-EXAMPLE = Path(__file__).parents[2] / "examples" / "calculator_workflow.py"
-REGISTER = load_register(str(EXAMPLE))
-CalculatorConfig, CalculatorWorkflow = REGISTER.config_cls, REGISTER.workflow_cls
-_module = inspect.getmodule(CalculatorWorkflow)
-calculate, parse_tool_call = _module.calculate, _module.parse_tool_call
+CALL = '<tool_call>{"name": "calculate", "arguments": {"expression": "6*7"}}</tool_call>'
+
+
+class ScriptedClient:
+    """Replies in order from a script, recording what each call was sent."""
+
+    def __init__(self, replies: list[str]) -> None:
+        self.replies = list(replies)
+        self.sent: list[tuple[list[dict], int]] = []
+
+    async def chat(self, messages, max_tokens, *, prompt_ids=None, **sampling) -> Reply:
+        self.sent.append(([dict(m) for m in messages], max_tokens))
+        return Reply(self.replies.pop(0), "stop")
+
+
+def run(config: CalculatorConfig, sample: dict, replies: list[str]) -> tuple[FunctionEpisode, ScriptedClient]:
+    episode = load_register("calculator").for_training(asdict(config), None).episode(sample)
+    client = ScriptedClient(replies)
+    asyncio.run(run_session(episode, client))
+    return episode, client
 
 
 def test_calculate_and_parse():
@@ -24,51 +43,72 @@ def test_calculate_and_parse():
     assert calculate("1 / 0").startswith("error")
     assert calculate("__import__('os')").startswith("error")
     assert calculate("2 ** 1000").startswith("error")
-    call = '<tool_call>{"name": "calculate", "arguments": {"expression": "6*7"}}</tool_call>'
-    assert parse_tool_call("I will compute. " + call) == "6*7"
+    assert parse_tool_call("I will compute. " + CALL) == "6*7"
     assert parse_tool_call("<tool_call>not json</tool_call>") == ""
     assert parse_tool_call("The answer is \\boxed{42}") is None
 
 
-@pytest.fixture(scope="module")
-def workflow(tiny_model_dir):
-    return CalculatorWorkflow(CalculatorConfig(max_turns=3), AutoTokenizer.from_pretrained(tiny_model_dir))
+def test_tool_results_grow_the_conversation_and_a_reply_without_a_call_is_the_answer():
+    config = CalculatorConfig(max_turns=5, max_tokens_per_turn=20)
+    question = [{"role": "user", "content": "What is 6 times 7?"}]
+    episode, client = run(config, {"prompt": question}, [CALL, "So \\boxed{42}"])
+    first, second = (messages for messages, _ in client.sent)
+    assert [m["role"] for m in first] == ["system", "user"] and first[1]["content"] == "What is 6 times 7?"
+    assert [m["role"] for m in second] == ["system", "user", "assistant", "user"]
+    assert second[2]["content"] == CALL and second[3]["content"] == "<tool_response>42</tool_response>"
+    assert [max_tokens for _, max_tokens in client.sent] == [20, 20]
+    # Two calls, two records (each its own training row), and the answer is the last reply.
+    assert [rec.reply.text for rec in episode.history] == [CALL, "So \\boxed{42}"]
+    assert episode.answer == "So \\boxed{42}" and episode.finished
+    assert [rec.turn.messages for rec in episode.history] == [first, second]
 
 
-def test_tool_results_grow_the_conversation(workflow):
-    session = workflow.session({"prompt": [{"role": "user", "content": "What is 6 times 7?"}]})
-    first = session.next_turn()
-    assert [m["role"] for m in first.messages] == ["system", "user"] and not first.final
-    call = '<tool_call>{"name": "calculate", "arguments": {"expression": "6*7"}}</tool_call>'
-    session.record(Reply(call, "stop"))
-    second = session.next_turn()
-    assert [m["role"] for m in second.messages] == ["system", "user", "assistant", "user"]
-    assert second.messages[-1]["content"] == "<tool_response>42</tool_response>"
-    assert second.messages[2]["content"] == call
-    # The token prompt is the chat template over the whole conversation so far: the tiny model's ChatML, written
-    # out by hand from the four messages.
-    system = second.messages[0]["content"]
-    assert system == first.messages[0]["content"] and system
-    expected = (
-        f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nWhat is 6 times 7?<|im_end|>\n"
-        f"<|im_start|>assistant\n{call}<|im_end|>\n<|im_start|>user\n<tool_response>42</tool_response><|im_end|>\n"
-        "<|im_start|>assistant\n"
-    )
-    assert workflow.tokenizer.decode(second.prompt_ids) == expected
-    session.record(Reply("So the answer is \\boxed{42}", "stop"))  # no tool call: the session ends here
-    assert session.next_turn() is None
-    assert len(session.history) == 2 and session.trace()["tool_calls"] == 1
+def test_the_last_allowed_call_is_the_answer_whatever_it_holds():
+    episode, client = run(CalculatorConfig(max_turns=3), {"prompt": "1+1?"}, [CALL] * 3)
+    assert len(client.sent) == 3 and episode.answer == CALL
+    assert [m["role"] for m in client.sent[-1][0]] == ["system", "user"] + ["assistant", "user"] * 2
 
 
-def test_last_allowed_turn_is_flagged_final(workflow):
-    session = workflow.session({"prompt": "1+1?"})
-    call = '<tool_call>{"name": "calculate", "arguments": {"expression": "1+1"}}</tool_call>'
-    flags = []
-    while (turn := session.next_turn()) is not None:
-        flags.append(turn.final)
-        session.record(Reply(call, "stop"))
-    assert flags == [False, False, True]  # max_turns=3: the third call is known to be the last
+def test_a_malformed_call_and_a_long_result_come_back_as_text():
+    config = CalculatorConfig(max_turns=3, max_result_chars=5)
+    bad = "<tool_call>{not json}</tool_call>"
+    long = '<tool_call>{"name": "calculate", "arguments": {"expression": "2**60"}}</tool_call>'
+    _, client = run(config, {"prompt": "?"}, [bad, long, "\\boxed{0}"])
+    assert client.sent[1][0][-1]["content"] == "<tool_response>error</tool_response>"  # "error: malformed..." cut
+    assert client.sent[2][0][-1]["content"] == "<tool_response>11529</tool_response>"  # 1152921504606846976, cut
 
 
-def test_registered():
-    assert REGISTER.name == "calculator"
+def test_a_missing_question_column_is_named():
+    register = load_register("calculator")
+    agent = register.for_training({"question_key": "question"}, None)
+    assert register.columns_of(agent.config) == ("question",)
+    with pytest.raises(KeyError, match="'question'"):
+        agent.episode({"prompt": "1+1?"})
+
+
+def test_row_widths_bound_the_longest_call(tiny_model_dir):
+    """The widest prompt, counted by hand: the longest conversation the agent can send, with every content at its
+    budget (replies of max_tokens_per_turn tokens, results of max_result_chars characters, the question at its
+    budget), rendered by the tokenizer, is no longer than the declared width."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    config = CalculatorConfig(max_turns=3, max_tokens_per_turn=12, max_question_tokens=10, max_result_chars=6)
+    widths = row_widths(config, tokenizer)
+    word = tokenizer.decode(tokenizer.encode(" value", add_special_tokens=False)[:1])
+    reply = word * 12  # 12 tokens (one token repeated)
+    assert len(tokenizer.encode(reply, add_special_tokens=False)) <= 12
+    question = word * 10
+    longest = [{"role": "system", "content": config.system_prompt}, {"role": "user", "content": question}]
+    longest += [
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": "<tool_response>123456</tool_response>"},
+    ] * 2
+    rendered = tokenizer.apply_chat_template(longest, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert len(rendered) <= widths.prompt and widths.response == 12
+    assert "max_turns=3" in widths.made_of and "max_result_chars=6" in widths.made_of
+
+
+def test_registered_by_name():
+    register = load_register("calculator")
+    assert register.name == "calculator" and register.config_cls is CalculatorConfig
+    with pytest.raises(ModuleNotFoundError, match=r"no agent 'calculatr'.*calculator.*memory"):
+        load_register("calculatr")

@@ -15,7 +15,7 @@ from threaded_http import serve_in_a_thread
 
 from recurrent.async_manager import run_session
 from recurrent.client import ChatRequestError, OpenAIChatClient
-from recurrent.interface import Turn
+from recurrent.interface import Session, Turn
 from recurrent.serving import free_port, transformers_serve
 
 SECRET = "sk-test-SECRET-7f3a9c"
@@ -274,11 +274,15 @@ def test_client_survives_successive_event_loops(fake):
     assert client.stats.requests == 2
 
 
-class TwoTurns:
+class TwoTurns(Session):
     """A minimal session: two non-final turns then a final one."""
 
     def __init__(self) -> None:
-        self.history: list = []
+        self._records: list = []
+
+    @property
+    def history(self) -> list:
+        return self._records
 
     def next_turn(self):
         if len(self.history) == 3:
@@ -286,7 +290,7 @@ class TwoTurns:
         return Turn([{"role": "user", "content": f"turn {len(self.history)}"}], 4, final=len(self.history) == 2)
 
     def record(self, reply) -> None:
-        self.history.append(reply)
+        self._records.append(reply)
 
 
 async def test_a_stop_that_arrives_with_the_reply_is_not_swallowed(fake, make_client):

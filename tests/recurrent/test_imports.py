@@ -10,7 +10,7 @@ MODULES = (
     "recurrent.client",
     "recurrent.async_manager",
     "recurrent.lockstep",
-    "recurrent.impls.memory",
+    "recurrent.agents.memory",
     "recurrent.templating",
     "recurrent.trace",
     "recurrent.serving",

@@ -11,7 +11,7 @@ import asyncio
 import pytest
 from transformers import AutoTokenizer
 
-from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
+from recurrent.agents.memory import MemoryConfig, MemoryWorkflow
 from recurrent.interface import Reply, Session, Turn, TurnRecord
 from recurrent.lockstep import run_lockstep
 

@@ -7,8 +7,8 @@ import pytest
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
-from recurrent.impls import memory
-from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
+from recurrent.agents import memory
+from recurrent.agents.memory import MemoryConfig, MemoryWorkflow
 from recurrent.interface import Reply, load_register
 
 # The fork's two prompts, written out line by line (an independent route to the same bytes).
@@ -114,7 +114,7 @@ def test_training_final_prompt_is_what_the_released_checkpoints_saw(tokenizer):
     assert list(turn.prompt_ids) == expected
     assert "\\boxed{{}}" in tokenizer.decode(turn.prompt_ids)
     # The training run configs use it; inference keeps the formatted prompt.
-    trainer = OmegaConf.load(Path(__file__).resolve().parents[2] / "configs" / "recurrent_trainer.yaml")
+    trainer = OmegaConf.load(Path(__file__).resolve().parents[2] / "configs" / "memory_agent.yaml")
     assert trainer.recurrent.config.final_prompt == "boxed_released"
     assert MemoryConfig().final_prompt == "boxed"
 
@@ -264,16 +264,16 @@ def test_without_kept_prompts_a_session_holds_no_past_chunks(tokenizer):
 
 
 def test_register_loads_by_module_and_by_file(tmp_path):
-    register = load_register("recurrent.impls.memory")
-    assert register.name == "memory" and register.workflow_cls is MemoryWorkflow
+    register = load_register("recurrent.agents.memory")
+    assert register.name == "memory" and register.config_cls is memory.MemoryConfig
+    assert load_register("memory") is register  # by name: the module recurrent.agents.memory
     by_file = load_register(memory.__file__ + ":REGISTER")  # a fresh module: its own class objects, same names
-    assert by_file.name == "memory" and by_file.workflow_cls.__name__ == "MemoryWorkflow"
-    assert by_file.config_cls.__name__ == "MemoryConfig"
+    assert by_file.name == "memory" and by_file.config_cls.__name__ == "MemoryConfig"
     with pytest.raises(FileNotFoundError, match="nope.py"):
         load_register(str(tmp_path / "nope.py"))
     with pytest.raises(AttributeError, match="OTHER"):
-        load_register("recurrent.impls.memory:OTHER")
+        load_register("recurrent.agents.memory:OTHER")
     with pytest.raises(TypeError, match="expected a WorkflowRegistration"):
-        load_register("recurrent.impls.memory:MemoryConfig")
+        load_register("recurrent.agents.memory:MemoryConfig")
     with pytest.raises(ModuleNotFoundError, match="no_such_module"):
-        load_register("recurrent.impls.no_such_module")
+        load_register("recurrent.agents.no_such_module")

@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from recurrent.impls.memory import MemoryWorkflow
+from recurrent.agents.memory import MemoryWorkflow
 from recurrent.interface import Reply
 from taskutils.memory_eval import config as cfg
 from taskutils.memory_eval import evalsets, report, scoring

@@ -62,7 +62,7 @@ def test_the_rl_run_trained_two_steps_from_the_warm_start(pipeline):
         steps.setdefault(record["step"], {}).update(record["data"])
     assert {1, 2} <= set(steps)
     for step in (1, 2):  # the strict reward of the final answers, a number in [0, 1]
-        assert 0.0 <= steps[step]["memagent/final/reward/mean"] <= 1.0
+        assert 0.0 <= steps[step]["recurrent/final/reward/mean"] <= 1.0
     exported = run / "checkpoints" / "global_step_2" / "actor" / "huggingface"
     assert (exported / "model.safetensors").is_file() and (exported / "chat_template.jinja").is_file()
     table = (pipeline["out"] / "policies.yaml").read_text()

@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
+from recurrent.agents.memory import MemoryConfig, MemoryWorkflow
 from recurrent.interface import Reply
 from taskutils.replication.needle import (
     NEEDLE,
@@ -58,7 +58,7 @@ def test_a_document_of_n_chunks_has_n_chunks(tokenizer, n):
 
 
 def test_digits_are_single_tokens_and_prompts_round_trip(tokenizer):
-    from recurrent.impls.memory import FINAL_TEMPLATE_BOXED, MEMORY_TEMPLATE
+    from recurrent.agents.memory import FINAL_TEMPLATE_BOXED, MEMORY_TEMPLATE
 
     ids = tokenizer.encode("is 90817 and 3", add_special_tokens=False)
     digits = [tokenizer.decode([i]) for i in ids if tokenizer.decode([i]).strip().isdigit()]

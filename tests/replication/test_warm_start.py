@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from recurrent.impls.memory import MemoryWorkflow
+from recurrent.agents.memory import MemoryWorkflow
 from recurrent.models import MANIFEST
 from taskutils.replication import warm_start
 from taskutils.replication.reader import build_tokenizer, reader_config

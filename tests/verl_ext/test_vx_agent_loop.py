@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
-from vx_helpers import memory_agent_loop
+from vx_helpers import recurrent_agent_loop
 
-from recurrent.impls.memory import NO_MEMORY
+from recurrent.agents.memory import NO_MEMORY
 from recurrent.tokens import encode_long, num_chunks
 from verl_ext.lockstep import Trajectory, run_trajectories
-from verl_ext.rollout import MemoryRollout
+from verl_ext.rollout import AgentRollout
 
 QUESTION = "What is the magic number of the river city?"
 # Greedy decoding: the tiny random model is deterministic, so async and sync rows can be compared exactly.
@@ -51,10 +51,10 @@ def sample(uid: str, context: str) -> dict:
     }
 
 
-def expected_prompt_ids(rollout: MemoryRollout, tokenizer, context: str, responses: list[list[int]]) -> list[list[int]]:
+def expected_prompt_ids(rollout: AgentRollout, tokenizer, context: str, responses: list[list[int]]) -> list[list[int]]:
     """Every turn's prompt rebuilt from recurrent's templates: memory turn k sees chunk k and the previous
     response with eos/pad dropped ("No previous memory" first); the final turn sees the last memory."""
-    workflow, cfg = rollout.workflow, rollout.workflow.config
+    workflow, cfg = rollout.agent, rollout.agent.config
     question = tokenizer.encode(QUESTION, add_special_tokens=False)
     ids = encode_long(context, tokenizer)
     no_memory = tokenizer.encode(NO_MEMORY, add_special_tokens=False)
@@ -68,8 +68,8 @@ def expected_prompt_ids(rollout: MemoryRollout, tokenizer, context: str, respons
     return prompts
 
 
-def check_rows(outputs, rollout: MemoryRollout, tokenizer, context: str) -> None:
-    cfg = rollout.workflow.config
+def check_rows(outputs, rollout: AgentRollout, tokenizer, context: str) -> None:
+    cfg = rollout.agent.config
     chunks = num_chunks(len(encode_long(context, tokenizer)), cfg.chunk_size)
     assert len(outputs) == chunks + 1  # one row per memory update, then the answer
     kinds = [o.extra_fields["turn_kind"] for o in outputs]
@@ -94,7 +94,7 @@ def check_rows(outputs, rollout: MemoryRollout, tokenizer, context: str) -> None
 
 
 def test_memory_agent_is_registered():
-    assert _agent_loop_registry["memory_agent"] == {"_target_": "verl_ext.agent_loop.MemoryAgentLoop"}
+    assert _agent_loop_registry["recurrent_agent"] == {"_target_": "verl_ext.agent_loop.RecurrentAgentLoop"}
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +106,8 @@ def documents(tiny_tokenizer) -> dict[str, str]:
 
 async def test_async_agent_loop_rows(tiny_config, tiny_tokenizer, tiny_server, documents):
     server = RecordingServer(tiny_server)
-    loop = memory_agent_loop(tiny_config, tiny_tokenizer, server)
-    rollout = MemoryRollout.get(tiny_config, tiny_tokenizer)
+    loop = recurrent_agent_loop(tiny_config, tiny_tokenizer, server)
+    rollout = AgentRollout.get(tiny_config, tiny_tokenizer)
     for name, context in documents.items():
         server.calls.clear()
         outputs = await loop.run(dict(SAMPLING), **sample(f"uid{name}", context))
@@ -118,7 +118,7 @@ async def test_async_agent_loop_rows(tiny_config, tiny_tokenizer, tiny_server, d
 
 
 async def test_sync_mode_runs_turns_in_lockstep_with_the_same_rows(tiny_config, tiny_tokenizer, tiny_server, documents):
-    rollout = MemoryRollout.get(tiny_config, tiny_tokenizer)
+    rollout = AgentRollout.get(tiny_config, tiny_tokenizer)
     names = list(documents)  # empty (0 chunks), short (1), long (several); two rollouts each
     trajectories = [
         Trajectory({**sample(f"uid{name}", documents[name]), "session_id": s}, s, dict(SAMPLING))
@@ -139,7 +139,7 @@ async def test_sync_mode_runs_turns_in_lockstep_with_the_same_rows(tiny_config, 
     assert [(uid, cap) for uid, _, cap in server.calls] == expected
 
     # Same sessions, same greedy server: lockstep changes the schedule, not the rows.
-    loop = memory_agent_loop(tiny_config, tiny_tokenizer, tiny_server)
+    loop = recurrent_agent_loop(tiny_config, tiny_tokenizer, tiny_server)
     for outputs, trajectory in zip(results, trajectories, strict=True):
         alone = await loop.run(dict(SAMPLING), **trajectory.sample)
         assert [(o.prompt_ids, o.response_ids) for o in alone] == [(o.prompt_ids, o.response_ids) for o in outputs]

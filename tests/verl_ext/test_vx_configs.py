@@ -16,8 +16,9 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 from vx_helpers import compose_config
 
-from recurrent.impls.memory import MemoryWorkflow
-from verl_ext.rollout import Budgets, build_workflow, check_budgets, recurrent_section
+from recurrent.agents.memory import MemoryWorkflow
+from verl_ext.rollout import Budgets, build_agent, check_budgets
+from verl_ext.settings import recurrent_settings
 
 AR = "actor_rollout_ref"
 # (verl 0.9.1 key, 7B, 14B, source / note)
@@ -110,9 +111,9 @@ PAPER = [
     # verl 0.9.1 plumbing for the above (not paper hyperparameters):
     ("trainer.use_v1", True, True, "V1 trainer (multi-output agent loops)"),
     ("trainer.v1.trainer_mode", "sync", "sync", "verl compares trainer_mode with the literal \"sync\""),
-    (f"{AR}.rollout.agent.default_agent_loop", "memory_agent", "memory_agent", "our agent loop"),
-    (f"{AR}.rollout.agent.agent_loop_manager_class", "verl_ext.agent_loop_manager.MemoryAgentLoopManager",
-     "verl_ext.agent_loop_manager.MemoryAgentLoopManager", "sync/async switch, memory statistics"),
+    (f"{AR}.rollout.agent.default_agent_loop", "recurrent_agent", "recurrent_agent", "our agent loop"),
+    (f"{AR}.rollout.agent.agent_loop_manager_class", "verl_ext.agent_loop_manager.RecurrentAgentLoopManager",
+     "verl_ext.agent_loop_manager.RecurrentAgentLoopManager", "sync/async switch, memory statistics"),
 ]
 # fmt: on
 
@@ -157,19 +158,20 @@ def test_the_paper_budgets_fit_a_real_instruct_tokenizer(composed, smollm2_dir):
     from transformers import AutoTokenizer
 
     config = composed["7b"]
-    workflow = build_workflow(recurrent_section(config), AutoTokenizer.from_pretrained(smollm2_dir))
+    workflow = build_agent(recurrent_settings(config), AutoTokenizer.from_pretrained(smollm2_dir))
     assert isinstance(workflow, MemoryWorkflow)
     check_budgets(workflow, Budgets(8192, 1024))
-    prompt, response = workflow.max_turn_lengths()
+    widths = workflow.row_widths()
+    prompt, response = widths.prompt, widths.response
     assert 1024 + 5000 + 1024 < prompt <= 8192 and response == 1024  # the paper's "8K context"
 
 
 def test_budgets_that_do_not_fit_are_named(tiny_tokenizer):
-    section = recurrent_section(compose_config("memagent_7b"))
+    settings = recurrent_settings(compose_config("memagent_7b"))
     with pytest.raises(ValueError, match=r"rollout.prompt_length \(data.max_prompt_length\) is 4096"):
-        check_budgets(build_workflow(section, tiny_tokenizer), Budgets(4096, 1024))
+        check_budgets(build_agent(settings, tiny_tokenizer), Budgets(4096, 1024))
     with pytest.raises(ValueError, match=r"max_memorization_length=1024.*response_length .* is 512"):
-        check_budgets(build_workflow(section, tiny_tokenizer), Budgets(8192, 512))
+        check_budgets(build_agent(settings, tiny_tokenizer), Budgets(8192, 512))
 
 
 def test_tiny_cpu_config_composes_and_fits(tiny_model_dir, tiny_tokenizer):
@@ -177,7 +179,7 @@ def test_tiny_cpu_config_composes_and_fits(tiny_model_dir, tiny_tokenizer):
     OmegaConf.resolve(config)
     rollout = config.actor_rollout_ref.rollout
     check_budgets(
-        build_workflow(recurrent_section(config), tiny_tokenizer),
+        build_agent(recurrent_settings(config), tiny_tokenizer),
         Budgets(rollout.prompt_length, rollout.response_length),
     )
     assert rollout.max_model_len == rollout.prompt_length + rollout.response_length
@@ -215,7 +217,7 @@ def test_the_replication_run_is_the_papers_algorithm_at_cpu_scale():
     for fsdp in (actor.fsdp_config, config[AR].ref.fsdp_config):
         assert fsdp.mixed_precision.param_dtype == "fp32"
     # budgets: the reader's memory turn (template + question + 64-token chunk + 32-token memory) fits
-    section = recurrent_section(config)
-    assert (section["config"]["chunk_size"], section["config"]["max_memorization_length"]) == (64, 32)
-    check_budgets(build_workflow(section, build_tokenizer()), Budgets(rollout.prompt_length, rollout.response_length))
+    settings = recurrent_settings(config)
+    assert (settings.agent_config["chunk_size"], settings.agent_config["max_memorization_length"]) == (64, 32)
+    check_budgets(build_agent(settings, build_tokenizer()), Budgets(rollout.prompt_length, rollout.response_length))
     assert rollout.max_model_len >= rollout.prompt_length + rollout.response_length

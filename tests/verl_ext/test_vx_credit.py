@@ -166,7 +166,7 @@ def one_step_per_credit_mode(model_dir: str, modes: list[str]) -> dict[str, dict
             "pg_loss": [float(v) for v in reported["actor/pg_loss"]],
             "grad_norm": [float(v) for v in reported["grad_norm"]],
             "advantages": {key: float(np.mean(store[key]["advantages"].numpy())) for key in keys},
-            "masked": metrics.get("memagent/credit/memory_rows_masked"),
+            "masked": metrics.get("recurrent/credit/earlier_rows_masked"),
         }
     return results
 
@@ -218,7 +218,10 @@ def test_the_answer_step_is_larger_by_the_ratio_of_token_counts(steps):
 def test_the_switch_names_its_variant():
     from omegaconf import OmegaConf
 
-    from verl_ext.trainer import credit_mode
+    from verl_ext.settings import recurrent_settings
+
+    def credit_mode(config):
+        return recurrent_settings(config).credit
 
     def config(**recurrent):
         return OmegaConf.create({"recurrent": recurrent})

@@ -95,7 +95,7 @@ def test_on_a_cluster_an_unset_proj_root_is_pointed_out(tmp_path, proj_root):
 def test_a_real_launch_without_gpus_stops_with_what_is_missing(tmp_path, tiny_model_dir):
     """`bash run_memory_7B.sh` on this GPU-less machine: real data files, a local model folder, a real local Ray.
     The task runner finds 0 GPUs for 4 x 8 and refuses before TransferQueue starts (which would wait forever)."""
-    from verl_ext.cpu.toy_data import write
+    from experiments.tiny.data import write
 
     data = tmp_path / "data" / "hotpotqa"
     data.mkdir(parents=True)

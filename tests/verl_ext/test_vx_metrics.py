@@ -12,7 +12,7 @@ from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
 from verl_ext import trainer as trainer_module
-from verl_ext.metrics import memagent_metrics, memagent_metrics_from_rows
+from verl_ext.metrics import trajectory_metrics, trajectory_metrics_from_rows
 
 # (uid, session, final reward, [(kind, response length, finish reason), ...]) -- as the memory agent writes them
 TRAJECTORIES = [
@@ -48,21 +48,21 @@ def stored_rows(trajectories, shaping: float = 0.0) -> tuple[list[str], list[dic
 
 def test_metrics_by_hand():
     keys, rows = stored_rows(TRAJECTORIES, shaping=-0.25)  # e.g. an overlong penalty: reward != acc
-    metrics = memagent_metrics_from_rows(keys, list_of_dict_to_tensordict(rows))
-    assert metrics["memagent/final/reward/mean"] == pytest.approx((0.75 - 0.25 - 0.25 + 0.75) / 4)
-    assert metrics["memagent/final/acc/mean"] == pytest.approx(0.5)  # the verifier's verdict, per trajectory
-    assert metrics["memagent/final/response_length/mean"] == pytest.approx((3 + 6 + 4 + 2) / 4)
-    assert metrics["memagent/final/truncated_ratio"] == pytest.approx(1 / 4)
-    assert metrics["memagent/turns_per_sample/mean"] == pytest.approx((3 + 1 + 4 + 2) / 4)
-    assert (metrics["memagent/turns_per_sample/max"], metrics["memagent/turns_per_sample/min"]) == (4, 1)
+    metrics = trajectory_metrics_from_rows(keys, list_of_dict_to_tensordict(rows))
+    assert metrics["recurrent/final/reward/mean"] == pytest.approx((0.75 - 0.25 - 0.25 + 0.75) / 4)
+    assert metrics["recurrent/final/acc/mean"] == pytest.approx(0.5)  # the verifier's verdict, per trajectory
+    assert metrics["recurrent/final/response_length/mean"] == pytest.approx((3 + 6 + 4 + 2) / 4)
+    assert metrics["recurrent/final/truncated_ratio"] == pytest.approx(1 / 4)
+    assert metrics["recurrent/turns_per_sample/mean"] == pytest.approx((3 + 1 + 4 + 2) / 4)
+    assert (metrics["recurrent/turns_per_sample/max"], metrics["recurrent/turns_per_sample/min"]) == (4, 1)
     memory = [8, 5, 8, 8, 2, 7]
-    assert metrics["memagent/memory_length/mean"] == pytest.approx(sum(memory) / len(memory))
-    assert metrics["memagent/memory_length/max"] == 8
-    assert metrics["memagent/memory_truncated_ratio"] == pytest.approx(3 / 6)  # memory turns cut at their cap
-    assert metrics["memagent/num_trajectories"] == 4
+    assert metrics["recurrent/calls/memory/length/mean"] == pytest.approx(sum(memory) / len(memory))
+    assert metrics["recurrent/calls/memory/length/max"] == 8
+    assert metrics["recurrent/calls/memory/truncated_ratio"] == pytest.approx(3 / 6)  # memory turns cut at their cap
+    assert metrics["recurrent/num_trajectories"] == 4
     # Row order does not matter (rows are balanced across ranks, never in session order).
     order = [5, 0, 9, 2, 7, 1, 4, 8, 3, 6]
-    shuffled = memagent_metrics(
+    shuffled = trajectory_metrics(
         [keys[i] for i in order],
         [len(rows[i]["responses"]) for i in order],
         [float(rows[i]["rm_scores"].sum()) for i in order],
@@ -73,8 +73,8 @@ def test_metrics_by_hand():
 
 def test_rows_of_equal_length():
     keys, rows = stored_rows([("uidA", 0, 1.0, [("memory", 4, "length"), ("final", 4, "stop")])])
-    metrics = memagent_metrics_from_rows(keys, list_of_dict_to_tensordict(rows))  # a dense tensor, not nested
-    assert metrics["memagent/final/reward/mean"] == 1.0 and metrics["memagent/memory_length/mean"] == 4
+    metrics = trajectory_metrics_from_rows(keys, list_of_dict_to_tensordict(rows))  # a dense tensor, not nested
+    assert metrics["recurrent/final/reward/mean"] == 1.0 and metrics["recurrent/calls/memory/length/mean"] == 4
 
 
 def test_trainer_adds_them_without_the_padding_rows(monkeypatch):
@@ -99,19 +99,19 @@ def test_trainer_adds_them_without_the_padding_rows(monkeypatch):
     # turns 3, 1, 4, 2; memory turns 8 L, 5, 8 L, 8 L, 2, 7 (L: cut at the cap).
     assert metrics == pytest.approx(
         {
-            "memagent/final/reward/mean": 0.5,
-            "memagent/final/acc/mean": 0.5,
-            "memagent/final/response_length/mean": (3 + 6 + 4 + 2) / 4,
-            "memagent/final/truncated_ratio": 1 / 4,
-            "memagent/turns_per_sample/mean": (3 + 1 + 4 + 2) / 4,
-            "memagent/turns_per_sample/max": 4,
-            "memagent/turns_per_sample/min": 1,
-            "memagent/num_trajectories": 4,
-            "memagent/memory_length/mean": (8 + 5 + 8 + 8 + 2 + 7) / 6,
-            "memagent/memory_length/max": 8,
-            "memagent/memory_truncated_ratio": 3 / 6,
-            "memagent/rollout/failed_groups": 0,
-            "memagent/rollout/failed_trajectories": 0,
+            "recurrent/final/reward/mean": 0.5,
+            "recurrent/final/acc/mean": 0.5,
+            "recurrent/final/response_length/mean": (3 + 6 + 4 + 2) / 4,
+            "recurrent/final/truncated_ratio": 1 / 4,
+            "recurrent/turns_per_sample/mean": (3 + 1 + 4 + 2) / 4,
+            "recurrent/turns_per_sample/max": 4,
+            "recurrent/turns_per_sample/min": 1,
+            "recurrent/num_trajectories": 4,
+            "recurrent/calls/memory/length/mean": (8 + 5 + 8 + 8 + 2 + 7) / 6,
+            "recurrent/calls/memory/length/max": 8,
+            "recurrent/calls/memory/truncated_ratio": 3 / 6,
+            "recurrent/rollout/failed_groups": 0,
+            "recurrent/rollout/failed_trajectories": 0,
         }
     )
 

@@ -231,8 +231,8 @@ def test_failure_metrics_count_lost_trajectories_by_hand():
     # Prompt x lost session 1 (sessions 0 and 2 stored rows), prompt y lost everything, z is fine; n = 3.
     keys = ["x_0_0", "x_0_1", "x_2_0", "x_2_1", "z_0_0", "z_1_0", "z_2_0"]
     assert failure_metrics(keys, {"x", "y"}, n=3) == {
-        "memagent/rollout/failed_groups": 2,
-        "memagent/rollout/failed_trajectories": 1 + 3,
+        "recurrent/rollout/failed_groups": 2,
+        "recurrent/rollout/failed_trajectories": 1 + 3,
     }
 
 
@@ -243,12 +243,13 @@ def test_optimizer_updates_read_from_the_actor_report():
     assert optimizer_updates({"pg_loss": 0.1}) is None
 
 
-def test_memory_rows_are_all_but_each_trajectorys_last():
-    from verl_ext.trainer import credit_mode, memory_row_keys
+def test_earlier_rows_are_all_but_each_trajectorys_last():
+    from verl_ext.settings import recurrent_settings
+    from verl_ext.trainer import earlier_row_keys
 
     keys = ["u_0_0", "u_0_1", "u_0_2", "u_1_0", "v_0_1", "v_0_0", "pad9_0_0"]
     tags = [{}] * 6 + [{"is_padding": True}]
-    assert memory_row_keys(keys, tags) == ["u_0_0", "u_0_1", "v_0_0"]
-    assert credit_mode(OmegaConf.create({"recurrent": {}})) == "all"
+    assert earlier_row_keys(keys, tags) == ["u_0_0", "u_0_1", "v_0_0"]
+    assert recurrent_settings(OmegaConf.create({"recurrent": {}})).credit == "all"
     with pytest.raises(ValueError, match="recurrent.credit"):
-        credit_mode(OmegaConf.create({"recurrent": {"credit": "memory"}}))
+        recurrent_settings(OmegaConf.create({"recurrent": {"credit": "memory"}}))

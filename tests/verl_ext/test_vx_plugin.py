@@ -17,10 +17,11 @@ import sys
 import verl  # loads every verl.plugins entry point, as in each Ray worker process
 assert "verl.experimental.agent_loop.agent_loop" not in sys.modules, "the plugin must not import the agent loops"
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, _agent_loop_registry
-assert _agent_loop_registry["memory_agent"] == {"_target_": "verl_ext.agent_loop.MemoryAgentLoop"}, _agent_loop_registry
+entry = _agent_loop_registry["recurrent_agent"]
+assert entry == {"_target_": "verl_ext.agent_loop.RecurrentAgentLoop"}, _agent_loop_registry
 assert "single_turn_agent" in _agent_loop_registry  # verl's own loops are still there
 import hydra
-assert issubclass(hydra.utils.get_class(_agent_loop_registry["memory_agent"]["_target_"]), AgentLoopBase)
+assert issubclass(hydra.utils.get_class(_agent_loop_registry["recurrent_agent"]["_target_"]), AgentLoopBase)
 from verl.utils.import_utils import load_extern_object
 reward = load_extern_object(module_path="pkg://verl_ext.reward", object_name="compute_score")
 assert reward.__module__ == "verl_ext.reward"
@@ -42,9 +43,9 @@ def test_a_fresh_process_registers_the_memory_agent():
 
 def test_install_registers_at_once_when_verl_agent_loops_are_already_imported():
     registry = agent_loop._agent_loop_registry
-    saved = registry.pop("memory_agent")
+    saved = registry.pop("recurrent_agent")
     try:
         plugin.install()
-        assert registry["memory_agent"] == {"_target_": "verl_ext.agent_loop.MemoryAgentLoop"}
+        assert registry["recurrent_agent"] == {"_target_": "verl_ext.agent_loop.RecurrentAgentLoop"}
     finally:
-        registry["memory_agent"] = saved
+        registry["recurrent_agent"] = saved

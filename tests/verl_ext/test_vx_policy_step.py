@@ -17,7 +17,7 @@ from verl.workers.utils.losses import ppo_loss
 from vx_helpers import load_example
 
 from verl_ext.lockstep import Trajectory, run_trajectories
-from verl_ext.rollout import MemoryRollout
+from verl_ext.rollout import AgentRollout
 
 # The log-probability helpers of the walkthrough (one definition).
 _example = load_example("one_step")
@@ -30,7 +30,7 @@ REWARDS = {0: 1.0, 1: 0.0}  # session 0 answered right, session 1 wrong: advanta
 @pytest.fixture(scope="module")
 async def rows(tiny_config, tiny_tokenizer, tiny_server):
     """Two sampled trajectories of one prompt (different seeds), as (keys, [(prompt_ids, response_ids)])."""
-    rollout = MemoryRollout.get(tiny_config, tiny_tokenizer)
+    rollout = AgentRollout.get(tiny_config, tiny_tokenizer)
     sample = {"uid": "uidP", "prompt": "What is the magic number?", "context": CONTEXT}
     trajectories = [Trajectory(sample, s, {"temperature": 1.0, "seed": 7 + s, "logprobs": True}) for s in REWARDS]
     results = await run_trajectories(rollout, tiny_server, trajectories)

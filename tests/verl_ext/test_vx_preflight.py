@@ -54,7 +54,7 @@ def test_every_problem_is_listed_at_once(tmp_path):
     with pytest.raises(PreflightError) as err:
         preflight(config)
     message = str(err.value)
-    assert "no_context.parquet has no column 'context' (the long document)" in message
+    assert "no_context.parquet has no column 'context' (agent 'memory' reads it)" in message
     assert "no_answer.parquet: column 'reward_model' has no field 'ground_truth'" in message
     assert "data file not found: " + str(tmp_path / "missing.parquet") in message
     assert "actor_rollout_ref.model.path: model 'org/not-a-cached-model' is neither a local folder" in message

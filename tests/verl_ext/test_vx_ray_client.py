@@ -9,7 +9,7 @@ import ray
 from process_helpers import in_a_fresh_process
 from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.router import GlobalRequestLoadBalancer
-from vx_helpers import memory_agent_loop
+from vx_helpers import recurrent_agent_loop
 
 from verl_ext.cpu.hf_server import HFTokenServer
 
@@ -24,7 +24,7 @@ def agent_loop_through_ray(tiny_config, tiny_tokenizer, tiny_model_dir: str) -> 
         server = ray.remote(HFTokenServer).options(num_cpus=0).remote(tiny_model_dir)
         balancer = ray.remote(GlobalRequestLoadBalancer).options(num_cpus=0).remote(servers={"hf_cpu_server_0": server})
         client = LLMServerClient(tiny_config, load_balancer_handle=balancer)
-        loop = memory_agent_loop(tiny_config, tiny_tokenizer, client)
+        loop = recurrent_agent_loop(tiny_config, tiny_tokenizer, client)
         chat = [{"role": "user", "content": "What is the magic number?"}]
         context = "The river city was born in the year of the film. " * 3 + "The magic number is 42."
         sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}

@@ -13,7 +13,7 @@ from verl.workers.rollout.replica import TokenOutput
 from vx_helpers import TINY_BUDGETS, capture_transfer_queue, compose_config, make_worker
 
 from verl_ext import reward
-from verl_ext.agent_loop import MemoryAgentLoop
+from verl_ext.agent_loop import RecurrentAgentLoop
 
 FINAL_CAP = 24
 MEMORY_ANSWER = "so far \\boxed{42}"  # a memory that already holds a correct box: it must not be scored
@@ -34,7 +34,7 @@ class ScriptedServer:
         )
 
 
-# tiny_cpu trains with a dense test reward (verl_ext.cpu.toy_reward) and answers of 8 tokens; these tests are
+# tiny_cpu trains with a dense test reward (experiments.tiny.reward) and answers of 8 tokens; these tests are
 # about the real reward, with answers of up to FINAL_CAP tokens.
 STRICT_REWARD = [
     "reward.custom_reward_function.path=pkg://verl_ext.reward",
@@ -89,7 +89,7 @@ def test_reward_function_is_the_strict_verifier_loaded_by_verl():
 async def trajectory(config, tokenizer, answer: str) -> tuple[dict, list]:
     """A sample with a document of several chunks and its rows, the final answer being ``answer``."""
     context = "The river city was born in the year of the film. " * 4 + "The magic number is 42."
-    loop = MemoryAgentLoop(
+    loop = RecurrentAgentLoop(
         trainer_config=DictConfigWrap(config),
         server_manager=ScriptedServer(tokenizer, answer),
         tokenizer=tokenizer,
@@ -123,7 +123,7 @@ async def test_reward_lands_at_the_final_answers_last_token_and_reaches_every_tu
     info = fields["extra_fields"][chunks]["reward_extra_info"]
     assert info["acc"] == score  # verl records the verifier's verdict as acc
     memory_tokens = min(len(tiny_tokenizer.encode(MEMORY_ANSWER, add_special_tokens=False)), 8 - 1) + 1  # + eos
-    assert info["memory_turns"] == chunks and info["memory_tokens"] == memory_tokens and info["memory_truncated"] == 0
+    assert info["calls"] == chunks and info["call_tokens"] == memory_tokens and info["call_truncated"] == 0
     assert "context" not in list(fields.keys())  # the long document is not copied into every row
     assert [t["min_global_steps"] for t in put["tags"]] == [3] * (chunks + 1)
 
@@ -131,7 +131,7 @@ async def test_reward_lands_at_the_final_answers_last_token_and_reaches_every_tu
 async def test_stock_verl_would_cut_the_final_answer_short(config, tiny_tokenizer):
     """Why our worker sends only the final answer to the reward worker: verl 0.9.1's own multi-output scoring
     pads all rows together and reads the last row's length from the wrong columns (see
-    MemoryAgentLoopWorkerImpl._compute_score). If this starts failing, verl fixed it and the override can go."""
+    RecurrentAgentLoopWorkerImpl._compute_score). If this starts failing, verl fixed it and the override can go."""
     sample, outputs = await trajectory(config, tiny_tokenizer, "It is \\boxed{42}")
     sample.pop("context")
     stock = AgentLoopWorkerTQ.__ray_actor_class__._compute_score

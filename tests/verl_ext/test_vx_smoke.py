@@ -14,7 +14,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 from vx_helpers import compose_config
 
-from verl_ext.cpu.toy_data import write
+from experiments.tiny.data import write
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "smoke_gpu.sh"

@@ -32,7 +32,7 @@ CONTEXTS = ["", "The river city was born in the year of the film. " * 3 + "The m
 @pytest.mark.parametrize(
     ("mode", "manager", "worker"),
     [
-        ("async", "MemoryAgentLoopManager", agent_loop_manager.MemoryAgentLoopWorkerImpl),
+        ("async", "RecurrentAgentLoopManager", agent_loop_manager.RecurrentAgentLoopWorkerImpl),
         ("sync", "LockstepAgentLoopManager", agent_loop_manager.LockstepAgentLoopWorkerImpl),
     ],
 )

@@ -77,14 +77,14 @@ def load_example(name: str):
     return module
 
 
-def memory_agent_loop(config, tokenizer, server):
+def recurrent_agent_loop(config, tokenizer, server):
     """Our agent loop (verl_ext/agent_loop.py), constructed the way verl's agent-loop worker constructs it."""
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    from verl_ext.agent_loop import MemoryAgentLoop
+    from verl_ext.agent_loop import RecurrentAgentLoop
 
-    return MemoryAgentLoop(
+    return RecurrentAgentLoop(
         trainer_config=DictConfigWrap(config),
         server_manager=server,
         tokenizer=tokenizer,

@@ -2,7 +2,7 @@
 --config-name tiny_cpu``) for 2 steps, then resumed to 3 (issues 7, 10). Two launches serve every trainer check of
 this module: a launch costs ~65 s on 2 idle cores (most of it start-up), a step ~5 s.
 
-The first run: the memory agent (``memory_agent`` loop, ``MemoryAgentLoopManager``, ``RecurrentPPOTrainer``) on a
+The first run: the memory agent (``recurrent_agent`` loop, ``RecurrentAgentLoopManager``, ``RecurrentPPOTrainer``) on a
 needle-in-a-haystack task made on the fly (documents of 2-4 chunks), GRPO with n=4 and no std division, the KL
 loss against the reference policy, two FSDP2 ranks, validation before training and after every step, a
 checkpoint every step, console + JSONL metrics, rollout dumps with each row's advantage. Its one change from
@@ -85,7 +85,7 @@ def runs(tmp_path_factory):
         task="memory",
         timeout_s=RUN_TIMEOUT_S,
         overrides=(f"actor_rollout_ref.actor.ppo_mini_batch_size={FIRST_MINI_BATCH}",),
-        extra_env={"MEMAGENT_ROLLOUT_EVENTS": str(out_dir / "events_first")},
+        extra_env={"RECURRENT_ROLLOUT_EVENTS": str(out_dir / "events_first")},
     )
     assert first[0] == 0, tail(first[1])
     metrics_first = read_metrics(out_dir / "metrics.jsonl")
@@ -96,7 +96,7 @@ def runs(tmp_path_factory):
         task="memory",
         timeout_s=RUN_TIMEOUT_S,
         overrides=RESUMED_SWITCHES,
-        extra_env={"MEMAGENT_ROLLOUT_EVENTS": str(out_dir / "events")},
+        extra_env={"RECURRENT_ROLLOUT_EVENTS": str(out_dir / "events")},
     )
     assert second[0] == 0, tail(second[1])
     return {"out": out_dir, "first": first, "second": second, "metrics_first": metrics_first}
@@ -148,17 +148,17 @@ def test_two_steps_with_validation_log_finite_metrics(runs):
             "critic/advantages/mean",
             "critic/advantages/max",
             "critic/advantages/min",
-            "memagent/final/reward/mean",
-            "memagent/final/acc/mean",
-            "memagent/turns_per_sample/mean",
+            "recurrent/final/reward/mean",
+            "recurrent/final/acc/mean",
+            "recurrent/turns_per_sample/mean",
         ):
             assert key in data and math.isfinite(data[key]), (step, key, data.get(key))
         assert data["actor/kl_coef"] == pytest.approx(0.001)
         assert data["actor/kl_loss"] >= 0.0  # low_var_kl is non-negative
         assert data["actor/grad_norm"] > 0
-        assert data["memagent/num_trajectories"] == BATCH * N
+        assert data["recurrent/num_trajectories"] == BATCH * N
         # the paper's count: train_batch_size / ppo_mini_batch_size updates, the actor's report agrees
-        assert data["memagent/minibatch/updates"] == data["memagent/minibatch/updates_made"] == UPDATES
+        assert data["recurrent/minibatch/updates"] == data["recurrent/minibatch/updates_made"] == UPDATES
         for stage in STAGES:
             assert math.isfinite(data[f"timing_s/{stage}"]), stage
         # the HF server's log-probs agree with the FSDP actor's recompute: the weight sync works
@@ -206,10 +206,10 @@ def test_every_turn_of_a_trajectory_gets_its_grpo_advantage(runs):
         assert data["critic/advantages/min"] == pytest.approx(min(advantages), abs=1e-6)
         token_mean = sum(a * n for a, n in zip(advantages, lengths, strict=True)) / sum(lengths)
         assert data["critic/advantages/mean"] == pytest.approx(token_mean, abs=1e-5)
-        assert data["memagent/final/reward/mean"] == pytest.approx(sum(finals) / len(finals), abs=1e-6)
+        assert data["recurrent/final/reward/mean"] == pytest.approx(sum(finals) / len(finals), abs=1e-6)
         assert data["critic/score/mean"] == pytest.approx(sum(row["score"] for row in real) / len(real), abs=1e-6)
-        assert data["memagent/turns_per_sample/mean"] == pytest.approx(len(real) / len(by_trajectory))
-        assert data["memagent/memory_length/mean"] == pytest.approx(
+        assert data["recurrent/turns_per_sample/mean"] == pytest.approx(len(real) / len(by_trajectory))
+        assert data["recurrent/memory_length/mean"] == pytest.approx(
             sum(row["response_length"] for row in real if row["turn_kind"] == "memory")
             / sum(row["turn_kind"] == "memory" for row in real)
         )
@@ -236,7 +236,7 @@ def test_the_papers_update_count_counted_by_the_optimizer(runs):
             assert len(members) == FIRST_MINI_BATCH * N
             assert len({name.rsplit("_", 1)[0] for name in members}) == FIRST_MINI_BATCH
         # rows per update (padding included) is what the worker was told, and the dump has every row
-        assert len(rows) == UPDATES * metrics[step]["memagent/minibatch/rows"]
+        assert len(rows) == UPDATES * metrics[step]["recurrent/minibatch/rows"]
 
 
 def test_rollout_memory_is_released_while_the_actor_trains(runs):
@@ -406,7 +406,7 @@ def test_resume_starts_at_step_3_with_the_same_data_order(runs):
     metrics = read_metrics(out / "metrics.jsonl")
     assert sorted(metrics) == [2, 3]  # validation at the resumed step, then step 3
     assert "timing_s/step" in metrics[3] and "timing_s/step" not in metrics[2]
-    assert math.isfinite(metrics[3]["actor/kl_loss"]) and math.isfinite(metrics[3]["memagent/final/reward/mean"])
+    assert math.isfinite(metrics[3]["actor/kl_loss"]) and math.isfinite(metrics[3]["recurrent/final/reward/mean"])
     assert read_metrics(out / "metrics.1.jsonl").keys() == {0, 1, 2}  # the first run's file is kept
     assert (out / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
     assert (out / "checkpoints" / "global_step_3" / "actor" / "huggingface" / "model.safetensors").is_file()
@@ -448,7 +448,7 @@ def test_lockstep_rollouts_validate_and_train_the_resumed_step(runs):
     assert step_3 == (BATCH * N, longest, 0)
     metrics = read_metrics(runs["out"] / "metrics.jsonl")
     assert 0.0 <= metrics[2][f"val-core/{SOURCE}/acc/mean@{VAL_N}"] <= 1.0
-    assert metrics[3]["memagent/rollout/failed_groups"] == 0 and metrics[3]["actor/grad_norm"] > 0
+    assert metrics[3]["recurrent/rollout/failed_groups"] == 0 and metrics[3]["actor/grad_norm"] > 0
 
 
 def test_verls_row_counting_is_a_switch(runs):
@@ -481,7 +481,7 @@ def test_final_answer_credit_trains_only_the_answers(runs):
         assert final["response_length"] > 0
         assert final["advantage"] == pytest.approx(final["score"] - sum(scores) / len(scores), abs=1e-6)
     metrics = read_metrics(out / "metrics.jsonl")
-    assert metrics[3]["memagent/credit/memory_rows_masked"] == memory_rows > 0
+    assert metrics[3]["recurrent/credit/earlier_rows_masked"] == memory_rows > 0
 
 
 def test_a_kept_rollout_holds_its_weights_throughout(runs):

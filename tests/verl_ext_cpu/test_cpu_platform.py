@@ -463,7 +463,8 @@ def test_server_actor_names_match_between_replica_and_adapter():
 def test_toy_data_and_dense_reward(tmp_path):
     import pandas as pd
 
-    from verl_ext.cpu import toy_data, toy_reward
+    from experiments.tiny import data as toy_data
+    from experiments.tiny import reward as toy_reward
 
     paths = toy_data.write(tmp_path, train=6, val=2)
     train = pd.read_parquet(paths["train"])
@@ -481,8 +482,9 @@ def test_memory_task_documents_have_two_to_four_chunks_and_a_dense_reward(tmp_pa
     import pandas as pd
     from transformers import AutoTokenizer
 
+    from experiments.tiny import data as toy_data
+    from experiments.tiny import reward as toy_reward
     from recurrent.tokens import encode_long, num_chunks
-    from verl_ext.cpu import toy_data, toy_reward
 
     paths = toy_data.write(tmp_path, train=40, val=4, task="memory")
     train = pd.read_parquet(paths["train"])

@@ -18,7 +18,7 @@ It answers what verl's rollout servers answer (``workers/rollout/vllm_rollout/vl
   verl's sync trainer sleeps the replicas after every rollout and its worker resumes them before the weight
   sync only when ``free_cache_engine`` is set (``engine_workers.py`` ``update_weights``), so this twin shows on
   CPU what a vLLM replica holds during the training phases (docs/fidelity.md, "Rollout memory").
-  ``MEMAGENT_ROLLOUT_EVENTS=<dir>`` appends each change of state (``generate``, ``sleep``, ``wake_up:<tags>``,
+  ``RECURRENT_ROLLOUT_EVENTS=<dir>`` appends each change of state (``generate``, ``sleep``, ``wake_up:<tags>``,
   ``update_weights``) with the parameter bytes held to ``<dir>/server_<replica>.jsonl``.
 - other lifecycle calls (kv-cache, abort, profiling): no-ops (no KV cache; requests are not preemptible).
 
@@ -108,7 +108,7 @@ class HFCPUServer:
         self.weight_updates = 0
         self._lock: asyncio.Lock | None = None  # generation vs weight update; created in the actor's loop
         self._released: dict[str, tuple[torch.Size, torch.dtype]] | None = None  # parameter shapes while asleep
-        events_dir = os.environ.get("MEMAGENT_ROLLOUT_EVENTS")
+        events_dir = os.environ.get("RECURRENT_ROLLOUT_EVENTS")
         self._events = Path(events_dir) / f"server_{replica_rank}.jsonl" if events_dir else None
         self._last_event: str | None = None
 

@@ -5,7 +5,7 @@ Used by ``scripts/bench_eval_harness.py`` (requests per second, added latency, i
 limit) and by the serving tests as a stand-in for ``vllm serve`` (it accepts vLLM's command line and ignores
 the options it does not need). Standard library only (asyncio streams, HTTP/1.1 keep-alive).
 
-    python -m taskutils.memory_eval.instant_server [serve] [MODEL] --port 8000 [--served-model-name NAME]
+    python scripts/instant_server.py [serve] [MODEL] --port 8000 [--served-model-name NAME]
         [--reply TEXT] [--delay SECONDS]
 
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``, ``GET /health``, ``GET /stats`` (requests

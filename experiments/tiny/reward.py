@@ -1,7 +1,7 @@
-"""Dense rewards for :mod:`verl_ext.cpu.toy_data`: how close the response is to the answer.
+"""Dense rewards for :mod:`experiments.tiny.data`: how close the response is to the answer.
 
 Both are verl custom reward functions (``compute_score(data_source, solution_str, ground_truth, extra_info,
-**kwargs)``; ``reward.custom_reward_function.path=pkg://verl_ext.cpu.toy_reward``, ``.name=...``).
+**kwargs)``; ``reward.custom_reward_function.path=pkg://experiments.tiny.reward``, ``.name=...``).
 
 - ``compute_score`` (the ``copy`` task): the character-level similarity ratio (``difflib``) between the
   normalised response and the answer, in [0, 1]: continuous, so responses of one GRPO group almost never tie
@@ -10,7 +10,7 @@ Both are verl custom reward functions (``compute_score(data_source, solution_str
   final answer's last ``\\boxed{}`` (the whole answer when it has none) and the answer, is the training
   reward (``score``, also reported as ``dense``); the strict training verifier (:mod:`verl_ext.reward`) is
   reported next to it as ``acc`` and ``strict``. verl keeps these keys as the final row's
-  ``reward_extra_info``: ``memagent/final/acc/mean`` in training and ``val-core/toy_memory/acc/mean@n`` in
+  ``reward_extra_info``: ``recurrent/final/acc/mean`` in training and ``val-core/toy_memory/acc/mean@n`` in
   validation are the strict verdict, ``.../reward/...`` the dense score.
 """
 

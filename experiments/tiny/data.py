@@ -1,7 +1,7 @@
 """Tiny generated tasks for smoke-training on CPU.
 
 ``copy`` (default; verl's stock ``single_turn_agent``): each prompt asks the model to repeat a short word
-sequence; the answer is the sequence itself, which :mod:`verl_ext.cpu.toy_reward` scores densely
+sequence; the answer is the sequence itself, which :mod:`experiments.tiny.reward` scores densely
 (similarity, not exact match), so even the random tiny model gets rewards that differ within a GRPO group
 and the advantages are non-zero. Columns, as verl's ``RLHFDataset`` expects (``utils/dataset/rl_dataset.py``):
 ``prompt`` (a chat list), ``data_source``, ``reward_model`` (``{"style": "rule", "ground_truth": ...}``),
@@ -10,11 +10,11 @@ and the advantages are non-zero. Columns, as verl's ``RLHFDataset`` expects (``u
 ``memory`` (the ``memory_agent`` loop): a needle in a haystack. A question "What is the <key>?" about a
 generated document (``context`` column: 8-24 filler sentences, about 80-250 tokens of the tiny tokenizer, i.e.
 2-4 chunks of 64 tokens, with the fact "The <key> is <number>." at a random place), the number as the answer;
-scored by :func:`verl_ext.cpu.toy_reward.compute_memory_score`. ``--sentences MIN MAX`` sets the document
+scored by :func:`experiments.tiny.reward.compute_memory_score`. ``--sentences MIN MAX`` sets the document
 length: ``--sentences 2900 3200`` makes paper-size documents of about 28K tokens (about 9 tokens per sentence,
 measured with SmolLM2's tokenizer), 6 chunks of 5000 tokens (scripts/smoke_gpu.sh).
 
-    python -m verl_ext.cpu.toy_data --out DIR [--task copy|memory] [--train 32] [--val 8] [--seed 0]
+    python -m experiments.tiny.data --out DIR [--task copy|memory] [--train 32] [--val 8] [--seed 0]
                                     [--sentences MIN MAX]
 
 writes ``DIR/train.parquet`` and ``DIR/val.parquet`` (and ``DIR/dev.parquet``, the same rows, the name the

@@ -15,14 +15,23 @@ decoded and re-encoded; the memory is the generated ids themselves when the back
 from __future__ import annotations
 
 import logging
-import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
-from recurrent.interface import Reply, Session, Turn, TurnRecord, Workflow, WorkflowConfig, WorkflowRegistration
-from recurrent.templating import chat_token_template
+from recurrent.interface import (
+    Reply,
+    RowWidths,
+    Session,
+    SessionWorkflow,
+    Turn,
+    TurnRecord,
+    WorkflowConfig,
+    WorkflowRegistration,
+)
+from recurrent.templating import chat_token_template, render
 from recurrent.tokens import centre_truncate, encode_long, end_token_ids, num_chunks
 
 logger = logging.getLogger(__name__)
@@ -77,7 +86,6 @@ FINAL_TEMPLATES = {
     "boxed_released": FINAL_TEMPLATE_BOXED_RELEASED,
     "answer_is": FINAL_TEMPLATE_ANSWER_IS,
 }
-_SLOT = re.compile(r"\{([a-zA-Z]+)\}")
 
 
 @dataclass
@@ -114,11 +122,6 @@ class MemoryConfig(WorkflowConfig):
         return None if self.max_chunks is None else self.max_chunks * self.chunk_size
 
 
-def render(template: str, **values: str) -> str:
-    """Fill ``{name}`` slots in one pass (so braces inside values, or ``\\boxed{}``, are left alone)."""
-    return _SLOT.sub(lambda m: values[m.group(1)], template)
-
-
 def question_text(sample: dict[str, Any], key: str) -> str:
     """The question of a row: a plain string, or the content of the last user message of a chat list."""
     if key not in sample:
@@ -133,7 +136,10 @@ def question_text(sample: dict[str, Any], key: str) -> str:
     return users[-1]["content"]
 
 
-class MemoryWorkflow(Workflow):
+CONTEXT_CACHE_SIZE = 256  # tokenized training contexts kept (the n sessions of a prompt tokenize it once)
+
+
+class MemoryWorkflow(SessionWorkflow):
     """Builds a :class:`MemorySession` per sample; templates are built once per tokenizer."""
 
     def __init__(
@@ -160,6 +166,8 @@ class MemoryWorkflow(Workflow):
         self.final_ids_template = chat_token_template(tokenizer, self.final_template) if token_prompts else None
         self.no_memory_ids = tokenizer.encode(NO_MEMORY, add_special_tokens=False)
         self.end_ids = end_token_ids(tokenizer)  # the memory is the generated ids without these
+        # Training gives the n rollouts of a prompt one `uid`: its context is tokenized for the first of them only.
+        self._contexts: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
 
     def context_text(self, sample: dict[str, Any]) -> str:
         """The context of a row as a string (a missing value reads as an empty document)."""
@@ -174,26 +182,46 @@ class MemoryWorkflow(Workflow):
         return context.strip() if config.strip_context else context
 
     def session(self, sample: dict[str, Any], context_ids: np.ndarray | None = None) -> MemorySession:
-        """The session of one row; ``context_ids`` lets a caller that already tokenized the context reuse it."""
+        """The session of one row; ``context_ids`` lets a caller that already tokenized the context reuse it. A row
+        with a ``uid`` (training) has its context tokenized once for all rows of that uid."""
         context = self.context_text(sample)
         question = question_text(sample, self.config.question_key)
         if context_ids is None:
-            context_ids = encode_long(context, self.tokenizer)
+            context_ids = self._tokenize_context(context, sample.get("uid"))
         return self.session_from_ids(question, context_ids)
 
-    def max_turn_lengths(self) -> tuple[int, int]:
-        """(longest prompt, largest max_tokens) of any turn, in tokens, when prompts are built in token space.
+    def _tokenize_context(self, context: str, uid: Any) -> np.ndarray:
+        if uid is None:
+            return encode_long(context, self.tokenizer)
+        key = (str(uid), len(context))
+        ids = self._contexts.get(key)
+        if ids is None:
+            ids = self._contexts[key] = encode_long(context, self.tokenizer)
+            while len(self._contexts) > CONTEXT_CACHE_SIZE:
+                self._contexts.popitem(last=False)
+        return ids
+
+    def row_widths(self) -> RowWidths:
+        """The longest prompt and largest ``max_tokens`` of any turn, when prompts are built in token space.
 
         A memory turn holds the template, the question (<= max_prompt_length), a chunk (<= chunk_size) and
         the memory (the previous response, <= max_memorization_length tokens); the final turn holds the
         template, the question and the memory."""
         if not self.token_prompts:
-            raise ValueError("max_turn_lengths needs token_prompts=True (the template lengths are in tokens)")
+            raise ValueError("row_widths needs token_prompts=True (the template lengths are in tokens)")
         cfg: MemoryConfig = self.config
         memory = max(cfg.max_memorization_length, len(self.no_memory_ids))
         memory_turn = self.memory_ids_template.length + cfg.max_prompt_length + cfg.chunk_size + memory
         final_turn = self.final_ids_template.length + cfg.max_prompt_length + memory
-        return max(memory_turn, final_turn), max(cfg.max_memorization_length, cfg.max_final_response_length)
+        return RowWidths(
+            prompt=max(memory_turn, final_turn),
+            response=max(cfg.max_memorization_length, cfg.max_final_response_length),
+            made_of=(
+                f"chat template + instruction {self.memory_ids_template.length}, question max_prompt_length="
+                f"{cfg.max_prompt_length}, chunk chunk_size={cfg.chunk_size}, memory max_memorization_length="
+                f"{cfg.max_memorization_length}, answer max_final_response_length={cfg.max_final_response_length}"
+            ),
+        )
 
     def session_from_ids(self, question: str, context_ids: np.ndarray) -> MemorySession:
         """A session over an already tokenized context (the training path tokenizes once, upstream)."""
@@ -278,14 +306,6 @@ class MemorySession(Session):
     @property
     def history(self) -> list[TurnRecord]:
         return self._history
-
-    @property
-    def finished(self) -> bool:
-        return bool(self._history) and self._history[-1].turn.final
-
-    @property
-    def answer(self) -> str | None:
-        return self._history[-1].reply.text if self.finished else None
 
     # ---- prompts ----
 
@@ -384,4 +404,24 @@ def inference_workflow(
     return MemoryWorkflow(config, tokenizer, token_prompts=False, keep_prompts=False)
 
 
-REGISTER = WorkflowRegistration(name="memory", config_cls=MemoryConfig, workflow_cls=MemoryWorkflow)
+def calls_for_document(config: MemoryConfig, context_tokens: int = 28_000, **_: Any) -> int:
+    """Model calls of one sample: a memory update per chunk of the (centre-truncated) document, then the answer.
+    The default length is the paper's training documents (200 HotpotQA paragraphs, ~28K tokens)."""
+    kept = context_tokens if config.max_context_tokens is None else min(context_tokens, config.max_context_tokens)
+    return num_chunks(kept, config.chunk_size) + 1
+
+
+def training_workflow(config: MemoryConfig, tokenizer: Any) -> MemoryWorkflow:
+    """The memory agent as training runs it: prompts in token space, the memory the generated ids themselves."""
+    return MemoryWorkflow(config, tokenizer, token_prompts=True)
+
+
+REGISTER = WorkflowRegistration(
+    name="memory",
+    config_cls=MemoryConfig,
+    build=training_workflow,
+    inference=inference_workflow,
+    columns=lambda config: (config.question_key, config.context_key),
+    large_columns=lambda config: (config.context_key,),  # the document: tokenized once, never copied into rows
+    calls_per_sample=calls_for_document,
+)

@@ -1,18 +1,27 @@
-"""The direct full-context baseline as a one-turn :class:`~recurrent.interface.Session`.
+"""The direct full-context baseline (the paper's long-context comparison) as a registered one-call agent.
 
 The whole document goes into one prompt (the paper's ``template_0shot``). A prompt longer
 than the model's input budget is middle-truncated at the token level: the first and last halves of the
 *whole prompt's* tokens are kept and decoded, as the original does, so the instruction at the top and the question at
-the bottom survive and the middle of the document is dropped. Being a Session, it runs through the same runner,
-client and results path as the memory agent.
+the bottom survive and the middle of the document is dropped. Registered as ``direct``, it runs through the same
+runner, client and results path as the memory agent (``python -m taskutils.memory_eval.run --method direct``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from recurrent.impls.memory import render
-from recurrent.interface import Reply, Session, Turn, TurnRecord
+from recurrent.interface import (
+    Reply,
+    Session,
+    SessionWorkflow,
+    Turn,
+    TurnRecord,
+    WorkflowConfig,
+    WorkflowRegistration,
+)
+from recurrent.templating import render
 from recurrent.tokens import centre_truncate, encode_long
 
 # The original template, reconstructed from its description (not copied from its source): the LongBench-style
@@ -41,28 +50,33 @@ Put the answer in \\boxed{}."""
 DIRECT_TEMPLATES = {"answer_is": TEMPLATE_0SHOT, "boxed": TEMPLATE_0SHOT_BOXED}
 
 
-class DirectWorkflow:
+@dataclass
+class DirectConfig(WorkflowConfig):
+    """The direct baseline's budgets; the defaults are the paper's (60K + 60K input tokens kept, 10K new)."""
+
+    max_input: int = 120000  # whole-prompt tokens kept by middle truncation
+    max_output: int = 10000
+    final_prompt: Literal["answer_is", "boxed"] = "answer_is"
+    question_key: str = "input"
+    context_key: str = "context"
+
+    def __post_init__(self) -> None:
+        if self.max_input <= 0 or self.max_output <= 0:
+            raise ValueError(f"max_input and max_output must be positive, got {self.max_input}, {self.max_output}")
+        if self.final_prompt not in DIRECT_TEMPLATES:
+            raise ValueError(f"final_prompt must be one of {sorted(DIRECT_TEMPLATES)}, got {self.final_prompt!r}")
+
+
+class DirectWorkflow(SessionWorkflow):
     """Builds one :class:`DirectSession` per sample: ``max_input`` prompt tokens at most, ``max_output`` new."""
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        max_input: int,
-        max_output: int,
-        final_prompt: Literal["answer_is", "boxed"] = "answer_is",
-        question_key: str = "input",
-        context_key: str = "context",
-    ) -> None:
-        if max_input <= 0 or max_output <= 0:
-            raise ValueError(f"max_input and max_output must be positive, got {max_input}, {max_output}")
-        if final_prompt not in DIRECT_TEMPLATES:
-            raise ValueError(f"final_prompt must be one of {sorted(DIRECT_TEMPLATES)}, got {final_prompt!r}")
-        self.tokenizer = tokenizer
-        self.max_input = max_input
-        self.max_output = max_output
-        self.template = DIRECT_TEMPLATES[final_prompt]
-        self.question_key = question_key
-        self.context_key = context_key
+    def __init__(self, config: DirectConfig, tokenizer: Any) -> None:
+        super().__init__(config, tokenizer)
+        self.max_input = config.max_input
+        self.max_output = config.max_output
+        self.template = DIRECT_TEMPLATES[config.final_prompt]
+        self.question_key = config.question_key
+        self.context_key = config.context_key
 
     def prompt(self, question: str, context: str) -> tuple[str, int, int]:
         """The prompt text, its full token count, and the count actually sent (after middle truncation)."""
@@ -125,3 +139,12 @@ class DirectSession(Session):
         out = super().trace()
         out.update(prompt_tokens_full=self.prompt_tokens_full, truncated=self.truncated, answer=self.answer)
         return out
+
+
+REGISTER = WorkflowRegistration(
+    name="direct",
+    config_cls=DirectConfig,
+    build=DirectWorkflow,
+    columns=lambda config: (config.question_key, config.context_key),
+    large_columns=lambda config: (config.context_key,),
+)

@@ -1,0 +1,4 @@
+"""The registered agents, one module each, found by name (``recurrent.interface.load_register``): ``memory``
+(MemAgent), ``direct`` (the whole document in one call: the paper's long-context baseline), ``calculator`` (a
+tool-using arithmetic agent written as a plain async function). A new agent is one module here exporting
+``REGISTER``; nothing else names it."""

@@ -1,0 +1,184 @@
+"""Agents written as plain async functions ("agent as a function").
+
+An agent function receives one sample (a dict of columns), a chat client and its config, calls the model as often
+as it likes with any control flow, and returns its answer::
+
+    @dataclass
+    class EchoConfig(WorkflowConfig):
+        max_tokens: int = 64
+
+    async def echo(sample: dict, client: ChatClient, config: EchoConfig) -> str:
+        reply = await client.chat([{"role": "user", "content": sample["prompt"]}], config.max_tokens)
+        return reply.text
+
+    REGISTER = agent_function("echo", EchoConfig, echo, columns=("prompt",))
+
+No tokenization, padding or state machine: the framework hands the function a :class:`CallRecorder` around
+whatever client the run uses (an OpenAI-compatible server for evaluation and serving, verl's rollout servers in
+training), and records every call as one :class:`~recurrent.interface.TurnRecord`. In training each call becomes
+one row holding the exact prompt ids the policy saw (the messages rendered by the tokenizer's chat template) and
+the ids it sampled, and the sample's one reward and advantage go on every row. The reward scores the *last* call's
+reply, so an agent returns that reply's text as its answer (training checks it: verl_ext/rollout.py).
+
+What an agent function cannot do that a :class:`~recurrent.interface.Session` can: run in lockstep rounds (sync
+mode), which needs to know the next call before it is made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from recurrent.interface import (
+    ChatClient,
+    Columns,
+    Episode,
+    Reply,
+    RowWidths,
+    Turn,
+    TurnRecord,
+    Workflow,
+    WorkflowConfig,
+    WorkflowRegistration,
+    stop_requested,
+)
+
+AgentFunction = Callable[[dict[str, Any], "CallRecorder", Any], Awaitable[str]]
+RowWidthsOf = Callable[[Any, Any], RowWidths]  # (config, tokenizer) -> the widest call
+
+
+class CallRecorder:
+    """The client an agent function receives: each call goes to the run's client and is recorded, in the order the
+    calls finish. ``kind`` names a call in traces and training metrics (e.g. "tool_call"); the answer's call is
+    told apart afterwards, as the last one."""
+
+    def __init__(
+        self,
+        client: ChatClient,
+        sampling: dict[str, Any] | None = None,
+        on_turn: Callable[[Turn, Reply], None] | None = None,
+    ) -> None:
+        self._client = client
+        self._sampling = dict(sampling or {})
+        self._on_turn = on_turn
+        self.history: list[TurnRecord] = []
+
+    async def chat(
+        self, messages: list[dict[str, str]], max_tokens: int, *, kind: str = "call", **sampling: Any
+    ) -> Reply:
+        """One model call: ``messages`` (OpenAI chat format) in, a :class:`~recurrent.interface.Reply` out."""
+        messages = [dict(message) for message in messages]  # the record keeps what was sent, not later edits
+        reply = await self._client.chat(messages, max_tokens, **{**self._sampling, **sampling})
+        if stop_requested():  # a cancellation that arrived together with the reply: stop here, not at the next call
+            raise asyncio.CancelledError("cancelled between calls")
+        turn = Turn(messages=messages, max_tokens=max_tokens, prompt_ids=reply.prompt_ids, meta={"kind": kind})
+        self.history.append(TurnRecord(turn, reply))
+        if self._on_turn is not None:
+            self._on_turn(turn, reply)
+        return reply
+
+
+class FunctionEpisode(Episode):
+    """One sample's run of an agent function."""
+
+    def __init__(self, agent: AgentFunction, sample: dict[str, Any], config: WorkflowConfig, name: str) -> None:
+        self.agent = agent
+        self.sample = sample
+        self.config = config
+        self.name = name
+        self._recorder: CallRecorder | None = None
+        self._answer: str | None = None
+
+    @property
+    def history(self) -> list[TurnRecord]:
+        return self._recorder.history if self._recorder is not None else []
+
+    @property
+    def finished(self) -> bool:
+        return self._answer is not None
+
+    @property
+    def answer(self) -> str | None:
+        return self._answer
+
+    async def run(
+        self,
+        client: ChatClient,
+        sampling: dict[str, Any] | None = None,
+        final_sampling: dict[str, Any] | None = None,
+        on_turn: Callable[[Turn, Reply], None] | None = None,
+    ) -> None:
+        """Call the agent function with a recording client. ``final_sampling`` does not apply: which call is the
+        answer is known only once the function returns."""
+        if self._recorder is not None:
+            raise RuntimeError(f"agent {self.name!r}: an episode runs once")
+        self._recorder = CallRecorder(client, sampling, on_turn)
+        answer = await self.agent(self.sample, self._recorder, self.config)
+        if not isinstance(answer, str):
+            raise TypeError(f"agent {self.name!r} returned a {type(answer).__name__}, expected its answer as a str")
+        if not self._recorder.history:
+            raise RuntimeError(f"agent {self.name!r} returned without calling the model (no call to reward)")
+        self._answer = answer
+
+    def trace(self) -> dict[str, Any]:
+        return {**super().trace(), "answer": self._answer}
+
+
+class FunctionWorkflow(Workflow):
+    """An agent function with its config: one :class:`FunctionEpisode` per sample."""
+
+    def __init__(
+        self,
+        config: WorkflowConfig,
+        tokenizer: Any,
+        *,
+        name: str,
+        agent: AgentFunction,
+        columns: tuple[str, ...] = (),
+        row_widths: RowWidthsOf | None = None,
+    ) -> None:
+        super().__init__(config, tokenizer)
+        self.name = name
+        self.agent = agent
+        self.columns = columns
+        self._row_widths = row_widths
+
+    def episode(self, sample: dict[str, Any]) -> FunctionEpisode:
+        missing = [column for column in self.columns if column not in sample]
+        if missing:
+            raise KeyError(f"agent {self.name!r}: the sample has no column {missing[0]!r}; columns: {sorted(sample)}")
+        return FunctionEpisode(self.agent, sample, self.config, self.name)
+
+    def row_widths(self) -> RowWidths | None:
+        if self._row_widths is None:
+            return None
+        if self.tokenizer is None:
+            raise ValueError(f"agent {self.name!r}: its row widths are counted in tokens and need a tokenizer")
+        return self._row_widths(self.config, self.tokenizer)
+
+
+def agent_function(
+    name: str,
+    config_cls: type[WorkflowConfig],
+    agent: AgentFunction,
+    *,
+    columns: Columns = (),
+    large_columns: Columns = (),
+    row_widths: RowWidthsOf | None = None,
+) -> WorkflowRegistration:
+    """The registration of an agent function (its module's ``REGISTER``). ``columns``: what a sample must hold;
+    ``large_columns``: what is too large to copy into every training row (both a tuple, or a function of the
+    config that returns one); ``row_widths(config, tokenizer)``: its
+    widest call, checked against a trainer's rows before the first step (without it, each call is checked as it
+    is made, and a call that does not fit fails its trajectory)."""
+
+    def build(config: WorkflowConfig, tokenizer: Any) -> FunctionWorkflow:
+        return FunctionWorkflow(
+            config, tokenizer, name=name, agent=agent, columns=registration.columns_of(config), row_widths=row_widths
+        )
+
+    registration = WorkflowRegistration(
+        name=name, config_cls=config_cls, build=build, columns=columns, large_columns=large_columns
+    )
+    return registration

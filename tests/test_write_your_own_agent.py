@@ -1,0 +1,114 @@
+"""docs/write_your_own_agent.md, run as a reader would: its agent file written out, tried against a scripted server,
+its config composed with the repository's configs and checked by the trainer's preflight."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from aiohttp import web
+from threaded_http import serve_in_a_thread
+
+REPO = Path(__file__).resolve().parents[1]
+PAGE = REPO / "docs" / "write_your_own_agent.md"
+
+
+def blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", PAGE.read_text(), flags=re.DOTALL)
+
+
+def forgetful_app(seen: list[list[dict]]) -> web.Application:
+    """A model that forgets the box the first time it is asked, then boxes its answer."""
+
+    async def chat(request: web.Request) -> web.Response:
+        body = await request.json()
+        seen.append(body["messages"])
+        text = "Six times seven is 42." if len(seen) == 1 else "So the answer is \\boxed{42}."
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+        usage = {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}
+        return web.json_response(
+            {"id": "x", "object": "chat.completion", "model": "m", "choices": [choice], "usage": usage}
+        )
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    return app
+
+
+@pytest.fixture
+def in_tmp(tmp_path: Path):
+    previous = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        yield tmp_path
+    finally:
+        os.chdir(previous)
+
+
+def test_the_pages_code_runs_in_order(in_tmp: Path, tiny_model_dir):
+    python, yaml_blocks = blocks("python"), blocks("yaml")
+    assert len(python) == 3 and len(yaml_blocks) == 1
+    agent_file, try_it, check_it = python
+    # 1. The agent file, as the page names it.
+    assert agent_file.startswith("# my_agent.py\n")
+    (in_tmp / "my_agent.py").write_text(agent_file)
+
+    # 2. Tried against a server: the first reply has no box, so the agent asks again with the conversation so far.
+    seen: list[list[dict]] = []
+    with serve_in_a_thread(forgetful_app(seen), wait_s=30) as url:
+        printed = io.StringIO()
+        namespace = {"URL": url, "MODEL": "m"}
+        with contextlib.redirect_stdout(printed):
+            exec(compile(try_it, "write_your_own_agent.md:try", "exec"), namespace)
+    episode = namespace["episode"]
+    assert [len(messages) for messages in seen] == [1, 3]
+    assert seen[1][1] == {"role": "assistant", "content": "Six times seven is 42."}
+    assert seen[1][2]["content"] == "Put your final answer in \\boxed{}."
+    assert episode.answer == "So the answer is \\boxed{42}." and len(episode.history) == 2
+    assert printed.getvalue().splitlines()[-1] == "answer: So the answer is \\boxed{42}."
+
+    # 3-4. The config, next to the repository's configs, composed and checked by the trainer's preflight.
+    configs = in_tmp / "configs"
+    shutil.copytree(REPO / "configs", configs)
+    assert yaml_blocks[0].startswith("# my_agent_cpu.yaml\n")
+    (configs / "my_agent_cpu.yaml").write_text(yaml_blocks[0])
+    data = in_tmp / "train.parquet"
+    pd.DataFrame(
+        [
+            {
+                "prompt": [{"role": "user", "content": "What is 6 times 7?"}],
+                "input": "What is 6 times 7?",
+                "data_source": "toy",
+                "reward_model": {"ground_truth": "42"},
+            }
+        ]
+    ).to_parquet(data)
+    namespace = {"CONFIG_DIR": str(configs), "MODEL_DIR": tiny_model_dir, "DATA": str(data)}
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(check_it, "write_your_own_agent.md:check", "exec"), namespace)
+    assert printed.getvalue().strip() == "ready: my_agent.py"
+
+    # The preflight does check: data without the agent's column is refused, naming it.
+    from verl_ext.preflight import PreflightError, preflight
+
+    pd.DataFrame(
+        [{"prompt": [{"role": "user", "content": "q"}], "data_source": "toy", "reward_model": {"ground_truth": "1"}}]
+    ).to_parquet(in_tmp / "bad.parquet")
+    config = namespace["config"]
+    config.data.train_files = str(in_tmp / "bad.parquet")
+    with pytest.raises(PreflightError, match="has no column 'input'"):
+        preflight(config)
+
+
+def test_the_training_command_is_the_launchers():
+    """The page's training block runs the launcher with a run config (CONFIG=), as the calculator's trainer does."""
+    (command,) = blocks("bash")
+    assert "CONFIG=my_agent_cpu" in command and "scripts/train_tiny_cpu.sh" in command
+    assert "CONFIG=" in (REPO / "scripts" / "train_tiny_cpu.sh").read_text()
