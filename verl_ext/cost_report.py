@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from recurrent.flops import PUBLISHED_SHAPES, ModelShape
 from verl_ext.cost import (
@@ -102,9 +102,19 @@ def model_shape(config: DictConfig, folder: str | None) -> tuple[ModelShape, str
 
 
 def memory_config(config: DictConfig) -> Any:
-    from recurrent.impls.memory import MemoryConfig
+    """The memory agent's settings (``recurrent.config``); the cost model knows no other agent's calls."""
+    from recurrent.agents.memory import REGISTER
+    from recurrent.interface import load_register
+    from verl_ext.settings import recurrent_settings
 
-    return MemoryConfig(**OmegaConf.to_container(config.recurrent.config, resolve=True))
+    settings = recurrent_settings(config)
+    register = load_register(settings.agent) if settings.agent else None
+    if register is not REGISTER:
+        raise ValueError(
+            f"recurrent.agent={settings.agent or None}: the step cost model knows the memory agent's calls only "
+            "(verl_ext/cost.py, memory_agent_turns); --no-cost prints the step plan"
+        )
+    return register.make_config(settings.agent_config)
 
 
 def template_lengths(budgets: Any, tokenizer: Any | None, source: str = "its tokenizer") -> TemplateLengths:
@@ -112,7 +122,7 @@ def template_lengths(budgets: Any, tokenizer: Any | None, source: str = "its tok
         return TemplateLengths(
             *ESTIMATED_QWEN_TEMPLATE_TOKENS, "estimated for Qwen2.5's chat format: no tokenizer here"
         )
-    from recurrent.impls.memory import MemoryWorkflow
+    from recurrent.agents.memory import MemoryWorkflow
 
     workflow = MemoryWorkflow(budgets, tokenizer)
     return TemplateLengths(
@@ -134,7 +144,7 @@ def read_documents(path: Path, budgets: Any, tokenizer: Any, first: int, count: 
     own tokenization and centre truncation (``MemoryWorkflow.session``)."""
     import pyarrow.parquet as pq
 
-    from recurrent.impls.memory import MemoryWorkflow
+    from recurrent.agents.memory import MemoryWorkflow
 
     table = pq.read_table(path)
     if table.num_rows < first + count:

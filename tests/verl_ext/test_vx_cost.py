@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from recurrent.agents.memory import MemoryConfig, MemoryWorkflow
 from recurrent.flops import ModelShape
-from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
 from recurrent.interface import Reply
 from verl_ext import cost_report
 from verl_ext.cost import (
@@ -180,7 +180,7 @@ def test_documents_are_read_through_the_memory_agent(tiny_model_dir, tiny_tokeni
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from verl_ext.cpu.toy_data import make_memory_rows
+    from experiments.tiny.data import make_memory_rows
 
     rows = make_memory_rows(8, "train", seed=0)
     path = tmp_path / "train.parquet"

@@ -49,7 +49,7 @@ def run_folder(tmp_path, tiny_model_dir, lines: list[dict]):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from verl_ext.cpu.toy_data import make_memory_rows
+    from experiments.tiny.data import make_memory_rows
 
     data = tmp_path / "data" / "train.parquet"
     data.parent.mkdir()
