@@ -1,11 +1,14 @@
 """What a run config means per training step, before any GPU is touched.
 
     python -m verl_ext.plan --config-name memagent_7b [--context-tokens 28000] [--gpu-memory-gib 80] [overrides]
+        [--data PARQUET] [--device h100] [--devices 32] [--utilisation 0.4] [--memory-tokens N] ...
 
 Prints, from the composed config: trajectories and rows per step for a typical context, optimizer updates per
 step under ``recurrent.minibatch`` (mini-batches x ``actor.ppo_epochs``; and what verl's own row counting would
 give), rows per update, and what the rollout engine holds in GPU memory in each phase of a step
-(``rollout.free_cache_engine``; docs/fidelity.md). A config whose actor settings are refused stops with the reason.
+(``rollout.free_cache_engine``; docs/fidelity.md). Then what the step costs per phase: tokens, padding, FLOP and
+wall time on a stated cluster (``verl_ext/cost.py``; docs/cluster.md, "What a step costs"). A config whose actor
+settings are refused, or a cost input that cannot be read, stops with the reason (exit 2).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from verl_ext import cost_report
+from verl_ext.cost import step_cost
 from verl_ext.minibatch import actor_settings, minibatch_mode, updates_per_step
 from verl_ext.settings import recurrent_settings
 
@@ -114,11 +119,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--context-tokens", type=int, default=28_000, help="a typical training context (28K)")
     parser.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory of one GPU (default 80)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. recurrent.minibatch=rows")
+    cost_report.add_arguments(parser)
     args = parser.parse_args(argv)
     config = compose(args.config_name, args.overrides)
     try:
         plan = plan_step(config, args.context_tokens, args.gpu_memory_gib)
-    except ValueError as err:  # a refused setting: the reason, not a traceback; 2 as the launcher's checks
+        if args.cost:
+            inputs = cost_report.CostInputs(config, args)  # bad input stops here, before the model's work
+            cost = step_cost(config, inputs.shape, inputs.trajectories(), inputs.cluster)
+    except ValueError as err:  # a refused setting or input: the reason, not a traceback; 2 as the launcher's checks
         print(f"[memagent] {err}", file=sys.stderr)
         sys.exit(2)
     for name, value in asdict(plan).items():
@@ -128,6 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     rollout = config.actor_rollout_ref.rollout
     if rollout.name == "vllm" and rollout.free_cache_engine:
         print(f"{'asleep, vLLM keeps':>20}: " + asleep_resident(rollout))
+    if args.cost:
+        print("\n".join(cost_report.report(config, inputs, cost)))
 
 
 if __name__ == "__main__":

@@ -30,14 +30,15 @@ def test_what_a_sleeping_vllm_keeps(overrides, expected):
 
 
 def test_the_plan_prints_the_remainder_only_when_vllm_sleeps(capsys):
-    main(["--config-name", "memagent_14b"])  # tensor-parallel 2
+    main(["--config-name", "memagent_14b", "--no-cost"])  # tensor-parallel 2; the cost: test_vx_cost.py
     lines = capsys.readouterr().out.splitlines()
-    assert lines[-2].endswith("generation 48.0, old_log_prob 0.0, ref 0.0, update_actor 0.0, update_weights 48.0")
-    assert lines[-1] == (
+    held = next(i for i, line in enumerate(lines) if line.startswith("   rollout GiB / GPU:"))
+    assert lines[held].endswith("generation 48.0, old_log_prob 0.0, ref 0.0, update_actor 0.0, update_weights 48.0")
+    assert lines[held + 1] == (
         "  asleep, vLLM keeps: 1 to 2 GiB per GPU (CUDA context, CUDA-graph pool, NCCL and all-reduce buffers;"
         " estimated, not counted above)"
     )
-    main(["--config-name", "memagent_14b", "actor_rollout_ref.rollout.free_cache_engine=false"])
+    main(["--config-name", "memagent_14b", "--no-cost", "actor_rollout_ref.rollout.free_cache_engine=false"])
     out = capsys.readouterr().out
     assert "asleep" not in out and "update_actor 48.0" in out  # no sleep: vLLM keeps its whole share
 
