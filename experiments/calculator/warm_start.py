@@ -55,6 +55,7 @@ class Scale:
 
     name: str
     steps: tuple[int, int, int]  # copy, format, policy
+    warmup: tuple[int, int, int] = (100, 50, 50)  # linear learning-rate warm-up steps of each stage
     transcripts: int = 2000
     held: int = 64
     batch: int = 32
@@ -62,11 +63,18 @@ class Scale:
     eval_problems: int = 64
 
 
-FULL = Scale("calculator-reader", steps=(300, 600, 300))
+FULL = Scale("calculator-reader", steps=(400, 300, 300))
 # For tests of the pipeline: enough steps that sampling writes tool calls (a trainer test needs calls with tool
 # results), far from the full build's accuracy.
 QUICK = Scale(
-    "calculator-reader-quick", steps=(0, 80, 40), transcripts=300, held=16, batch=16, eval_every=40, eval_problems=0
+    "calculator-reader-quick",
+    steps=(0, 80, 40),
+    warmup=(1, 16, 8),
+    transcripts=300,
+    held=16,
+    batch=16,
+    eval_every=40,
+    eval_problems=0,
 )
 
 
@@ -176,7 +184,6 @@ def train_stage(
     batches of ``sample(scale.batch)``; the held-out rows are scored every ``scale.eval_every`` steps and after
     the last."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
-    warmup = max(1, min(warmup, steps // 5))  # a short stage (the quick build) warms up for a fifth of it
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
     curve, losses, tokens, train_s, cpu_s = [], [], 0, 0.0, 0.0
     model.train()
@@ -259,9 +266,9 @@ def train(
             partial(rng.sample, policy_rows),
         )
         stages = [
-            train_stage(model, "copy", copy, copy_held, pad, scale.steps[0], scale, 3e-3, 100, log),
-            train_stage(model, "format", formats, held, pad, scale.steps[1], scale, 1e-3, 50, log),
-            train_stage(model, "policy", policy, held, pad, scale.steps[2], scale, 1e-3, 50, log),
+            train_stage(model, "copy", copy, copy_held, pad, scale.steps[0], scale, 3e-3, scale.warmup[0], log),
+            train_stage(model, "format", formats, held, pad, scale.steps[1], scale, 1e-3, scale.warmup[1], log),
+            train_stage(model, "policy", policy, held, pad, scale.steps[2], scale, 1e-3, scale.warmup[2], log),
         ]
     finally:
         torch.set_num_threads(threads)
