@@ -49,7 +49,18 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 from readme_blocks import readme_commands
-from trainer_run import REPO, STAGES, adam_steps, load_safetensors, read_jsonl, read_metrics, run_script, tail
+from trainer_run import (
+    REPO,
+    STAGES,
+    adam_steps,
+    grpo_by_hand,
+    load_safetensors,
+    read_jsonl,
+    read_metrics,
+    run_script,
+    tail,
+    trajectories,
+)
 
 RUN_TIMEOUT_S = 400  # each of the two runs; ~65 s and ~60 s on 2 idle cores
 # The run's sizes, as configs/tiny_cpu.yaml sets them (prompts per step, trajectories per prompt, in validation).
@@ -104,28 +115,6 @@ def runs(tmp_path_factory):
 
 def dumped(out: Path, step: int) -> list[dict]:
     return read_jsonl(out / "rollout" / f"{step}.jsonl")
-
-
-def trajectories(rows: list[dict]) -> dict[str, list[dict]]:
-    """The real rows of a dump by trajectory ({uid}_{session}), in turn order."""
-    by_trajectory: dict[str, list[dict]] = defaultdict(list)
-    for row in rows:
-        if not row["is_padding"]:
-            by_trajectory[row["trajectory"]].append(row)
-    return {key: sorted(rows, key=lambda r: r["turn_index"]) for key, rows in by_trajectory.items()}
-
-
-def grpo_by_hand(by_trajectory: dict[str, list[dict]]) -> dict[str, float]:
-    """GRPO without std division over each prompt's trajectories: final score - mean of the group's final scores."""
-    groups: dict[str, dict[str, float]] = defaultdict(dict)
-    for trajectory, rows in by_trajectory.items():
-        uid = trajectory.rsplit("_", 1)[0]
-        groups[uid][trajectory] = rows[-1]["score"]
-    expected = {}
-    for scores in groups.values():
-        mean = sum(scores.values()) / len(scores)
-        expected.update({trajectory: score - mean for trajectory, score in scores.items()})
-    return expected
 
 
 def test_two_steps_with_validation_log_finite_metrics(runs):

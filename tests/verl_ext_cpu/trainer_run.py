@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import time
+from collections import defaultdict
 from pathlib import Path
 
 from process_helpers import session_members
@@ -69,6 +70,28 @@ def read_metrics(path: Path) -> dict[int, dict]:
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def trajectories(rows: list[dict]) -> dict[str, list[dict]]:
+    """The real rows of a dump by trajectory ({uid}_{session}), in turn order."""
+    by_trajectory: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        if not row["is_padding"]:
+            by_trajectory[row["trajectory"]].append(row)
+    return {key: sorted(rows, key=lambda r: r["turn_index"]) for key, rows in by_trajectory.items()}
+
+
+def grpo_by_hand(by_trajectory: dict[str, list[dict]]) -> dict[str, float]:
+    """GRPO without std division over each prompt's trajectories: final score - mean of the group's final scores."""
+    groups: dict[str, dict[str, float]] = defaultdict(dict)
+    for trajectory, rows in by_trajectory.items():
+        uid = trajectory.rsplit("_", 1)[0]
+        groups[uid][trajectory] = rows[-1]["score"]
+    expected = {}
+    for scores in groups.values():
+        mean = sum(scores.values()) / len(scores)
+        expected.update({trajectory: score - mean for trajectory, score in scores.items()})
+    return expected
 
 
 def adam_steps(checkpoint: Path) -> set[int]:
