@@ -235,6 +235,35 @@ def markdown(table: dict[str, Curve]) -> str:
     return "\n".join(lines) + "\n\n" + note + "\n"
 
 
+def by_length(events: Iterable[Event]) -> str:
+    """Accuracy at each length taken apart: the share of documents whose needle was written, whose last memory
+    still holds it, and whose answer was right (%), per policy (a row) and length (a column)."""
+    cells: dict[str, dict[int, list[Event]]] = defaultdict(lambda: defaultdict(list))
+    for e in events:
+        cells[policy_name(policy_of_model(e.model, e.method))][e.length].append(e)
+    lengths = sorted({e.length for per in cells.values() for e in (x for v in per.values() for x in v)})
+    lines = [
+        "| policy | " + " | ".join(f"{n} chunks: written / kept / right" for n in lengths) + " |",
+        "|---|" + "---|" * len(lengths),
+    ]
+    order = [policy_name(p) for p in POLICY_NAMES]
+    for name in sorted(cells, key=lambda n: (order.index(n) if n in order else len(order), n)):
+        cols = []
+        for n in lengths:
+            docs = cells[name].get(n, [])
+            if not docs:
+                cols.append("–")
+                continue
+            shares = [
+                sum(e.written is not None for e in docs),
+                sum(e.final_intact for e in docs),
+                sum(e.right for e in docs),
+            ]
+            cols.append(" / ".join(f"{100 * x / len(docs):.0f}" for x in shares))
+        lines.append(f"| {name} | " + " | ".join(cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def write_events(events: list[Event], path: Path) -> None:
     names = [f.name for f in fields(Event)]
     with path.open("w", newline="") as f:
@@ -321,7 +350,11 @@ def write(results_dir: str | Path, data_dir: str | Path, out: str | Path | None 
         "events": out / "survival_events.csv",
         "png": out / "survival.png",
     }
-    paths["md"].write_text(markdown(table))
+    paths["md"].write_text(
+        markdown(table)
+        + "\nBy length (% of documents): the needle written, still intact in the last memory (what the answer reads), "
+        "the answer right.\n\n" + by_length(events)
+    )
     write_csv(table, paths["csv"])
     write_events(events, paths["events"])
     plot(table, paths["png"])

@@ -106,6 +106,9 @@ def test_the_files_and_the_cli(tmp_path, capsys):
     out = capsys.readouterr().out
     # written 5/6 = 83.3 %; keep rate 4/7 = 57.14 %; S(1) 50, S(3) 25, no S(7) and beyond
     assert "| RL | 6 | 83.3 | 0 / 1 / 0 | 7 | 1 / 1 / 1 | 57.14 | 50.0 | 25.0 | – | – | – | – |" in out
+    # by length: 2 chunks (F): written, lost, wrong; 4 chunks (A-E): written A-D, intact at the end A and D, right A, D
+    assert "| policy | 2 chunks: written / kept / right | 4 chunks: written / kept / right |" in out
+    assert "| RL | 100 / 0 / 0 | 80 / 40 / 40 |" in out
     events = read_events(tmp_path / "out" / "survival_events.csv")
     assert events == collect(tmp_path / "results", tmp_path / "data")
     lines = (tmp_path / "out" / "survival.csv").read_text().splitlines()
