@@ -19,9 +19,12 @@
 #                   checkpoint, on the test split at LENGTHS chunks, EVAL_DOCS documents each, greedy; the memory
 #                   agent (memory-boxed) and the full-context baseline (direct-boxed: the whole document in one
 #                   prompt, middle-truncated to the reader's window) for every policy; PARALLEL_MODELS policies at
-#                   a time, each with its own one-thread server (taskutils/memory_eval/README.md)
+#                   a time, each with its own one-thread server (taskutils/memory_eval/README.md); with --trace:
+#                   every item's memory after each chunk
 #   6. report       python -m taskutils.replication.report: replication.md / .csv / .png (accuracy by length x policy;
-#                   the .md ends with what ran: commit, command line, stage times from timing.jsonl and run.jsonl)
+#                   the .md ends with the needle's survival in memory, taskutils/replication/survival.py, and what
+#                   ran: commit, command line, stage times from timing.jsonl and run.jsonl); survival.{md,csv,png},
+#                   survival_events.csv
 #
 # Environment (defaults in brackets; QUICK=1 changes the ones marked Q):
 #   OUT_DIR         everything the run writes [.cache/replicate_cpu; Q: .cache/replicate_cpu_quick]
@@ -34,6 +37,9 @@
 #   EVAL_DOCS       test documents per length [64; Q: 2]
 #   NGPUS           FSDP ranks of each RL run (fake Ray GPUs) [2]
 #   PARALLEL_MODELS policies evaluated side by side [3; Q: 2]
+#   LATE_START      share of training documents that start late: the needle already in memory, filler chunks only
+#                   (docs/replication_cpu.md, "Episodes that start late"); the RL runs then read each row's
+#                   initial memory (recurrent.config.memory_key=memory) [0: the paper's episodes]
 #   WARM_START      start from this warm-start folder (a Hugging Face folder, e.g. a variant built with
 #                   `python -m taskutils.replication.warm_start --out DIR ...`) instead of the cached build [none]
 #   PYTHON          interpreter [the repo's .venv]
@@ -68,6 +74,7 @@ else
   quick_overrides=()
 fi
 NGPUS="${NGPUS:-2}"
+LATE_START="${LATE_START:-0}"
 ABLATIONS="${ABLATIONS-final_same_step final_token_mean}"
 # The run (and policy) name of a credit variant: final_same_step -> ablation-same-step.
 ablation_name() { local mode="${1#final_}"; echo "ablation-${mode//_/-}"; }
@@ -100,7 +107,7 @@ commit="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 [[ -z "$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null)" ]] || commit+="+changes"
 "$PYTHON" - "$OUT_DIR/run.jsonl" "$commit" "QUICK=$QUICK STEPS=$STEPS SEEDS='$SEEDS' ABLATIONS='$ABLATIONS'" \
   "ABLATION_SEEDS='$ABLATION_SEEDS' ABLATION_STEPS=$ABLATION_STEPS LENGTHS='$LENGTHS' EVAL_DOCS=$EVAL_DOCS NGPUS=$NGPUS" \
-  "PARALLEL_MODELS=$PARALLEL_MODELS${WARM_START:+ WARM_START=$WARM_START} bash scripts/replicate_cpu.sh $*" "$(getconf _NPROCESSORS_ONLN)" <<'PY'
+  "PARALLEL_MODELS=$PARALLEL_MODELS LATE_START=$LATE_START${WARM_START:+ WARM_START=$WARM_START} bash scripts/replicate_cpu.sh $*" "$(getconf _NPROCESSORS_ONLN)" <<'PY'
 import json, sys, time
 path, commit, *command, cores = sys.argv[1:]
 line = {"commit": commit, "command": " ".join(command).strip(), "cores": int(cores), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -126,7 +133,7 @@ fi
 say "2/6 data"
 if [[ ! -f "$OUT_DIR/data/validation.parquet" ]]; then
   timed data_train "$PYTHON" -m taskutils.replication.needle --out "$OUT_DIR/data" --tokenizer "$WARM" \
-    --train "$TRAIN_DOCS" --validation "$VAL_DOCS" --test 0 --eval-chunks 1 2 4 > /dev/null
+    --train "$TRAIN_DOCS" --validation "$VAL_DOCS" --test 0 --eval-chunks 1 2 4 --late-start "$LATE_START" > /dev/null
 fi
 # shellcheck disable=SC2086  # LENGTHS is a list
 if [[ ! -f "$OUT_DIR/eval_data/test.parquet" ]]; then
@@ -146,7 +153,10 @@ rl_run() {
     || { tail -n 20 "$dir.launcher.log"; exit 1; }
   grep -E "^step |^ +[0-9]+ " "$dir.launcher.log" | tail -n 3 || true
 }
-EXTRA=("${quick_overrides[@]}" "$@")
+# Episodes that start late need the agent to read each row's initial memory (the column "memory" of the data).
+late_overrides=()
+[[ "$LATE_START" == 0 ]] || late_overrides=(recurrent.config.memory_key=memory)
+EXTRA=("${quick_overrides[@]}" "${late_overrides[@]}" "$@")
 say "3/6 RL: seeds [$SEEDS], $STEPS steps each"
 for seed in $SEEDS; do rl_run "rl-seed$seed" "$STEPS" "actor_rollout_ref.rollout.seed=$seed"; done
 say "4/6 ablations (recurrent.credit in [$ABLATIONS]): seeds [$ABLATION_SEEDS], $ABLATION_STEPS steps each"
@@ -173,13 +183,13 @@ models="$(IFS=,; echo "${policies[*]%%=*}" | tr ' ' ',')"
 timed evaluation "$PYTHON" -m taskutils.memory_eval.run --table "$OUT_DIR/policies.yaml" --models "$models" \
   --method memory-boxed,direct-boxed --tasks needle --lengths "$(echo $LENGTHS | tr ' ' ',')" --limit "$EVAL_DOCS" \
   --data-dir "$OUT_DIR/eval_data/eval/test" --results-dir "$OUT_DIR/results" --temperature 0 --no-report \
-  --parallel-models "$PARALLEL_MODELS"
+  --parallel-models "$PARALLEL_MODELS" --trace
 
 # ---- 6. report --------------------------------------------------------------------------------------------------------
 say "6/6 report"
 # The invocation's wall time, stages 1-5 (the report takes a second): the report reads it from timing.jsonl.
 printf '{"stage": "total", "seconds": %d, "rc": 0}\n' $(($(date +%s) - RUN_START)) >> "$OUT_DIR/timing.jsonl"
 "$PYTHON" -m taskutils.memory_eval.report "$OUT_DIR/results" > /dev/null
-"$PYTHON" -m taskutils.replication.report "$OUT_DIR/results" --run-dir "$OUT_DIR"
+"$PYTHON" -m taskutils.replication.report "$OUT_DIR/results" --run-dir "$OUT_DIR" --eval-data "$OUT_DIR/eval_data/eval/test"
 for run in "$OUT_DIR"/runs/*/; do say "training curve: ${run}training.png"; done
 say "done: $OUT_DIR/results/replication.md, replication.png; stage times: $OUT_DIR/timing.jsonl"
