@@ -6,7 +6,7 @@
 #
 # Stages, each resumable (run the same command again after a kill: finished stages are skipped, an RL run resumes
 # from its last checkpoint, the evaluation from its last finished item):
-#   1. warm start   python -m taskutils.replication.warm_start --cache: built once into the models cache
+#   1. warm start   python -m experiments.needle.warm_start --cache: built once into the models cache
 #                   (~15 min on 1 thread; reused afterwards, like the other offline models); never committed
 #   2. data         needle documents: training (1-4 chunks), validation (1, 2, 4 chunks), test (every eval length)
 #   3. RL           for each seed of SEEDS: scripts/train_tiny_cpu.sh TASK=needle (configs/replicate_cpu.yaml:
@@ -21,8 +21,8 @@
 #                   prompt, middle-truncated to the reader's window) for every policy; PARALLEL_MODELS policies at
 #                   a time, each with its own one-thread server (taskutils/memory_eval/README.md); with --trace:
 #                   every item's memory after each chunk
-#   6. report       python -m taskutils.replication.report: replication.md / .csv / .png (accuracy by length x policy;
-#                   the .md ends with the needle's survival in memory, taskutils/replication/survival.py, and what
+#   6. report       python -m experiments.needle.report: replication.md / .csv / .png (accuracy by length x policy;
+#                   the .md ends with the needle's survival in memory, experiments/needle/survival.py, and what
 #                   ran: commit, command line, stage times from timing.jsonl and run.jsonl); survival.{md,csv,png},
 #                   survival_events.csv
 #
@@ -41,7 +41,7 @@
 #                   (docs/replication_cpu.md, "Episodes that start late"); the RL runs then read each row's
 #                   initial memory (recurrent.config.memory_key=memory) [0: the paper's episodes]
 #   WARM_START      start from this warm-start folder (a Hugging Face folder, e.g. a variant built with
-#                   `python -m taskutils.replication.warm_start --out DIR ...`) instead of the cached build [none]
+#                   `python -m experiments.needle.warm_start --out DIR ...`) instead of the cached build [none]
 #   PYTHON          interpreter [the repo's .venv]
 # Extra arguments go to every RL run as hydra overrides.
 #
@@ -124,7 +124,7 @@ if [[ -n "${WARM_START:-}" ]]; then
   WARM="$(cd "$WARM_START" && pwd)"
 else
   say "1/6 warm start (${warm_args[*]}): built once, then reused"
-  timed warm_start "$PYTHON" -m taskutils.replication.warm_start "${warm_args[@]}" | tee "$OUT_DIR/warm_start.log"
+  timed warm_start "$PYTHON" -m experiments.needle.warm_start "${warm_args[@]}" | tee "$OUT_DIR/warm_start.log"
   WARM="$(tail -n 1 "$OUT_DIR/warm_start.log")"
 fi
 [[ -f "$WARM/config.json" ]] || { say "the warm start did not print its folder (got '$WARM')"; exit 1; }
@@ -132,12 +132,12 @@ fi
 # ---- 2. data -------------------------------------------------------------------------------------------------------
 say "2/6 data"
 if [[ ! -f "$OUT_DIR/data/validation.parquet" ]]; then
-  timed data_train "$PYTHON" -m taskutils.replication.needle --out "$OUT_DIR/data" --tokenizer "$WARM" \
+  timed data_train "$PYTHON" -m experiments.needle.needle --out "$OUT_DIR/data" --tokenizer "$WARM" \
     --train "$TRAIN_DOCS" --validation "$VAL_DOCS" --test 0 --eval-chunks 1 2 4 --late-start "$LATE_START" > /dev/null
 fi
 # shellcheck disable=SC2086  # LENGTHS is a list
 if [[ ! -f "$OUT_DIR/eval_data/test.parquet" ]]; then
-  timed data_test "$PYTHON" -m taskutils.replication.needle --out "$OUT_DIR/eval_data" --tokenizer "$WARM" \
+  timed data_test "$PYTHON" -m experiments.needle.needle --out "$OUT_DIR/eval_data" --tokenizer "$WARM" \
     --train 0 --validation 0 --test "$EVAL_DOCS" --eval-chunks $LENGTHS > /dev/null
 fi
 
@@ -177,7 +177,7 @@ for mode in $ABLATIONS; do
     policies+=("$run=$OUT_DIR/runs/$run/checkpoints/global_step_$ABLATION_STEPS/actor/huggingface")
   done
 done
-"$PYTHON" -m taskutils.replication.eval_models "${policies[@]}" --out "$OUT_DIR/policies.yaml" > /dev/null
+"$PYTHON" -m experiments.needle.eval_models "${policies[@]}" --out "$OUT_DIR/policies.yaml" > /dev/null
 models="$(IFS=,; echo "${policies[*]%%=*}" | tr ' ' ',')"
 # shellcheck disable=SC2086  # LENGTHS is a list
 timed evaluation "$PYTHON" -m taskutils.memory_eval.run --table "$OUT_DIR/policies.yaml" --models "$models" \
@@ -190,6 +190,6 @@ say "6/6 report"
 # The invocation's wall time, stages 1-5 (the report takes a second): the report reads it from timing.jsonl.
 printf '{"stage": "total", "seconds": %d, "rc": 0}\n' $(($(date +%s) - RUN_START)) >> "$OUT_DIR/timing.jsonl"
 "$PYTHON" -m taskutils.memory_eval.report "$OUT_DIR/results" > /dev/null
-"$PYTHON" -m taskutils.replication.report "$OUT_DIR/results" --run-dir "$OUT_DIR" --eval-data "$OUT_DIR/eval_data/eval/test"
+"$PYTHON" -m experiments.needle.report "$OUT_DIR/results" --run-dir "$OUT_DIR" --eval-data "$OUT_DIR/eval_data/eval/test"
 for run in "$OUT_DIR"/runs/*/; do say "training curve: ${run}training.png"; done
 say "done: $OUT_DIR/results/replication.md, replication.png; stage times: $OUT_DIR/timing.jsonl"

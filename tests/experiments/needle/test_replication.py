@@ -5,9 +5,7 @@ import random
 import pytest
 import torch
 
-from recurrent.agents.memory import MemoryConfig, MemoryWorkflow
-from recurrent.interface import Reply
-from taskutils.replication.needle import (
+from experiments.needle.needle import (
     NEEDLE,
     SPLITS,
     make_document,
@@ -16,8 +14,10 @@ from taskutils.replication.needle import (
     split_keys,
     split_numbers,
 )
-from taskutils.replication.reader import build_tokenizer, reader_config
-from taskutils.replication.warm_start import agent_config, batch_loss, paper_rows, teacher_transcript
+from experiments.needle.reader import build_tokenizer, reader_config
+from experiments.needle.warm_start import agent_config, batch_loss, paper_rows, teacher_transcript
+from recurrent.agents.memory import MemoryConfig, MemoryWorkflow
+from recurrent.interface import Reply
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +174,7 @@ def test_the_naive_teacher_writes_the_papers_prompt_format(tokenizer):
 def test_the_evaluation_drives_real_sessions_with_a_tiny_reader(tokenizer, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from taskutils.replication.warm_start import evaluate
+    from experiments.needle.warm_start import evaluate
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(reader_config(tokenizer, hidden=32, layers=1, heads=2, kv_heads=1))

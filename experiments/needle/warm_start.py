@@ -1,9 +1,9 @@
 """The warm start of the CPU replication: plain-torch SFT of the ~1M-parameter reader, and its measurement.
 
-    python -m taskutils.replication.warm_start --cache [--quick] [--force]  # into the model cache; prints the folder
-    python -m taskutils.replication.warm_start --out DIR [--steps 1030 200 75 146] [--p-needle 0.4] [--seed 0]
+    python -m experiments.needle.warm_start --cache [--quick] [--force]  # into the model cache; prints the folder
+    python -m experiments.needle.warm_start --out DIR [--steps 1030 200 75 146] [--p-needle 0.4] [--seed 0]
         [--stop-at 0.9] [--p-keep 0.9] [--copy-stages DIR]
-    python -m taskutils.replication.warm_start --evaluate DIR [--docs 32] [--chunks 1 2 4] [--sample]
+    python -m experiments.needle.warm_start --evaluate DIR [--docs 32] [--chunks 1 2 4] [--sample]
 
 Build (AdamW, loss on target tokens only, one CPU thread), four stages, each stopped at its target or its step
 budget (:data:`FULL`: 1030 / 200 / 75 / 146 steps, those of the measured build; :data:`QUICK`: a few steps, for
@@ -55,13 +55,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from experiments.needle.needle import NEEDLE_RE, filler_sentence, make_document, split_numbers
+from experiments.needle.reader import build_tokenizer, reader_config
 from recurrent.agents.memory import MemoryConfig, MemoryWorkflow
 from recurrent.atomic import atomic_path
 from recurrent.interface import Reply, Turn
 from recurrent.lockstep import run_lockstep
 from recurrent.models import manifest_ok, models_dir, write_manifest
-from taskutils.replication.needle import NEEDLE_RE, filler_sentence, make_document, split_numbers
-from taskutils.replication.reader import build_tokenizer, reader_config
 from taskutils.verifiers.strict import strict_score
 
 CHUNK_SIZE = 64
@@ -554,7 +554,7 @@ def evaluate(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m taskutils.replication.warm_start", description=__doc__.split("\n\n")[0]
+        prog="python -m experiments.needle.warm_start", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--cache", action="store_true", help="build into the model cache unless up to date")
     parser.add_argument("--quick", action="store_true", help="the CI-sized build (seconds; an untrained reader)")

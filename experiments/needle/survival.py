@@ -1,6 +1,6 @@
 """Needle survival: how long each policy keeps the needle's number in memory once it has written it.
 
-    python -m taskutils.replication.survival RESULTS_DIR --data-dir EVAL_DIR [--out DIR] [--method memory-boxed]
+    python -m experiments.needle.survival RESULTS_DIR --data-dir EVAL_DIR [--out DIR] [--method memory-boxed]
 
 reads the harness's per-item results written with ``--trace`` (``RESULTS_DIR/needle_<N>/<model>__<method>.jsonl``,
 whose lines hold ``memories``: the memory after every chunk) and the eval sets they were run on
@@ -11,7 +11,7 @@ the needle's number through each document's memories:
   equal to it); none: the needle was never written. Then ``write`` is how the needle's chunk's memory missed it;
 - ``lost``: the first later chunk whose memory no longer holds it exactly, and how (:func:`memory_kind`):
   ``dropped`` (no number of 3 or more digits left: the needle sentence replaced by filler or words),
-  ``miscopied`` (a number one digit off or a near copy of it, :func:`taskutils.replication.misses.miss_kind`:
+  ``miscopied`` (a number one digit off or a near copy of it, :func:`experiments.needle.misses.miss_kind`:
   the number drifted as the memory was rewritten) or ``replaced`` (another number);
 - ``final_intact``: the last memory holds it (the answer turn reads only that).
 
@@ -39,10 +39,10 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from experiments.needle.misses import miss_kind
+from experiments.needle.report import POLICY_NAMES, policy_name, policy_of_model
 from recurrent.resume import read_jsonl
 from taskutils.memory_eval.report import results_files
-from taskutils.replication.misses import miss_kind
-from taskutils.replication.report import POLICY_NAMES, policy_name, policy_of_model
 
 LOSS_KINDS = ("dropped", "miscopied", "replaced")
 # The curve's points in the table: k chunks after the write (the longest evaluation, 64 chunks, allows 63).
@@ -130,7 +130,7 @@ def needle_chunks(data_dir: Path, length: int) -> dict[str, int]:
             continue
         item = json.loads(line)
         if "needle_chunk" not in item:
-            raise ValueError(f"{path}:{line_no}: the item has no 'needle_chunk' (made by taskutils.replication.needle)")
+            raise ValueError(f"{path}:{line_no}: the item has no 'needle_chunk' (made by experiments.needle.needle)")
         chunks[str(item["index"])] = int(item["needle_chunk"])
     return chunks
 
@@ -363,7 +363,7 @@ def write(results_dir: str | Path, data_dir: str | Path, out: str | Path | None 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m taskutils.replication.survival",
+        prog="python -m experiments.needle.survival",
         description=__doc__.split("\n\n")[0],
         epilog="Exit status: 0; 2 when there are no traced results, or an eval set or a trace is missing or wrong.",
     )

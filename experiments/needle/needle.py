@@ -10,11 +10,11 @@ of the test split is a new *pair* of known words), so the reader has seen every 
 needle is new only as a whole.
 
 Exact length. The context of an ``N``-chunk document has between ``64 (N - 1) + 1`` and ``64 N`` tokens of the
-reader tokenizer (:mod:`taskutils.replication.reader`), so ``MemoryConfig(chunk_size=64)`` splits it into
+reader tokenizer (:mod:`experiments.needle.reader`), so ``MemoryConfig(chunk_size=64)`` splits it into
 exactly ``N`` chunks; the needle lies whole inside one chunk (its decoded text contains the needle sentence) and
 its chunk is drawn uniformly.
 
-    python -m taskutils.replication.needle --out DIR [--train 2000] [--validation 32] [--test 32]
+    python -m experiments.needle.needle --out DIR [--train 2000] [--validation 32] [--test 32]
         [--train-chunks 1 4] [--eval-chunks 1 2 4] [--seed 0] [--tokenizer DIR] [--late-start 0.0]
 
 writes ``DIR/train.parquet`` (train split, 1-4 chunks), ``DIR/validation.parquet`` and ``DIR/test.parquet``
@@ -238,7 +238,7 @@ def verl_row(doc: dict[str, Any], split: str, index: int) -> dict[str, Any]:
 
 def eval_item(doc: dict[str, Any], index: int) -> dict[str, Any]:
     """An eval-set item (``taskutils.memory_eval.evalsets``), ``index`` first; ``needle_chunk`` (the harness ignores
-    it) is for the survival analysis, :mod:`taskutils.replication.survival`."""
+    it) is for the survival analysis, :mod:`experiments.needle.survival`."""
     return {
         "index": index,
         "input": doc["question"],
@@ -289,9 +289,7 @@ def write(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m taskutils.replication.needle", description=__doc__.split("\n\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m experiments.needle.needle", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--train", type=int, default=2000)
     parser.add_argument("--validation", type=int, default=32, help="documents per eval length")
@@ -309,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not 0.0 <= args.late_start <= 1.0:
         parser.error(f"--late-start is a share of the training documents, in [0, 1]; got {args.late_start}")
-    from taskutils.replication.reader import load_or_build_tokenizer
+    from experiments.needle.reader import load_or_build_tokenizer
 
     tokenizer = load_or_build_tokenizer(args.tokenizer)
     paths = write(

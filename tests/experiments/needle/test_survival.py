@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from taskutils.replication.survival import (
+from experiments.needle.survival import (
     collect,
     curves,
     main,

@@ -1,6 +1,6 @@
 """The replication's table and figure: accuracy by document length x policy (the paper's Table 2 in miniature).
 
-    python -m taskutils.replication.report RESULTS_DIR [--out DIR] [--task needle] [--run-dir OUT_DIR]
+    python -m experiments.needle.report RESULTS_DIR [--out DIR] [--task needle] [--run-dir OUT_DIR]
 
 reads the evaluation harness's results files (``RESULTS_DIR/needle_{N}/<model>__<method>.jsonl``, through
 :func:`taskutils.memory_eval.report.collect`, the harness's own reader) and writes into ``--out`` (default
@@ -11,7 +11,7 @@ reads the evaluation harness's results files (``RESULTS_DIR/needle_{N}/<model>__
 - ``replication.png``: strict accuracy against document length (log scale), one line per policy.
 
 With ``--eval-data`` (the eval sets' folder) and results written with the harness's ``--trace``, it also writes the
-needle's survival in memory (:mod:`taskutils.replication.survival`: ``survival.md``, ``.csv``, ``.png``,
+needle's survival in memory (:mod:`experiments.needle.survival`: ``survival.md``, ``.csv``, ``.png``,
 ``survival_events.csv``) and puts its table in ``replication.md``.
 
 With ``--run-dir`` (the folder of ``scripts/replicate_cpu.sh``), ``replication.md`` ends with what ran: each
@@ -199,9 +199,9 @@ def write(
     eval_data: str | Path | None = None,
 ) -> dict[str, Path]:
     """Write the table (markdown, CSV) and the plot; returns their paths. With ``eval_data``, also the needle's
-    survival (:func:`taskutils.replication.survival.write`), its table in the markdown; with ``run_dir``, the
+    survival (:func:`experiments.needle.survival.write`), its table in the markdown; with ``run_dir``, the
     markdown ends with :func:`run_section`."""
-    from taskutils.replication import survival
+    from experiments.needle import survival
 
     results_dir = Path(results_dir)
     out = Path(out) if out else results_dir
@@ -223,7 +223,7 @@ def write(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m taskutils.replication.report",
+        prog="python -m experiments.needle.report",
         description=__doc__.split("\n\n")[0],
         epilog="Exit status: 0 when every results file is complete, 1 when one is not, 2 when there are none (or, with "
         "--eval-data, the survival's eval sets or traces are missing).",
