@@ -7,10 +7,13 @@ Its step shape: 4 problems x n 4 trajectories, ``ppo_mini_batch_size`` 2, so the
 updates per step and a trajectory could be cut across them; no checkpoints; validation (greedy) after the last
 step. Checked:
 
-- the memory agent's module (``recurrent.agents.memory``) is imported by no process of the run: every Python
-  process of it writes its imports (``PYTHONPROFILEIMPORTTIME=1``: one line per module as it enters
-  ``sys.modules``) to its stderr, which reaches the launcher's output (the trainer's own, and Ray's workers'
-  through Ray's log forwarding); the calculator's module is there, in the trainer and in a worker, so the log
+- the memory agent's module (``recurrent.agents.memory``) enters ``sys.modules`` in no process of the run: every
+  Python process of it loads a ``sitecustomize`` (first on its ``PYTHONPATH``) that puts a finder at the head of
+  ``sys.meta_path``, which every import of a module not yet in ``sys.modules`` asks first (an ``import``
+  statement and ``importlib.import_module`` alike, as the agent registry imports agents), and which writes the
+  agents' and experiments' modules it is asked for to the process's stderr; that reaches the launcher's output
+  (the trainer's own, and Ray's workers' through Ray's log forwarding). Each process also says that it watches,
+  so the processes are counted, and the calculator's module is there, in the trainer and in a worker: the log
   does show the processes that ran the agent;
 - from verl's rollout dump, at the engine: one row per model call (the calls a trajectory made are its tool calls
   plus the answer), each call's prompt the conversation so far, rendered by the chat template (the first call's
@@ -63,7 +66,6 @@ pytestmark = [pytest.mark.slow(seconds=200), pytest.mark.timeout(2400)]
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("train_tiny_cpu_calculator")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    env.pop("PYTHONPROFILEIMPORTTIME", None)
     build = subprocess.run(
         [sys.executable, "-m", "experiments.calculator.warm_start", "--cache", "--quick"],
         cwd=REPO,
@@ -85,9 +87,17 @@ def run(tmp_path_factory):
         timeout=120,
     )
     out = root / "run"
-    extra = {"CONFIG": "calculator_cpu", "DATA_DIR": str(data), "MODEL": str(model), "PYTHONPROFILEIMPORTTIME": "1"}
+    watch = root / "import_watch"
+    watch.mkdir()
+    (watch / "sitecustomize.py").write_text(IMPORT_WATCH)
+    extra = {
+        "CONFIG": "calculator_cpu",
+        "DATA_DIR": str(data),
+        "MODEL": str(model),
+        "PYTHONPATH": f"{watch}{os.pathsep}{REPO}",
+    }
     rc, output, elapsed = run_script(out, STEPS, "config", RUN_TIMEOUT_S, OVERRIDES, extra)
-    assert rc == 0, tail("\n".join(line for line in output.splitlines() if "import time:" not in line))
+    assert rc == 0, tail("\n".join(line for line in output.splitlines() if "[import-watch]" not in line))
     print(f"\n[calculator trainer] {STEPS} steps: wall {elapsed:.0f} s")
     return {"out": out, "output": output, "model": model, "data": data}
 
@@ -95,47 +105,82 @@ def run(tmp_path_factory):
 # ------------------------------------------------------------------------------------------------------------
 # which modules each process imported
 
-_IMPORT = re.compile(
-    r"^(?:\x1b\[\d+m)?(?:\((?P<who>[^)]*)\)(?:\x1b\[0m)? )?import time: +\d+ \| +\d+ \| +(?P<module>\S+)$"
+# Written as sitecustomize.py into a folder first on the run's PYTHONPATH: each Python process of the run loads it at
+# start-up. The finder answers nothing (the usual finders load the module); it only reports what it is asked for.
+IMPORT_WATCH = """
+import os
+import sys
+
+WATCHED = ("recurrent.agents.", "experiments.")
+
+
+class ImportWatch:
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith(WATCHED):
+            print(f"[import-watch] pid={os.getpid()} imports {name}", file=sys.stderr, flush=True)
+        return None
+
+
+sys.meta_path.insert(0, ImportWatch())
+print(f"[import-watch] pid={os.getpid()} watching", file=sys.stderr, flush=True)
+"""
+# A line of it in the launcher's output, with Ray's "(WorkerDict pid=123) " prefix (colours included) where a worker
+# wrote it.
+_WATCH_LINE = re.compile(
+    r"^(?:\x1b\[\d+m)?(?:\((?P<who>[^)]*)\)(?:\x1b\[0m)? )?\[import-watch\] pid=(?P<pid>\d+) "
+    r"(?:imports (?P<module>\S+)|watching)$"
 )
 
 
-def imports_by_process(output: str) -> dict[str, set[str]]:
-    """The modules in the import log of each process: the launcher's own lines (the trainer, and the script's
-    other Python commands) under "", Ray's forwarded lines under their prefix ("pid=123", "WorkerDict pid=123",
-    "raylet": the processes Ray's raylet started before they had a pid prefix)."""
-    modules: dict[str, set[str]] = defaultdict(set)
+def imports_by_process(output: str) -> dict[int, tuple[str, set[str]]]:
+    """Per process id: who printed it (the launcher's own lines "", Ray's forwarded lines their prefix) and the
+    watched modules it imported."""
+    processes: dict[int, tuple[str, set[str]]] = {}
     for line in output.splitlines():
-        match = _IMPORT.match(line)
+        match = _WATCH_LINE.match(line)
         if match:
-            modules[match.group("who") or ""].add(match.group("module"))
-    return modules
+            who, modules = processes.setdefault(int(match.group("pid")), (match.group("who") or "", set()))
+            if match.group("module"):
+                modules.add(match.group("module"))
+    return processes
 
 
-def test_the_import_scan_sees_the_memory_agent_where_it_is_imported():
-    # The check below is only as good as the scan: a process that imports the memory agent shows it.
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONPROFILEIMPORTTIME": "1"}
-    probe = subprocess.run(
-        [sys.executable, "-c", f"import {MEMORY_MODULE}"], env=env, capture_output=True, text=True, timeout=300
-    )
+def watched_run(code: str, tmp_path: Path) -> str:
+    """The stderr of ``python -c code`` under the import watch."""
+    (tmp_path / "sitecustomize.py").write_text(IMPORT_WATCH)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
+    probe = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert probe.returncode == 0, probe.stderr[-2000:]
-    forwarded = "\n".join(f"\x1b[36m(pid=1)\x1b[0m {line}" for line in probe.stderr.splitlines())
-    for log in (probe.stderr, forwarded):
-        assert any(MEMORY_MODULE in modules for modules in imports_by_process(log).values())
+    return probe.stderr
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        f"import {MEMORY_MODULE}",
+        "from recurrent.interface import load_register; load_register('memory')",  # importlib.import_module
+    ],
+)
+def test_the_import_watch_sees_the_memory_agent_where_it_is_imported(code, tmp_path):
+    # The check below is only as good as the watch: a process that imports the memory agent, by an import
+    # statement or through the registry, shows it, in its own output and as Ray forwards a worker's.
+    stderr = watched_run(code, tmp_path)
+    forwarded = "\n".join(f"\x1b[36m(WorkerDict pid=1)\x1b[0m {line}" for line in stderr.splitlines())
+    for log in (stderr, forwarded):
+        (who, modules), *others = imports_by_process(log).values()
+        assert MEMORY_MODULE in modules and others == []
 
 
 def test_no_process_of_the_run_imports_the_memory_agent(run):
-    modules = imports_by_process(run["output"])
-    workers = [who for who in modules if "pid=" in who]
-    # the trainer and its Ray workers (FSDP ranks, rollout servers, agent-loop and reward workers) all logged
-    assert "" in modules and len(workers) >= 6, sorted(modules)
-    # the trainer (`python -m verl_ext.main`: its main module is __main__, not an import) ran verl's entry
-    assert {"verl_ext.preflight", "verl_ext.trainer", "verl.trainer.main_ppo"} <= modules[""]
-    for who, names in modules.items():
-        assert not {name for name in names if name == MEMORY_MODULE or name.startswith("experiments.needle")}, who
+    processes = imports_by_process(run["output"])
+    workers = [pid for pid, (who, _) in processes.items() if "pid=" in who]
+    # the trainer and its Ray workers (FSDP ranks, rollout servers, agent-loop and reward workers) all watched
+    assert len(processes) - len(workers) >= 1 and len(workers) >= 6, processes
+    for who, modules in processes.values():
+        assert not {name for name in modules if name == MEMORY_MODULE or name.startswith("experiments.needle")}, who
     # the agent was built where its calls were made: in the trainer (the preflight) and in a Ray worker
-    assert CALCULATOR_MODULE in modules[""]
-    assert any(CALCULATOR_MODULE in modules[who] for who in workers)
+    assert any(CALCULATOR_MODULE in modules for pid, (who, modules) in processes.items() if pid not in workers)
+    assert any(CALCULATOR_MODULE in processes[pid][1] for pid in workers)
 
 
 # ------------------------------------------------------------------------------------------------------------
