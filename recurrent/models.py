@@ -9,7 +9,7 @@ Two models exist on every machine after set-up, with no hub access:
 
 Run ``python -m recurrent.models`` (set-up does) to materialize both; ``MEMAGENT_MODELS_DIR`` moves the cache.
 Other packages cache their own built models in the same folder with the same manifest (:func:`manifest_ok`,
-:func:`write_manifest`): the warm-started reader of the CPU replication (``taskutils.replication.warm_start``).
+:func:`write_manifest`): the warm-started reader of the CPU replication (``experiments.needle.warm_start``).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def models_dir() -> Path:
 def manifest_ok(folder: Path, name: str, recipe: int, extra: dict | None = None) -> bool:
     """Whether ``folder`` holds a complete build of ``name`` at recipe version ``recipe`` whose manifest has the
     values of ``extra`` (compared as JSON: a tuple equals the list it was written as). The cached models of
-    other packages use it too (``taskutils.replication.warm_start``)."""
+    other packages use it too (``experiments.needle.warm_start``)."""
     path = folder / MANIFEST
     if not path.is_file():
         return False

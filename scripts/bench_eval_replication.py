@@ -4,7 +4,7 @@
     python scripts/bench_eval_replication.py --settings old=8x1 c16=16x1 new=8x2 --docs 16 --lengths 16,64
 
 Each setting runs the harness as the replication's stage 5 does (``python -m taskutils.memory_eval.run`` on a
-reader table from ``taskutils.replication.eval_models``, ``transformers serve`` with continuous batching, method
+reader table from ``experiments.needle.eval_models``, ``transformers serve`` with continuous batching, method
 ``memory-boxed``, greedy) with ``--concurrency C --parallel-models P`` (a setting ``NAME=CxP``). The policies are
 the same reader listed ``--policies`` times under different names, so every setting does the work of that many
 policies. Printed per setting: wall time, documents and turns per second, the CPU time of the servers and of the
@@ -14,8 +14,8 @@ setting's results are compared with the first's, item by item: the answer, the t
 text (``--trace``) must be identical, since greedy decoding does not depend on how requests are scheduled.
 
 The reader: ``--reader`` or the warm start in the model cache (``replication-reader``), else the quick untrained
-one (built in seconds, ``python -m taskutils.replication.warm_start --cache --quick``). The data: ``--data-dir``
-(a folder of ``eval_needle_{N}.jsonl``) or built from the reader's tokenizer by ``taskutils.replication.needle``.
+one (built in seconds, ``python -m experiments.needle.warm_start --cache --quick``). The data: ``--data-dir``
+(a folder of ``eval_needle_{N}.jsonl``) or built from the reader's tokenizer by ``experiments.needle.needle``.
 The environment is passed on as is: run it like the replication, with ``OMP_NUM_THREADS=1``.
 """
 
@@ -36,8 +36,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from experiments.needle import eval_models  # noqa: E402
 from recurrent.models import models_dir  # noqa: E402
-from taskutils.replication import eval_models  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -147,7 +147,7 @@ def default_reader() -> Path:
     full = models_dir() / "replication-reader"
     if (full / "config.json").is_file():
         return full
-    from taskutils.replication.warm_start import cached_warm_start
+    from experiments.needle.warm_start import cached_warm_start
 
     return Path(cached_warm_start(quick=True, log=lambda *a, **k: None))
 
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     if data is None:
         data = out / "data" / "eval" / "test"
         if not all((data / f"eval_needle_{n}.jsonl").is_file() for n in lengths):
-            cmd = [sys.executable, "-m", "taskutils.replication.needle", "--out", str(out / "data"), "--tokenizer"]
+            cmd = [sys.executable, "-m", "experiments.needle.needle", "--out", str(out / "data"), "--tokenizer"]
             cmd += [str(reader), "--train", "0", "--validation", "0", "--test", str(args.docs), "--eval-chunks"]
             subprocess.run([*cmd, *map(str, lengths)], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
     table = out / "policies.yaml"

@@ -5,7 +5,7 @@ A burst of concurrent requests as the memory agent loop sends them during CPU tr
 ``max_batch_size=1`` (``off``: one request per ``model.generate`` call, the server before batching) and with
 batching (``max_batch_size=64``; ``on``: the prompts read in chunks of 128 positions, the server's default;
 ``on-1pass``: in one pass). The model is the replication's ~1M-parameter Qwen2 reader
-(``taskutils.replication.reader``) with random weights, or ``--model DIR``. One torch thread.
+(``experiments.needle.reader``) with random weights, or ``--model DIR``. One torch thread.
 
 Each run is a subprocess of its own (so its peak RSS is its own); the modes alternate and each keeps its fastest
 run (other load on the machine only slows runs down). Prints the burst's wall and CPU seconds, requests/s, new
@@ -91,7 +91,7 @@ def build_model(folder: Path) -> None:
     import torch
     from transformers import Qwen2ForCausalLM
 
-    from taskutils.replication.reader import build_tokenizer, reader_config
+    from experiments.needle.reader import build_tokenizer, reader_config
 
     tokenizer = build_tokenizer()
     torch.manual_seed(0)

@@ -6,7 +6,7 @@
 #
 # Stages, each resumable (run the same command again after a kill: finished stages are skipped, an RL run resumes
 # from its last checkpoint, the evaluation from its last finished item):
-#   1. warm start   python -m taskutils.replication.warm_start --cache: built once into the models cache
+#   1. warm start   python -m experiments.needle.warm_start --cache: built once into the models cache
 #                   (~15 min on 1 thread; reused afterwards, like the other offline models); never committed
 #   2. data         needle documents: training (1-4 chunks), validation (1, 2, 4 chunks), test (every eval length)
 #   3. RL           for each seed of SEEDS: scripts/train_tiny_cpu.sh TASK=needle (configs/replicate_cpu.yaml:
@@ -19,9 +19,12 @@
 #                   checkpoint, on the test split at LENGTHS chunks, EVAL_DOCS documents each, greedy; the memory
 #                   agent (memory-boxed) and the full-context baseline (direct-boxed: the whole document in one
 #                   prompt, middle-truncated to the reader's window) for every policy; PARALLEL_MODELS policies at
-#                   a time, each with its own one-thread server (taskutils/memory_eval/README.md)
-#   6. report       python -m taskutils.replication.report: replication.md / .csv / .png (accuracy by length x policy;
-#                   the .md ends with what ran: commit, command line, stage times from timing.jsonl and run.jsonl)
+#                   a time, each with its own one-thread server (taskutils/memory_eval/README.md); with --trace:
+#                   every item's memory after each chunk
+#   6. report       python -m experiments.needle.report: replication.md / .csv / .png (accuracy by length x policy;
+#                   the .md ends with the needle's survival in memory, experiments/needle/survival.py, and what
+#                   ran: commit, command line, stage times from timing.jsonl and run.jsonl); survival.{md,csv,png},
+#                   survival_events.csv
 #
 # Environment (defaults in brackets; QUICK=1 changes the ones marked Q):
 #   OUT_DIR         everything the run writes [.cache/replicate_cpu; Q: .cache/replicate_cpu_quick]
@@ -34,8 +37,11 @@
 #   EVAL_DOCS       test documents per length [64; Q: 2]
 #   NGPUS           FSDP ranks of each RL run (fake Ray GPUs) [2]
 #   PARALLEL_MODELS policies evaluated side by side [3; Q: 2]
+#   LATE_START      share of training documents that start late: the needle already in memory, filler chunks only
+#                   (docs/replication_cpu.md, "Episodes that start late"); the RL runs then read each row's
+#                   initial memory (recurrent.config.memory_key=memory) [0: the paper's episodes]
 #   WARM_START      start from this warm-start folder (a Hugging Face folder, e.g. a variant built with
-#                   `python -m taskutils.replication.warm_start --out DIR ...`) instead of the cached build [none]
+#                   `python -m experiments.needle.warm_start --out DIR ...`) instead of the cached build [none]
 #   PYTHON          interpreter [the repo's .venv]
 # Extra arguments go to every RL run as hydra overrides.
 #
@@ -68,6 +74,7 @@ else
   quick_overrides=()
 fi
 NGPUS="${NGPUS:-2}"
+LATE_START="${LATE_START:-0}"
 ABLATIONS="${ABLATIONS-final_same_step final_token_mean}"
 # The run (and policy) name of a credit variant: final_same_step -> ablation-same-step.
 ablation_name() { local mode="${1#final_}"; echo "ablation-${mode//_/-}"; }
@@ -100,7 +107,7 @@ commit="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 [[ -z "$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null)" ]] || commit+="+changes"
 "$PYTHON" - "$OUT_DIR/run.jsonl" "$commit" "QUICK=$QUICK STEPS=$STEPS SEEDS='$SEEDS' ABLATIONS='$ABLATIONS'" \
   "ABLATION_SEEDS='$ABLATION_SEEDS' ABLATION_STEPS=$ABLATION_STEPS LENGTHS='$LENGTHS' EVAL_DOCS=$EVAL_DOCS NGPUS=$NGPUS" \
-  "PARALLEL_MODELS=$PARALLEL_MODELS${WARM_START:+ WARM_START=$WARM_START} bash scripts/replicate_cpu.sh $*" "$(getconf _NPROCESSORS_ONLN)" <<'PY'
+  "PARALLEL_MODELS=$PARALLEL_MODELS LATE_START=$LATE_START${WARM_START:+ WARM_START=$WARM_START} bash scripts/replicate_cpu.sh $*" "$(getconf _NPROCESSORS_ONLN)" <<'PY'
 import json, sys, time
 path, commit, *command, cores = sys.argv[1:]
 line = {"commit": commit, "command": " ".join(command).strip(), "cores": int(cores), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -117,7 +124,7 @@ if [[ -n "${WARM_START:-}" ]]; then
   WARM="$(cd "$WARM_START" && pwd)"
 else
   say "1/6 warm start (${warm_args[*]}): built once, then reused"
-  timed warm_start "$PYTHON" -m taskutils.replication.warm_start "${warm_args[@]}" | tee "$OUT_DIR/warm_start.log"
+  timed warm_start "$PYTHON" -m experiments.needle.warm_start "${warm_args[@]}" | tee "$OUT_DIR/warm_start.log"
   WARM="$(tail -n 1 "$OUT_DIR/warm_start.log")"
 fi
 [[ -f "$WARM/config.json" ]] || { say "the warm start did not print its folder (got '$WARM')"; exit 1; }
@@ -125,12 +132,12 @@ fi
 # ---- 2. data -------------------------------------------------------------------------------------------------------
 say "2/6 data"
 if [[ ! -f "$OUT_DIR/data/validation.parquet" ]]; then
-  timed data_train "$PYTHON" -m taskutils.replication.needle --out "$OUT_DIR/data" --tokenizer "$WARM" \
-    --train "$TRAIN_DOCS" --validation "$VAL_DOCS" --test 0 --eval-chunks 1 2 4 > /dev/null
+  timed data_train "$PYTHON" -m experiments.needle.needle --out "$OUT_DIR/data" --tokenizer "$WARM" \
+    --train "$TRAIN_DOCS" --validation "$VAL_DOCS" --test 0 --eval-chunks 1 2 4 --late-start "$LATE_START" > /dev/null
 fi
 # shellcheck disable=SC2086  # LENGTHS is a list
 if [[ ! -f "$OUT_DIR/eval_data/test.parquet" ]]; then
-  timed data_test "$PYTHON" -m taskutils.replication.needle --out "$OUT_DIR/eval_data" --tokenizer "$WARM" \
+  timed data_test "$PYTHON" -m experiments.needle.needle --out "$OUT_DIR/eval_data" --tokenizer "$WARM" \
     --train 0 --validation 0 --test "$EVAL_DOCS" --eval-chunks $LENGTHS > /dev/null
 fi
 
@@ -146,7 +153,10 @@ rl_run() {
     || { tail -n 20 "$dir.launcher.log"; exit 1; }
   grep -E "^step |^ +[0-9]+ " "$dir.launcher.log" | tail -n 3 || true
 }
-EXTRA=("${quick_overrides[@]}" "$@")
+# Episodes that start late need the agent to read each row's initial memory (the column "memory" of the data).
+late_overrides=()
+[[ "$LATE_START" == 0 ]] || late_overrides=(recurrent.config.memory_key=memory)
+EXTRA=("${quick_overrides[@]}" "${late_overrides[@]}" "$@")
 say "3/6 RL: seeds [$SEEDS], $STEPS steps each"
 for seed in $SEEDS; do rl_run "rl-seed$seed" "$STEPS" "actor_rollout_ref.rollout.seed=$seed"; done
 say "4/6 ablations (recurrent.credit in [$ABLATIONS]): seeds [$ABLATION_SEEDS], $ABLATION_STEPS steps each"
@@ -167,19 +177,19 @@ for mode in $ABLATIONS; do
     policies+=("$run=$OUT_DIR/runs/$run/checkpoints/global_step_$ABLATION_STEPS/actor/huggingface")
   done
 done
-"$PYTHON" -m taskutils.replication.eval_models "${policies[@]}" --out "$OUT_DIR/policies.yaml" > /dev/null
+"$PYTHON" -m experiments.needle.eval_models "${policies[@]}" --out "$OUT_DIR/policies.yaml" > /dev/null
 models="$(IFS=,; echo "${policies[*]%%=*}" | tr ' ' ',')"
 # shellcheck disable=SC2086  # LENGTHS is a list
 timed evaluation "$PYTHON" -m taskutils.memory_eval.run --table "$OUT_DIR/policies.yaml" --models "$models" \
   --method memory-boxed,direct-boxed --tasks needle --lengths "$(echo $LENGTHS | tr ' ' ',')" --limit "$EVAL_DOCS" \
   --data-dir "$OUT_DIR/eval_data/eval/test" --results-dir "$OUT_DIR/results" --temperature 0 --no-report \
-  --parallel-models "$PARALLEL_MODELS"
+  --parallel-models "$PARALLEL_MODELS" --trace
 
 # ---- 6. report --------------------------------------------------------------------------------------------------------
 say "6/6 report"
 # The invocation's wall time, stages 1-5 (the report takes a second): the report reads it from timing.jsonl.
 printf '{"stage": "total", "seconds": %d, "rc": 0}\n' $(($(date +%s) - RUN_START)) >> "$OUT_DIR/timing.jsonl"
 "$PYTHON" -m taskutils.memory_eval.report "$OUT_DIR/results" > /dev/null
-"$PYTHON" -m taskutils.replication.report "$OUT_DIR/results" --run-dir "$OUT_DIR"
+"$PYTHON" -m experiments.needle.report "$OUT_DIR/results" --run-dir "$OUT_DIR" --eval-data "$OUT_DIR/eval_data/eval/test"
 for run in "$OUT_DIR"/runs/*/; do say "training curve: ${run}training.png"; done
 say "done: $OUT_DIR/results/replication.md, replication.png; stage times: $OUT_DIR/timing.jsonl"

@@ -12,8 +12,8 @@
 #   the stock `single_turn_agent` loop on a generated copy task (experiments/tiny/data.py) and a dense reward
 #   (experiments/tiny/reward.py); verl's own config, so the CPU values are passed below.
 # TASK=needle: our trainer with configs/replicate_cpu.yaml, the RL run of the CPU replication (docs/replication_cpu.md):
-#   needle documents of 1-4 chunks (taskutils/replication/needle.py), the strict reward; MODEL must be the warm
-#   start (python -m taskutils.replication.warm_start). scripts/replicate_cpu.sh calls it this way.
+#   needle documents of 1-4 chunks (experiments/needle/needle.py), the strict reward; MODEL must be the warm
+#   start (python -m experiments.needle.warm_start). scripts/replicate_cpu.sh calls it this way.
 # CONFIG=<name> (any TASK): our trainer with configs/<name>.yaml, any agent (e.g. CONFIG=calculator_cpu), on
 #   DATA_DIR/train.parquet and DATA_DIR/validation.parquet, which must exist (the config's task makes them).
 # All: GRPO (memory n=4, toy n=2), KL loss against the ref policy, NGPUS FSDP2 ranks on gloo (fake Ray GPUs), the
@@ -82,7 +82,7 @@ if [[ -n "$CONFIG" ]]; then
   TASK=config
 fi
 if [[ "$TASK" == needle && -z "${MODEL:-}" ]]; then
-  echo "TASK=needle needs MODEL=<warm-start folder> (python -m taskutils.replication.warm_start --out DIR)" >&2
+  echo "TASK=needle needs MODEL=<warm-start folder> (python -m experiments.needle.warm_start --out DIR)" >&2
   exit 2
 fi
 MODEL="${MODEL:-$("$PYTHON" -c 'from recurrent.models import TINY, materialize; print(materialize(TINY))')}"
@@ -101,7 +101,7 @@ if [[ "$TASK" == config ]]; then
   :  # the config's own data, in DATA_DIR (checked above)
 elif [[ "$TASK" == needle ]]; then
   if [[ ! -f "$DATA/train.parquet" || ! -f "$DATA/validation.parquet" ]]; then
-    "$PYTHON" -m taskutils.replication.needle "${data_args[@]}" --out "$DATA" >/dev/null
+    "$PYTHON" -m experiments.needle.needle "${data_args[@]}" --out "$DATA" >/dev/null
   fi
 elif [[ ! -f "$DATA/train.parquet" || ! -f "$DATA/val.parquet" ]]; then
   "$PYTHON" -m experiments.tiny.data "${data_args[@]}" --out "$DATA" >/dev/null

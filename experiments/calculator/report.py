@@ -57,7 +57,8 @@ def summarize(out_dir: Path) -> dict[str, Any]:
     return {
         "curve": curve,
         "test": {
-            name: {k: v for k, v in result.items() if k != "examples"}
+            # the model's folder is this machine's path: the policy's name says which it is
+            name: {k: v for k, v in result.items() if k not in ("examples", "model")}
             for name, result in zip(("warm_start", "rl"), evaluations, strict=True)
         },
         "steps": max(point["step"] for point in curve),

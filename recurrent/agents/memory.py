@@ -3,7 +3,8 @@
 A sample is a question and a long context. The context is tokenized once, centre-truncated to
 ``max_chunks * chunk_size`` tokens, and split into chunks of ``chunk_size`` tokens. For each chunk one fresh
 conversation sees the question, the current memory and the chunk; its response *overwrites* the memory
-(capped at ``max_memorization_length`` new tokens). The memory starts as "No previous memory". A final
+(capped at ``max_memorization_length`` new tokens). The memory starts as "No previous memory" (or, with
+``MemoryConfig.memory_key``, as a row's own initial memory: a departure for training, off by default). A final
 conversation sees only the question and the memory, and answers in ``\\boxed{}`` (or, for the paper's
 evaluation protocol, "Therefore, the answer is ...").
 
@@ -106,6 +107,9 @@ class MemoryConfig(WorkflowConfig):
     question_overflow: Literal["error", "truncate"] = "error"  # a question over budget: raise, or keep its head
     strip_context: bool = False  # the paper's evaluation strips the context before tokenizing
     strip_think: bool = False  # the paper's evaluation keeps only the text after "</think>" as memory
+    # A column holding the memory a session starts from (empty or None: the paper's "No previous memory"). The paper
+    # always starts empty; None (the default) reads no column. docs/replication_cpu.md, "Episodes that start late".
+    memory_key: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_prompt_length", "chunk_size", "max_memorization_length", "max_final_response_length"):
@@ -189,7 +193,19 @@ class MemoryWorkflow(SessionWorkflow):
         question = question_text(sample, self.config.question_key)
         if context_ids is None:
             context_ids = self._tokenize_context(context, sample.get("uid"))
-        return self.session_from_ids(question, context_ids)
+        return self.session_from_ids(question, context_ids, self.initial_memory(sample))
+
+    def initial_memory(self, sample: dict[str, Any]) -> str | None:
+        """The memory a row's session starts from: its ``memory_key`` column (None without one, or when empty)."""
+        key = self.config.memory_key
+        if key is None:
+            return None
+        if key not in sample:
+            raise KeyError(f"sample has no column {key!r} (the initial memory); columns: {sorted(sample)}")
+        value = sample[key]
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"column {key!r} (the initial memory) must hold a string, got {type(value).__name__}")
+        return value or None
 
     def _tokenize_context(self, context: str, uid: Any) -> np.ndarray:
         if uid is None:
@@ -224,8 +240,9 @@ class MemoryWorkflow(SessionWorkflow):
             ),
         )
 
-    def session_from_ids(self, question: str, context_ids: np.ndarray) -> MemorySession:
-        """A session over an already tokenized context (the training path tokenizes once, upstream)."""
+    def session_from_ids(self, question: str, context_ids: np.ndarray, memory: str | None = None) -> MemorySession:
+        """A session over an already tokenized context (the training path tokenizes once, upstream), starting from
+        ``memory`` (None: "No previous memory")."""
         config: MemoryConfig = self.config
         question_ids = self.tokenizer.encode(question, add_special_tokens=False)
         if len(question_ids) > config.max_prompt_length:
@@ -237,11 +254,19 @@ class MemoryWorkflow(SessionWorkflow):
             logger.warning("question truncated from %d to %d tokens", len(question_ids), config.max_prompt_length)
             question_ids = question_ids[: config.max_prompt_length]
             question = self.tokenizer.decode(question_ids, skip_special_tokens=True)
+        if memory is not None and self.token_prompts:
+            memory_tokens = len(self.tokenizer.encode(memory, add_special_tokens=False))
+            if memory_tokens > config.max_memorization_length:
+                raise ValueError(
+                    f"the initial memory has {memory_tokens} tokens, over max_memorization_length="
+                    f"{config.max_memorization_length} (a turn holding it could exceed the rollout's widths): "
+                    f"{memory!r:.80}"
+                )
         original = len(context_ids)
         context_ids = centre_truncate(np.asarray(context_ids), config.max_context_tokens)
         if len(context_ids) < original:
             logger.info("context centre-truncated from %d to %d tokens", original, len(context_ids))
-        return MemorySession(self, question, question_ids, context_ids, original_context_tokens=original)
+        return MemorySession(self, question, question_ids, context_ids, original_context_tokens=original, memory=memory)
 
 
 class MemorySession(Session):
@@ -254,6 +279,7 @@ class MemorySession(Session):
         question_ids: list[int],
         context_ids: np.ndarray,
         original_context_tokens: int | None = None,
+        memory: str | None = None,
     ) -> None:
         self.workflow = workflow
         self.config: MemoryConfig = workflow.config
@@ -262,7 +288,7 @@ class MemorySession(Session):
         self.context_ids = context_ids
         self.original_context_tokens = len(context_ids) if original_context_tokens is None else original_context_tokens
         self.num_chunks = num_chunks(len(context_ids), self.config.chunk_size)
-        self.memory_text: str | None = None  # None until the first update: "No previous memory"
+        self.memory_text: str | None = memory  # None until the first update: "No previous memory"
         self.memory_ids: list[int] | None = None
         self.memory_trace: list[str] = []  # the memory after every chunk
         self._history: list[TurnRecord] = []

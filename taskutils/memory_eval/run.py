@@ -15,7 +15,7 @@ Examples:
         --lengths 50,800 --limit 16 --url http://localhost:8000/v1
     # CPU: the tiny offline model, both methods
     python -m taskutils.memory_eval.run --models tiny --method memory,direct --tasks hotpotqa --lengths 50
-    # CPU: the replication's readers on the needle task (table from python -m taskutils.replication.eval_models)
+    # CPU: the replication's readers on the needle task (table from python -m experiments.needle.eval_models)
     python -m taskutils.memory_eval.run --table readers.yaml --tasks needle --data-dir DATA/eval/test \\
         --method memory-boxed,direct-boxed --temperature 0
     # CPU, 2 cores: two readers at a time, each with its own one-thread server
@@ -534,7 +534,7 @@ def check_data(entries: list[cfg.ModelEntry], args: argparse.Namespace) -> list[
         what = f"task(s) {', '.join(tasks)}" if tasks else f"length(s) {', '.join(map(str, lengths))}"
         raise evalsets.EvalDataError(
             f"no eval set for the selected {what}: looked for {', '.join(names)}; generate them "
-            "(python -m taskutils.memory_data; needle: python -m taskutils.replication.needle) or select what "
+            "(python -m taskutils.memory_data; needle: python -m experiments.needle.needle) or select what "
             "exists with --tasks / --lengths"
         )
     return [f"{t}_{n}" for t, n in sorted(absent)]

@@ -253,6 +253,37 @@ def test_missing_columns_are_named(tokenizer):
         MemoryConfig(chunk_size=0)
 
 
+def test_an_initial_memory_column_starts_the_session_from_it(tokenizer):
+    """memory_key: the first memory turn and, with no chunk, the answer turn read the row's memory in place of "No
+    previous memory", in text and in token ids; an empty value, or no memory_key (the paper), starts empty."""
+    held = "The special magic number for calm-otter is 4711."
+    workflow = MemoryWorkflow(MemoryConfig(chunk_size=64, memory_key="memory"), tokenizer)
+    session = workflow.session({"prompt": "Q?", "context": "one two three", "memory": held})
+    turn = session.next_turn()
+    assert f"<memory>\n{held}\n</memory>" in turn.messages[0]["content"]
+    assert tokenizer.decode(turn.prompt_ids) == tokenizer.apply_chat_template(
+        turn.messages, tokenize=False, add_generation_prompt=True
+    )
+    final = workflow.session({"prompt": "Q?", "context": "", "memory": held}).next_turn()
+    assert final.final and f"<memory>\n{held}\n</memory>" in final.messages[0]["content"]
+    for row, config in (
+        ({"prompt": "Q?", "context": "one", "memory": ""}, MemoryConfig(memory_key="memory")),
+        ({"prompt": "Q?", "context": "one", "memory": held}, MemoryConfig()),  # the column is not read
+    ):
+        first = MemoryWorkflow(config, tokenizer).session(row).next_turn()
+        assert "<memory>\nNo previous memory\n</memory>" in first.messages[0]["content"]
+
+
+def test_a_bad_initial_memory_is_named(tokenizer):
+    workflow = MemoryWorkflow(MemoryConfig(memory_key="memory", max_memorization_length=4), tokenizer)
+    with pytest.raises(KeyError, match="'memory' \\(the initial memory\\)"):
+        workflow.session({"prompt": "Q?", "context": "x"})
+    with pytest.raises(TypeError, match="must hold a string, got int"):
+        workflow.session({"prompt": "Q?", "context": "x", "memory": 7})
+    with pytest.raises(ValueError, match="over max_memorization_length=4"):
+        workflow.session({"prompt": "Q?", "context": "x", "memory": "one two three four five six"})
+
+
 def test_without_kept_prompts_a_session_holds_no_past_chunks(tokenizer):
     workflow = MemoryWorkflow(MemoryConfig(chunk_size=5, max_chunks=None), tokenizer, keep_prompts=False)
     session = workflow.session({"prompt": "Q?", "context": "one two three four five six seven eight nine ten " * 5})

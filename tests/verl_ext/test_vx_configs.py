@@ -190,7 +190,7 @@ def test_tiny_cpu_config_composes_and_fits(tiny_model_dir, tiny_tokenizer):
 def test_the_replication_run_is_the_papers_algorithm_at_cpu_scale():
     """configs/replicate_cpu.yaml (docs/replication_cpu.md): the paper's algorithm, the issue's step shape, the
     strict reward, and budgets that hold the reader's longest memory turn."""
-    from taskutils.replication.reader import build_tokenizer
+    from experiments.needle.reader import build_tokenizer
     from verl_ext.minibatch import updates_per_step
 
     config = compose_config("replicate_cpu")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from taskutils.replication.misses import common_in_order, main, miss_kind, tally
+from experiments.needle.misses import common_in_order, main, miss_kind, tally
 
 
 @pytest.mark.parametrize(

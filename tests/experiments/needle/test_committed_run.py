@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 # The table's names of the policies (model without its -seed<k>, method) are the report's own; its numbers are not.
-from taskutils.replication.report import POLICY_NAMES as NAMES
+from experiments.needle.report import POLICY_NAMES as NAMES
 
-RUN = Path(__file__).resolve().parents[2] / "docs" / "replication_cpu"
+RUN = Path(__file__).resolve().parents[3] / "docs" / "replication_cpu"
 
 
 def summary_means(metric: str) -> dict[tuple[str, int], float]:

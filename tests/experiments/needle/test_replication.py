@@ -5,18 +5,19 @@ import random
 import pytest
 import torch
 
-from recurrent.agents.memory import MemoryConfig, MemoryWorkflow
-from recurrent.interface import Reply
-from taskutils.replication.needle import (
+from experiments.needle.needle import (
     NEEDLE,
     SPLITS,
     make_document,
     make_documents,
+    make_late_start,
     split_keys,
     split_numbers,
 )
-from taskutils.replication.reader import build_tokenizer, reader_config
-from taskutils.replication.warm_start import agent_config, batch_loss, paper_rows, teacher_transcript
+from experiments.needle.reader import build_tokenizer, reader_config
+from experiments.needle.warm_start import agent_config, batch_loss, paper_rows, teacher_transcript
+from recurrent.agents.memory import MemoryConfig, MemoryWorkflow
+from recurrent.interface import Reply
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +56,33 @@ def test_a_document_of_n_chunks_has_n_chunks(tokenizer, n):
         assert session.num_chunks == n
         texts = [tokenizer.decode(session.context_ids[i * 64 : (i + 1) * 64]) for i in range(n)]
         assert [doc["needle"] in t for t in texts] == [i == doc["needle_chunk"] for i in range(n)]
+
+
+@pytest.mark.parametrize("n", [1, 4])
+def test_an_episode_that_starts_late_holds_the_needle_in_memory_and_only_filler_in_its_chunks(tokenizer, n):
+    workflow = MemoryWorkflow(MemoryConfig(chunk_size=64, max_chunks=None, memory_key="memory"), tokenizer)
+    doc = make_late_start(random.Random(n), tokenizer, n, "train")
+    assert doc["memory"] == doc["needle"] == NEEDLE.format(key=doc["key"], value=doc["value"])
+    assert doc["needle_chunk"] == -1 and doc["value"] not in doc["context"] and "magic" not in doc["context"]
+    session = workflow.session({"context": doc["context"], "prompt": doc["question"], "memory": doc["memory"]})
+    assert session.num_chunks == n
+    assert f"<memory>\n{doc['needle']}\n</memory>" in session.next_turn().messages[0]["content"]
+    # the needle sentence fits the memory the agent writes (32 tokens)
+    assert len(tokenizer.encode(doc["memory"], add_special_tokens=False)) <= 32
+
+
+def test_late_start_is_a_share_of_the_training_documents(tokenizer):
+    plain = make_documents(tokenizer, "train", 8, [1, 2], seed=3)
+    rng = random.Random("3-train")  # the paper's documents: the stream of make_document, unchanged
+    assert plain == [make_document(rng, tokenizer, [1, 2][i % 2], "train") for i in range(8)]
+    mixed = make_documents(tokenizer, "train", 200, [1, 2, 3, 4], seed=3, late_start=0.5)
+    late = [d for d in mixed if d["needle_chunk"] == -1]
+    assert 70 <= len(late) <= 130  # binomial(200, 0.5): mean 100, sd ~7
+    assert [d["num_chunks"] for d in mixed] == [1, 2, 3, 4] * 50
+    assert all(d.get("memory") == d["needle"] for d in late) and not any("memory" in d for d in mixed if d not in late)
+    assert len(make_documents(tokenizer, "train", 20, [2], late_start=1.0)) == 20
+    with pytest.raises(ValueError, match="late_start must be a share"):
+        make_documents(tokenizer, "train", 2, [1], late_start=1.5)
 
 
 def test_digits_are_single_tokens_and_prompts_round_trip(tokenizer):
@@ -146,7 +174,7 @@ def test_the_naive_teacher_writes_the_papers_prompt_format(tokenizer):
 def test_the_evaluation_drives_real_sessions_with_a_tiny_reader(tokenizer, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from taskutils.replication.warm_start import evaluate
+    from experiments.needle.warm_start import evaluate
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(reader_config(tokenizer, hidden=32, layers=1, heads=2, kv_heads=1))

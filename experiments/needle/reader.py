@@ -22,7 +22,7 @@ VOCAB_SIZE = 512
 
 def tokenizer_corpus(seed: int = 0) -> list[str]:
     """The tokenizer's training text: the task's lines plus the prompts (repeated so their words merge)."""
-    from taskutils.replication.needle import corpus_lines
+    from experiments.needle.needle import corpus_lines
 
     prompts = [
         MEMORY_TEMPLATE,

@@ -1,9 +1,9 @@
 """The warm start of the CPU replication: plain-torch SFT of the ~1M-parameter reader, and its measurement.
 
-    python -m taskutils.replication.warm_start --cache [--quick] [--force]  # into the model cache; prints the folder
-    python -m taskutils.replication.warm_start --out DIR [--steps 1030 200 75 146] [--p-needle 0.4] [--seed 0]
-        [--stop-at 0.9]
-    python -m taskutils.replication.warm_start --evaluate DIR [--docs 32] [--chunks 1 2 4] [--sample]
+    python -m experiments.needle.warm_start --cache [--quick] [--force]  # into the model cache; prints the folder
+    python -m experiments.needle.warm_start --out DIR [--steps 1030 200 75 146] [--p-needle 0.4] [--seed 0]
+        [--stop-at 0.9] [--p-keep 0.9] [--copy-stages DIR]
+    python -m experiments.needle.warm_start --evaluate DIR [--docs 32] [--chunks 1 2 4] [--sample]
 
 Build (AdamW, loss on target tokens only, one CPU thread), four stages, each stopped at its target or its step
 budget (:data:`FULL`: 1030 / 200 / 75 / 146 steps, those of the measured build; :data:`QUICK`: a few steps, for
@@ -55,13 +55,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from experiments.needle.needle import NEEDLE_RE, filler_sentence, make_document, split_numbers
+from experiments.needle.reader import build_tokenizer, reader_config
 from recurrent.agents.memory import MemoryConfig, MemoryWorkflow
 from recurrent.atomic import atomic_path
 from recurrent.interface import Reply, Turn
 from recurrent.lockstep import run_lockstep
 from recurrent.models import manifest_ok, models_dir, write_manifest
-from taskutils.replication.needle import NEEDLE_RE, filler_sentence, make_document, split_numbers
-from taskutils.replication.reader import build_tokenizer, reader_config
 from taskutils.verifiers.strict import strict_score
 
 CHUNK_SIZE = 64
@@ -297,6 +297,7 @@ FULL = Scale("replication-reader", steps=(1030, 200, 75, 146))
 QUICK = Scale("replication-reader-quick", steps=(8, 2, 2, 2), pools=(64, 64, 16), held=(32, 16, 16, 4))
 # Bump when the build changes (data, stages, optimizer), so a cached warm start built the old way is rebuilt.
 RECIPE_VERSION = 1
+COPY_STAGES = "copy_stages.json"  # in a copy_dir of train(): what the saved model's three stages were
 
 
 @contextmanager
@@ -318,9 +319,13 @@ def train(
     threads: int = 1,
     log: Any = print,
     stop_at: float = 0.9,
+    copy_dir: Path | None = None,
 ) -> tuple[Any, Any, dict[str, Any]]:
     """Train the warm start; returns the model, its tokenizer and the recipe with the stage logs. ``stop_at``: the
-    held-out score at which the three copy stages stop (a higher one copies more exactly, in more steps)."""
+    held-out score at which the three copy stages stop (a higher one copies more exactly, in more steps).
+    ``copy_dir``: where the model after the three copy stages is kept (with their logs and the random streams'
+    states), reused by a later build of the same copy stages (seed, ``stop_at``, their budgets, pools, batch), so
+    that teacher variants train only the naive stage; the result is the build without it, weight for weight."""
     from transformers import AutoModelForCausalLM
 
     t_build = time.perf_counter()
@@ -368,18 +373,34 @@ def train(
             logs.append(rec | {"wall_s": round(now - t_stage, 1)})
             t_stage = now
 
-        synth_held = synth_rows(tokenizer, held_rng, scale.held[0])
-        stage("synth", lambda n: synth_rows(tokenizer, rng, n), synth_held, 3e-3, 100, "tok_acc")
-        needle_pool, needle_held = (
-            needle_rows(tokenizer, rng, scale.pools[0]),
-            needle_rows(tokenizer, held_rng, scale.held[1]),
-        )
-        stage("needle", lambda n: rng.sample(needle_pool, n), needle_held, 3e-3, 100, "exact")
-        paper_pool, paper_held = (
-            paper_rows(workflow, rng, scale.pools[1]),
-            paper_rows(workflow, held_rng, scale.held[2]),
-        )
-        stage("paper", lambda n: rng.sample(paper_pool, n), paper_held, 1e-3, 20, "exact")
+        copy_key = {"version": RECIPE_VERSION, "seed": seed, "stop_at": stop_at, "steps": list(scale.steps[:3])}
+        copy_key |= {"pools": list(scale.pools[:2]), "held": list(scale.held[:3]), "batch": scale.batch}
+        saved = copy_dir / COPY_STAGES if copy_dir else None
+        if saved and saved.is_file() and json.loads(saved.read_text())["key"] == copy_key:
+            state = json.loads(saved.read_text())
+            model.load_state_dict(AutoModelForCausalLM.from_pretrained(copy_dir).state_dict())
+            logs += [stage_log | {"reused_from": str(copy_dir)} for stage_log in state["stages"]]
+            for stream, (version, internal, gauss) in ((rng, state["rng"]), (held_rng, state["held_rng"])):
+                stream.setstate((version, tuple(internal), gauss))
+            log(f"stages 1-3: the copy stages of {copy_dir}, reused")
+        else:
+            synth_held = synth_rows(tokenizer, held_rng, scale.held[0])
+            stage("synth", lambda n: synth_rows(tokenizer, rng, n), synth_held, 3e-3, 100, "tok_acc")
+            needle_pool, needle_held = (
+                needle_rows(tokenizer, rng, scale.pools[0]),
+                needle_rows(tokenizer, held_rng, scale.held[1]),
+            )
+            stage("needle", lambda n: rng.sample(needle_pool, n), needle_held, 3e-3, 100, "exact")
+            paper_pool, paper_held = (
+                paper_rows(workflow, rng, scale.pools[1]),
+                paper_rows(workflow, held_rng, scale.held[2]),
+            )
+            stage("paper", lambda n: rng.sample(paper_pool, n), paper_held, 1e-3, 20, "exact")
+            if copy_dir:
+                with atomic_path(copy_dir, folder=True) as tmp:
+                    model.save_pretrained(tmp)
+                    state = {"key": copy_key, "stages": logs, "rng": rng.getstate(), "held_rng": held_rng.getstate()}
+                    (tmp / COPY_STAGES).write_text(json.dumps(state) + "\n")
         naive_pool, naive_held = transcripts(rng, scale.pools[2]), transcripts(held_rng, scale.held[3])
         stage("naive", lambda n: rng.sample(naive_pool, n), naive_held, 1e-3, 20, None, every=50)
     recipe = {
@@ -533,7 +554,7 @@ def evaluate(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m taskutils.replication.warm_start", description=__doc__.split("\n\n")[0]
+        prog="python -m experiments.needle.warm_start", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--cache", action="store_true", help="build into the model cache unless up to date")
     parser.add_argument("--quick", action="store_true", help="the CI-sized build (seconds; an untrained reader)")
@@ -552,6 +573,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--stop-at", type=float, default=0.9, help="with --out: the held-out score that stops the copy stages (0.9)"
     )
+    parser.add_argument(
+        "--copy-stages",
+        type=Path,
+        help="with --out: keep the model after the three copy stages in this folder, or reuse it when it holds them",
+    )
     parser.add_argument("--docs", type=int, default=32, help="validation documents per length")
     parser.add_argument("--chunks", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--sample", action="store_true", help="sample (temperature 1) instead of greedy")
@@ -560,11 +586,13 @@ def main(argv: list[str] | None = None) -> None:
     if sum(map(bool, (args.cache, args.out, args.evaluate))) != 1:
         parser.error("give one of --cache (build into the model cache), --out (build, evaluate), --evaluate")
     if args.cache and (
-        args.steps or (args.p_needle, args.p_keep, args.seed, args.threads, args.stop_at) != (0.4, 0.9, 0, 1, 0.9)
+        args.copy_stages
+        or args.steps
+        or (args.p_needle, args.p_keep, args.seed, args.threads, args.stop_at) != (0.4, 0.9, 0, 1, 0.9)
     ):
         parser.error(
-            "--cache builds the recipe as it is: --steps, --p-needle, --p-keep, --seed, --threads, --stop-at go "
-            "with --out"
+            "--cache builds the recipe as it is: --steps, --p-needle, --p-keep, --seed, --threads, --stop-at, "
+            "--copy-stages go with --out"
         )
     log = partial(print, flush=True)
     if args.cache:
@@ -576,7 +604,15 @@ def main(argv: list[str] | None = None) -> None:
         if args.steps:
             scale = replace(scale, steps=tuple(args.steps))
         recipe = build(
-            args.out, scale, args.p_needle, args.p_keep, args.seed, threads=args.threads, log=log, stop_at=args.stop_at
+            args.out,
+            scale,
+            args.p_needle,
+            args.p_keep,
+            args.seed,
+            threads=args.threads,
+            log=log,
+            stop_at=args.stop_at,
+            copy_dir=args.copy_stages,
         )
         print(json.dumps({k: v for k, v in recipe.items() if k != "stages"}))
     folder = args.evaluate or args.out

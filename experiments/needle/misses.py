@@ -1,6 +1,6 @@
 """How the replication's policies miss: each wrong answer of the memory agent, by how close it is to the needle.
 
-    python -m taskutils.replication.misses RESULTS_DIR [--task needle] [--method memory-boxed]
+    python -m experiments.needle.misses RESULTS_DIR [--task needle] [--method memory-boxed]
 
 reads the harness's per-item results (``RESULTS_DIR/<task>_<N>/<model>__<method>.jsonl``, through
 :func:`taskutils.memory_eval.report.results_files`, the last line per item) and prints, per model and for the
@@ -86,7 +86,7 @@ def markdown(counts: dict[tuple[str, str], Counter]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m taskutils.replication.misses",
+        prog="python -m experiments.needle.misses",
         description=__doc__.split("\n\n")[0],
         epilog="Exit status: 0, or 2 when the folder holds no results of the task and method.",
     )

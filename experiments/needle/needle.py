@@ -10,16 +10,18 @@ of the test split is a new *pair* of known words), so the reader has seen every 
 needle is new only as a whole.
 
 Exact length. The context of an ``N``-chunk document has between ``64 (N - 1) + 1`` and ``64 N`` tokens of the
-reader tokenizer (:mod:`taskutils.replication.reader`), so ``MemoryConfig(chunk_size=64)`` splits it into
+reader tokenizer (:mod:`experiments.needle.reader`), so ``MemoryConfig(chunk_size=64)`` splits it into
 exactly ``N`` chunks; the needle lies whole inside one chunk (its decoded text contains the needle sentence) and
 its chunk is drawn uniformly.
 
-    python -m taskutils.replication.needle --out DIR [--train 2000] [--validation 32] [--test 32]
-        [--train-chunks 1 4] [--eval-chunks 1 2 4] [--seed 0] [--tokenizer DIR]
+    python -m experiments.needle.needle --out DIR [--train 2000] [--validation 32] [--test 32]
+        [--train-chunks 1 4] [--eval-chunks 1 2 4] [--seed 0] [--tokenizer DIR] [--late-start 0.0]
 
 writes ``DIR/train.parquet`` (train split, 1-4 chunks), ``DIR/validation.parquet`` and ``DIR/test.parquet``
 (verl rows, every eval length), and ``DIR/eval/{split}/eval_needle_{N}.jsonl`` (eval-set JSON lines,
-``taskutils.memory_eval.evalsets``: ``index``, ``input``, ``context``, ``answers``).
+``taskutils.memory_eval.evalsets``: ``index``, ``input``, ``context``, ``answers``, and ``needle_chunk`` for the
+survival analysis). ``--late-start S``: a share S of the training documents are episodes that start late (the
+needle already in the row's ``memory`` column, filler chunks only: :func:`make_late_start`).
 """
 
 from __future__ import annotations
@@ -156,12 +158,62 @@ def make_document(
     raise RuntimeError(f"could not place a needle in a {n_chunks}-chunk document")
 
 
+def make_late_start(
+    rng: random.Random, tokenizer: Any, n_chunks: int, split: str, chunk_size: int = CHUNK_SIZE
+) -> dict[str, Any]:
+    """An episode that starts late: the memory already holds the needle sentence (as if it had been read in an
+    earlier part of the document) and the context is ``n_chunks`` chunks of filler only. The answer depends only on
+    keeping the needle; ``needle_chunk`` is -1 (before the context) and ``memory`` the needle sentence."""
+    if n_chunks < 1:
+        raise ValueError("n_chunks must be >= 1")
+    key, value = rng.choice(split_keys(split)), str(rng.choice(split_numbers(split)))
+    lo, hi = chunk_size * (n_chunks - 1) + 1, chunk_size * n_chunks
+    sentences: list[str] = []
+    while True:
+        candidate = [*sentences, filler_sentence(rng)]
+        if len(encode_long(" ".join(candidate), tokenizer)) > hi:
+            break
+        sentences = candidate
+    context = " ".join(sentences)
+    tokens = len(encode_long(context, tokenizer))
+    if not lo <= tokens <= hi:  # a filler sentence is far shorter than a chunk: the fill always ends in range
+        raise RuntimeError(f"a late-start context of {tokens} tokens for {n_chunks} chunks")
+    needle = NEEDLE.format(key=key, value=value)
+    return {
+        "key": key,
+        "value": value,
+        "needle": needle,
+        "needle_chunk": -1,
+        "num_chunks": n_chunks,
+        "question": QUESTION.format(key=key),
+        "context": context,
+        "num_tokens": tokens,
+        "memory": needle,
+    }
+
+
 def make_documents(
-    tokenizer: Any, split: str, count: int, chunks: tuple[int, ...] | list[int], seed: int = 0
+    tokenizer: Any,
+    split: str,
+    count: int,
+    chunks: tuple[int, ...] | list[int],
+    seed: int = 0,
+    late_start: float = 0.0,
 ) -> list[dict[str, Any]]:
-    """``count`` documents of ``split``; the i-th has ``chunks[i % len(chunks)]`` chunks."""
+    """``count`` documents of ``split``; the i-th has ``chunks[i % len(chunks)]`` chunks. With ``late_start``, that
+    share of them (drawn independently, document by document) are episodes that start late (:func:`make_late_start`)."""
+    if not 0.0 <= late_start <= 1.0:
+        raise ValueError(f"late_start must be a share in [0, 1], got {late_start}")
     rng = random.Random(f"{seed}-{split}")
-    return [make_document(rng, tokenizer, chunks[i % len(chunks)], split) for i in range(count)]
+    if not late_start:  # the stream of random draws of the paper's documents, unchanged
+        return [make_document(rng, tokenizer, chunks[i % len(chunks)], split) for i in range(count)]
+    late_rng = random.Random(f"{seed}-{split}-late")
+    docs = []
+    for i in range(count):
+        n = chunks[i % len(chunks)]
+        late = late_rng.random() < late_start
+        docs.append(make_late_start(rng, tokenizer, n, split) if late else make_document(rng, tokenizer, n, split))
+    return docs
 
 
 def verl_row(doc: dict[str, Any], split: str, index: int) -> dict[str, Any]:
@@ -169,6 +221,9 @@ def verl_row(doc: dict[str, Any], split: str, index: int) -> dict[str, Any]:
     return {
         "prompt": [{"role": "user", "content": doc["question"]}],
         "context": doc["context"],
+        # The memory the episode starts from ("": the paper's "No previous memory"; read only when the agent's
+        # recurrent.config.memory_key names this column).
+        "memory": doc.get("memory", ""),
         "data_source": DATA_SOURCE,
         "reward_model": {"style": "rule", "ground_truth": doc["value"]},
         "extra_info": {
@@ -182,8 +237,15 @@ def verl_row(doc: dict[str, Any], split: str, index: int) -> dict[str, Any]:
 
 
 def eval_item(doc: dict[str, Any], index: int) -> dict[str, Any]:
-    """An eval-set item (``taskutils.memory_eval.evalsets``), ``index`` first."""
-    return {"index": index, "input": doc["question"], "context": doc["context"], "answers": [doc["value"]]}
+    """An eval-set item (``taskutils.memory_eval.evalsets``), ``index`` first; ``needle_chunk`` (the harness ignores
+    it) is for the survival analysis, :mod:`experiments.needle.survival`."""
+    return {
+        "index": index,
+        "input": doc["question"],
+        "context": doc["context"],
+        "answers": [doc["value"]],
+        "needle_chunk": doc["needle_chunk"],
+    }
 
 
 def write(
@@ -195,15 +257,18 @@ def write(
     train_chunks: tuple[int, int] = (1, 4),
     eval_chunks: tuple[int, ...] = (1, 2, 4),
     seed: int = 0,
+    late_start: float = 0.0,
 ) -> dict[str, Path]:
     """Write the parquet rows and eval-set files under ``out``; returns the paths.
-    ``validation`` and ``test`` are counts per eval length."""
+    ``validation`` and ``test`` are counts per eval length; ``late_start``: the share of training documents that
+    are episodes starting late (:func:`make_late_start`)."""
     import pandas as pd
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
-    train_docs = make_documents(tokenizer, "train", train, list(range(train_chunks[0], train_chunks[1] + 1)), seed)
+    lengths = list(range(train_chunks[0], train_chunks[1] + 1))
+    train_docs = make_documents(tokenizer, "train", train, lengths, seed, late_start)
     paths["train"] = out / "train.parquet"
     pd.DataFrame([verl_row(d, "train", i) for i, d in enumerate(train_docs)]).to_parquet(paths["train"])
     for split, count in (("validation", validation), ("test", test)):
@@ -224,9 +289,7 @@ def write(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m taskutils.replication.needle", description=__doc__.split("\n\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m experiments.needle.needle", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--train", type=int, default=2000)
     parser.add_argument("--validation", type=int, default=32, help="documents per eval length")
@@ -234,9 +297,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train-chunks", type=int, nargs=2, default=[1, 4], metavar=("MIN", "MAX"))
     parser.add_argument("--eval-chunks", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--late-start",
+        type=float,
+        default=0.0,
+        help="share of training documents that start late: the needle already in memory, filler chunks only",
+    )
     parser.add_argument("--tokenizer", type=Path, default=None, help="reader tokenizer folder (default: build it)")
     args = parser.parse_args(argv)
-    from taskutils.replication.reader import load_or_build_tokenizer
+    if not 0.0 <= args.late_start <= 1.0:
+        parser.error(f"--late-start is a share of the training documents, in [0, 1]; got {args.late_start}")
+    from experiments.needle.reader import load_or_build_tokenizer
 
     tokenizer = load_or_build_tokenizer(args.tokenizer)
     paths = write(
@@ -248,6 +319,7 @@ def main(argv: list[str] | None = None) -> None:
         tuple(args.train_chunks),
         tuple(args.eval_chunks),
         args.seed,
+        args.late_start,
     )
     for name, path in paths.items():
         print(f"{name}: {path}")

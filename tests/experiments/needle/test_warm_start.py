@@ -8,11 +8,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from experiments.needle import warm_start
+from experiments.needle.reader import build_tokenizer, reader_config
+from experiments.needle.warm_start import RECIPE_VERSION, Scale, agent_config, cached_warm_start, paper_rows
 from recurrent.agents.memory import MemoryWorkflow
 from recurrent.models import MANIFEST
-from taskutils.replication import warm_start
-from taskutils.replication.reader import build_tokenizer, reader_config
-from taskutils.replication.warm_start import RECIPE_VERSION, Scale, agent_config, cached_warm_start, paper_rows
 
 # The four stages at a few steps of batch 4 on small pools: a random reader reaches no target here (0.9 exact or
 # per-token accuracy), so every stage runs its whole budget.
@@ -179,3 +179,32 @@ def test_cache_builds_the_recipe_as_it_is():
     for argv in (*refused, ["--out", "x", "--cache"]):
         with pytest.raises(SystemExit):
             warm_start.main(argv)
+
+
+def test_kept_copy_stages_are_reused_and_give_the_same_weights(micro, tmp_path):
+    """A build that keeps its copy stages (copy_dir), and a teacher variant that reuses them, train the naive stage
+    from the same model and the same random streams: the first equals the cached build weight for weight; the
+    reuse trains only stage 4; a build with the same teacher from the kept stages equals the cached build again."""
+    folder, _ = micro
+    copy_dir = tmp_path / "copy"
+    first_lines: list[str] = []
+    first, _, recipe = warm_start.train(MICRO, log=first_lines.append, copy_dir=copy_dir)
+    assert (copy_dir / warm_start.COPY_STAGES).is_file() and (copy_dir / "model.safetensors").is_file()
+    assert sum(line.startswith("stage ") for line in first_lines) == 4
+    cached = weights(folder)
+    assert all(torch.equal(first.state_dict()[k], cached[k]) for k in cached)
+    variant_lines: list[str] = []
+    _, _, variant = warm_start.train(MICRO, p_keep=1.0, log=variant_lines.append, copy_dir=copy_dir)
+    assert [line.split(":")[0] for line in variant_lines if line.startswith("stage")] == [
+        "stages 1-3",
+        "stage 4/4 naive",
+    ]
+    assert [s["stage"] for s in variant["stages"]] == ["synth", "needle", "paper", "naive"]
+    assert variant["stages"][:3] == [s | {"reused_from": str(copy_dir)} for s in recipe["stages"][:3]]
+    again, _, _ = warm_start.train(MICRO, log=lambda _: None, copy_dir=copy_dir)
+    assert all(torch.equal(again.state_dict()[k], cached[k]) for k in cached)
+    # another copy recipe (stop_at) does not reuse them: all four stages run, and the folder then holds the new ones
+    other_lines: list[str] = []
+    warm_start.train(MICRO, stop_at=0.5, log=other_lines.append, copy_dir=copy_dir)
+    assert sum(line.startswith("stage ") for line in other_lines) == 4
+    assert json.loads((copy_dir / warm_start.COPY_STAGES).read_text())["key"]["stop_at"] == 0.5

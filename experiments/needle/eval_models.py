@@ -1,11 +1,11 @@
 """The replication's readers in the evaluation harness: a model table for ``python -m taskutils.memory_eval.run``.
 
-    python -m taskutils.replication.eval_models --out readers.yaml warm-start=DIR rl-seed0=DIR rl-seed1=DIR ...
+    python -m experiments.needle.eval_models --out readers.yaml warm-start=DIR rl-seed0=DIR rl-seed1=DIR ...
     python -m taskutils.memory_eval.run --table readers.yaml --tasks needle --data-dir DATA/eval/test \\
         --method memory-boxed,direct-boxed --temperature 0 --results-dir results/replication
 
 Every ``NAME=FOLDER`` (a reader model folder: weights, tokenizer and chat template) becomes one entry with the
-budgets of the replication's agent (:func:`taskutils.replication.warm_start.agent_config`: 64-token chunks, a
+budgets of the replication's agent (:func:`experiments.needle.warm_start.agent_config`: 64-token chunks, a
 32-token memory, a 16-token boxed final answer), method ``memory-boxed``, served by ``transformers serve`` on CPU.
 The table is written at run time (checkpoint folders are machine paths, kept out of the repository); the budgets
 come from the same constants as training, so the evaluation cannot drift from them.
@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from taskutils.replication.warm_start import CHUNK_SIZE, FINAL_TOKENS, MEMORY_TOKENS
+from experiments.needle.warm_start import CHUNK_SIZE, FINAL_TOKENS, MEMORY_TOKENS
 
 GROUP = "replication"
 CONCURRENCY = 8  # requests in flight with continuous batching (the fastest measured; see the module docstring)
@@ -87,7 +87,7 @@ def parse_checkpoint(text: str) -> tuple[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m taskutils.replication.eval_models",
+        prog="python -m experiments.needle.eval_models",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,6 +1,6 @@
 """The replication's table and figure: accuracy by document length x policy (the paper's Table 2 in miniature).
 
-    python -m taskutils.replication.report RESULTS_DIR [--out DIR] [--task needle] [--run-dir OUT_DIR]
+    python -m experiments.needle.report RESULTS_DIR [--out DIR] [--task needle] [--run-dir OUT_DIR]
 
 reads the evaluation harness's results files (``RESULTS_DIR/needle_{N}/<model>__<method>.jsonl``, through
 :func:`taskutils.memory_eval.report.collect`, the harness's own reader) and writes into ``--out`` (default
@@ -9,6 +9,10 @@ reads the evaluation harness's results files (``RESULTS_DIR/needle_{N}/<model>__
 - ``replication.md``: strict and lenient (``sub_em``) accuracy in %, one row per policy, one column per length;
 - ``replication.csv``: the same numbers, one line per (policy, model, method, length), the seeds' own rows included;
 - ``replication.png``: strict accuracy against document length (log scale), one line per policy.
+
+With ``--eval-data`` (the eval sets' folder) and results written with the harness's ``--trace``, it also writes the
+needle's survival in memory (:mod:`experiments.needle.survival`: ``survival.md``, ``.csv``, ``.png``,
+``survival_events.csv``) and puts its table in ``replication.md``.
 
 With ``--run-dir`` (the folder of ``scripts/replicate_cpu.sh``), ``replication.md`` ends with what ran: each
 invocation's commit, command line and cores (``run.jsonl``), every stage's wall time (``timing.jsonl``), and the
@@ -70,8 +74,13 @@ class Cell:
         return all(not row.incomplete and not row.failed for row in self.seeds.values())
 
 
+def policy_of_model(model: str, method: str) -> tuple[str, str]:
+    """The policy of a model's results: the model without its ``-seed<k>``, with the method."""
+    return _SEED.sub("", model), method
+
+
 def policy_of(row: Row) -> tuple[str, str]:
-    return _SEED.sub("", row.model), row.method
+    return policy_of_model(row.model, row.method)
 
 
 def policy_name(policy: tuple[str, str]) -> str:
@@ -183,10 +192,17 @@ def run_section(run_dir: Path) -> str:
 
 
 def write(
-    results_dir: str | Path, out: str | Path | None = None, task: str = TASK, run_dir: str | Path | None = None
+    results_dir: str | Path,
+    out: str | Path | None = None,
+    task: str = TASK,
+    run_dir: str | Path | None = None,
+    eval_data: str | Path | None = None,
 ) -> dict[str, Path]:
-    """Write the table (markdown, CSV) and the plot; returns their paths. With ``run_dir``, the markdown ends
-    with :func:`run_section`."""
+    """Write the table (markdown, CSV) and the plot; returns their paths. With ``eval_data``, also the needle's
+    survival (:func:`experiments.needle.survival.write`), its table in the markdown; with ``run_dir``, the
+    markdown ends with :func:`run_section`."""
+    from experiments.needle import survival
+
     results_dir = Path(results_dir)
     out = Path(out) if out else results_dir
     out.mkdir(parents=True, exist_ok=True)
@@ -194,7 +210,12 @@ def write(
     if not table:
         raise FileNotFoundError(f"no {task}_<length>/<model>__<method>.jsonl results under {results_dir}")
     paths = {"md": out / "replication.md", "csv": out / "replication.csv", "png": out / "replication.png"}
-    paths["md"].write_text(markdown(table) + ("\n" + run_section(Path(run_dir)) if run_dir else ""))
+    text = markdown(table)
+    if eval_data:
+        survival_paths = survival.write(results_dir, eval_data, out)
+        paths |= {f"survival_{kind}": path for kind, path in survival_paths.items()}
+        text += "\n**The needle in memory** (survival.md, survival.png)\n\n" + survival_paths["md"].read_text()
+    paths["md"].write_text(text + ("\n" + run_section(Path(run_dir)) if run_dir else ""))
     write_csv(table, paths["csv"])
     plot(table, paths["png"])
     return paths
@@ -202,9 +223,10 @@ def write(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m taskutils.replication.report",
+        prog="python -m experiments.needle.report",
         description=__doc__.split("\n\n")[0],
-        epilog="Exit status: 0 when every results file is complete, 1 when one is not, 2 when there are none.",
+        epilog="Exit status: 0 when every results file is complete, 1 when one is not, 2 when there are none (or, with "
+        "--eval-data, the survival's eval sets or traces are missing).",
     )
     parser.add_argument("results_dir", type=Path)
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: RESULTS_DIR)")
@@ -215,10 +237,16 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="the replication's folder: end the table with its run.jsonl and timing.jsonl",
     )
+    parser.add_argument(
+        "--eval-data",
+        type=Path,
+        default=None,
+        help="the eval sets' folder (eval_needle_<N>.jsonl): add the needle's survival (traced results)",
+    )
     args = parser.parse_args(argv)
     try:
-        paths = write(args.results_dir, args.out, args.task, args.run_dir)
-    except FileNotFoundError as err:
+        paths = write(args.results_dir, args.out, args.task, args.run_dir, args.eval_data)
+    except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(paths["md"].read_text())

@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from taskutils.replication.report import main, write
+from experiments.needle.report import main, write
 
 
 def results_file(root: Path, length: int, model: str, method: str, strict: list[int], expected: int | None = None):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "scripts" / "replicate_cpu.sh"
 MODELS = ("warm-start", "rl-seed0")
 METHODS = ("memory-boxed", "direct-boxed")
