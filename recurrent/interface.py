@@ -32,6 +32,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from recurrent.step_shapes import StepShapesOf
+
 FinishReason = Literal["stop", "length"]
 
 
@@ -245,6 +247,10 @@ class WorkflowRegistration:
     # How many model calls one sample makes, from facts about it (keywords; the memory agent reads
     # context_tokens, a document's length): what a step plan counts rows with (verl_ext/plan.py). None: unknown.
     calls_per_sample: Callable[..., int] | None = None
+    # What a training step's calls cost in tokens: step_shapes(config, tokenizer or None, StepShapesRequest) ->
+    # StepShapes, the calls of each prompt's trajectory (recurrent/step_shapes.py); the step cost model counts
+    # with them (verl_ext/cost.py). None: the agent has no cost model.
+    step_shapes: StepShapesOf | None = None
 
     def columns_of(self, config: WorkflowConfig) -> tuple[str, ...]:
         return tuple(self.columns(config) if callable(self.columns) else self.columns)

@@ -1,10 +1,11 @@
 """What one training step costs, per phase, before it runs (docs/cluster.md, "What a step costs").
 
-Tokens come from the data: each document's length through the memory agent's chunking and the budgets gives a
-trajectory's turns (:func:`memory_agent_turns`), ``rollout.n`` trajectories per prompt, ``train_batch_size``
-prompts per step. The rows are laid out over the data-parallel ranks and into updates by the trainer's own plan
-(``verl_ext.minibatch``), and cut into micro-batches as verl 0.9.1's engine cuts them (:func:`micro_batches`), so
-padding (sdpa: every row of a micro-batch as long as its longest) and the wait for the slowest rank are counted.
+Tokens come from the data: the agent says each prompt's trajectory, its calls' prompt and response lengths (its
+registration's ``step_shapes``: recurrent/step_shapes.py), ``rollout.n`` trajectories per prompt,
+``train_batch_size`` prompts per step. The rows are laid out over the data-parallel ranks and into updates by the
+trainer's own plan (``verl_ext.minibatch``), and cut into micro-batches as verl 0.9.1's engine cuts them
+(:func:`micro_batches`), so padding (sdpa: every row of a micro-batch as long as its longest) and the wait for the
+slowest rank are counted.
 FLOP per micro-batch come from ``recurrent.flops``. Wall time: FLOP over (devices x peak x utilisation) for every
 pass, and for the rollout's decode the bytes each step reads (weights, then each sequence's key/value cache) over
 memory bandwidth. Utilisation and bandwidth efficiency are assumptions, stated with every figure; the CPU's
@@ -17,82 +18,15 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from omegaconf import DictConfig
 
 from recurrent.flops import BACKWARD_FACTOR, GPU_SPECS, NO_WORK, ForwardCount, ModelShape, forward_count
+from recurrent.step_shapes import CallShape
 from verl_ext.minibatch import Row, actor_settings, minibatch_mode, plan_minibatches, spread_over_ranks
 
 TRAINING_PHASES = ("old_log_prob", "ref", "update_actor")
 PHASES = ("gen", *TRAINING_PHASES)
-# The paper's training data: 200 HotpotQA paragraphs per question, about 28K Qwen tokens (docs/fidelity.md, "Data").
-# A sum of 200 paragraphs varies by a few percent, so every document is taken at that length when no parquet is read.
-PAPER_CONTEXT_TOKENS = 28_000
-ASSUMED_QUESTION_TOKENS = 24  # a HotpotQA question in Qwen2.5's tokenizer, about 18 words
-# The memory agent's fixed prompt tokens in Qwen2.5's chat format (its default system turn), counted with the
-# SmolLM2 tokenizer (the only English BPE here) inside that chat wrapper: used when the model's tokenizer is absent.
-ESTIMATED_QWEN_TEMPLATE_TOKENS = (134, 89, 3)  # memory turn, final turn, "No previous memory"
-
-
-@dataclass(frozen=True)
-class Turn:
-    prompt: int
-    response: int
-
-    @property
-    def length(self) -> int:
-        return self.prompt + self.response
-
-
-@dataclass(frozen=True)
-class TemplateLengths:
-    """The memory agent's fixed prompt tokens (chat template included) and the empty memory's."""
-
-    memory: int
-    final: int
-    no_memory: int
-    source: str
-
-
-@dataclass(frozen=True)
-class Generated:
-    """Tokens generated per memory update and per final answer (responses, end token included)."""
-
-    memory: int
-    answer: int
-    source: str
-
-
-def memory_agent_turns(
-    context_tokens: int, question_tokens: int, budgets: Any, templates: TemplateLengths, generated: Generated
-) -> list[Turn]:
-    """The turns of one memory-agent trajectory: a memory update per chunk, then the final answer.
-
-    ``budgets``: ``recurrent.config`` (``chunk_size``, ``max_chunks``). A memory turn's prompt is the template,
-    the question, its chunk and the memory (the previous response, or "No previous memory" first); the final
-    turn's is the template, the question and the memory. The context is centre-truncated to
-    ``max_chunks x chunk_size`` first. The memory carried on counts the response's tokens (one more than the
-    memory when the response ended with the end token). The one place the cost model knows the memory agent."""
-    chunk = int(budgets.chunk_size)
-    kept = context_tokens if budgets.max_chunks is None else min(context_tokens, int(budgets.max_chunks) * chunk)
-    chunks = [min(chunk, kept - start) for start in range(0, kept, chunk)]
-    turns = []
-    for index, size in enumerate(chunks):
-        memory = templates.no_memory if index == 0 else generated.memory
-        turns.append(Turn(templates.memory + question_tokens + size + memory, generated.memory))
-    memory = generated.memory if chunks else templates.no_memory
-    turns.append(Turn(templates.final + question_tokens + memory, generated.answer))
-    return turns
-
-
-@dataclass(frozen=True)
-class Documents:
-    """A step's prompts: each document's context length and question length, in tokens."""
-
-    context_tokens: list[int]
-    question_tokens: list[int]
-    source: str
 
 
 @dataclass(frozen=True)
@@ -160,13 +94,13 @@ class StepCost:
 # ---- the step's rows and their layout ----
 
 
-def step_rows(trajectory_turns: Sequence[list[Turn]], n: int) -> list[Row]:
-    """The rows of a step: every prompt's turns, ``n`` trajectories each, keyed ``{uid}_{session}_{index}``."""
+def step_rows(trajectories: Sequence[list[CallShape]], n: int) -> list[Row]:
+    """The rows of a step: every prompt's calls, ``n`` trajectories each, keyed ``{uid}_{session}_{index}``."""
     return [
-        Row(f"p{prompt}_{session}_{index}", turn.length)
-        for prompt, turns in enumerate(trajectory_turns)
+        Row(f"p{prompt}_{session}_{index}", call.length)
+        for prompt, calls in enumerate(trajectories)
         for session in range(n)
-        for index, turn in enumerate(turns)
+        for index, call in enumerate(calls)
     ]
 
 
@@ -276,23 +210,23 @@ def training_phase(
 
 
 def rollout_phase(
-    config: DictConfig, shape: ModelShape, trajectories: Sequence[list[Turn]], n: int, cluster: Cluster
+    config: DictConfig, shape: ModelShape, trajectories: Sequence[list[CallShape]], n: int, cluster: Cluster
 ) -> PhaseCost:
     """vLLM's (or the CPU server's) rollout: prefill at the device's FLOP rate, decode by memory bandwidth.
 
     Trajectories spread evenly over the replicas (``devices / tensor_model_parallel_size``). Decode runs the
-    trajectories' turns one after another, a token per step for every sequence in flight: the longest trajectory's
+    trajectories' calls one after another, a token per step for every sequence in flight: the longest trajectory's
     generated tokens are the replica's steps (times the waves when more trajectories than ``max_num_seqs`` share a
     replica). Each step reads the weights once and each sequence's key/value cache; it takes the longer of that
-    read and the step's FLOP. No prefix-cache hits are counted (a group's first turn is the same prompt n times)."""
+    read and the step's FLOP. No prefix-cache hits are counted (a group's first call is the same prompt n times)."""
     rollout = config.actor_rollout_ref.rollout
     tp = int(rollout.tensor_model_parallel_size)
     replicas = max(1, cluster.devices // tp)
     device = cluster.device
     prefill = decode_flops = kv_read = 0
     prompt_tokens = decoded = 0
-    for turns in trajectories:
-        for t in turns:
+    for calls in trajectories:
+        for t in calls:
             prompt_tokens += t.prompt * n
             decoded += t.response * n
             prefill += forward_count(shape, [t.prompt], packed=True).flops * n
@@ -301,7 +235,7 @@ def rollout_phase(
             kv_read += pairs * shape.kv_bytes_per_token() * n  # each step reads its sequence's cache so far
     per_replica = math.ceil(len(trajectories) * n / replicas)
     waves = math.ceil(per_replica / int(rollout.max_num_seqs))
-    steps = waves * max(sum(t.response for t in turns) for turns in trajectories)
+    steps = waves * max(sum(t.response for t in calls) for calls in trajectories)
     bandwidth = tp * device.memory_bandwidth * cluster.bandwidth_efficiency
     read_s = (steps * shape.parameters * 2 + kv_read / replicas) / bandwidth  # bf16 weights
     compute_s = cluster.flop_seconds(decode_flops / replicas, "gen", tp)
@@ -345,8 +279,10 @@ def pass_micro_batches(config: DictConfig, phase: str, per_rank: Sequence[Sequen
     return micro_batches(per_rank, None, int(section[rows]))
 
 
-def step_cost(config: DictConfig, shape: ModelShape, trajectories: Sequence[list[Turn]], cluster: Cluster) -> StepCost:
-    """The cost of one step whose prompts have these trajectories' turns (each rolled out ``rollout.n`` times)."""
+def step_cost(
+    config: DictConfig, shape: ModelShape, trajectories: Sequence[list[CallShape]], cluster: Cluster
+) -> StepCost:
+    """The cost of one step whose prompts have these trajectories' calls (each rolled out ``rollout.n`` times)."""
     from verl.trainer.ppo.utils import need_reference_policy
 
     section = config.actor_rollout_ref

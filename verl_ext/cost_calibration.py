@@ -3,19 +3,20 @@
     python -m verl_ext.cost_calibration RUN_DIR [RUN_DIR ...] [--skip 1]
 
 ``RUN_DIR`` is the ``OUT_DIR`` of ``scripts/train_tiny_cpu.sh``: its composed config (``hydra/*/.hydra``), its
-training parquet and ``metrics.jsonl`` (verl's ``timing_s/*`` per step, and the memory agent's measured memory and
-answer lengths). For every measured step the model is run on that step's prompts with those lengths, on a unit
-device (FLOP and decode steps, not seconds). A CPU rank has no data-sheet peak, so two constants are fitted on
-the first run: its FLOP/s over the three training passes (old log-probs, reference, update), and the seconds of a
-decode step of the rollout. The check is the shares: within a run the three training passes' shares follow from
-the FLOP model alone; the rollout's share, and every share of a further run, are predicted with the first run's
-constants.
+training parquet and ``metrics.jsonl`` (verl's ``timing_s/*`` per step, and the measured lengths of the calls before
+the answer and of the answer: verl_ext/metrics.py). For every measured step the model is run on that step's prompts
+with those lengths, on a unit device (FLOP and decode steps, not seconds). A CPU rank has no data-sheet peak, so
+two constants are fitted on the first run: its FLOP/s over the three training passes (old log-probs, reference,
+update), and the seconds of a decode step of the rollout. The check is the shares: within a run the three training
+passes' shares follow from the FLOP model alone; the rollout's share, and every share of a further run, are
+predicted with the first run's constants.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,15 +27,34 @@ from verl_ext.cost import PHASES, TRAINING_PHASES, Cluster, Device, StepCost, st
 from verl_ext.cost_report import CostInputs, default_args, train_file
 
 UNIT = Device("unit: FLOP and decode steps", 1.0, 1e30, 0.0)
+# The trainer's per-trajectory metrics (verl_ext/metrics.py): the answer's mean length, and the mean length of the
+# calls before it, by the kind the agent gives them.
+ANSWER_LENGTH = "recurrent/final/response_length/mean"
+CALL_LENGTH = re.compile(r"recurrent/calls/(?P<kind>[^/]+)/length/mean")
 
 
 @dataclass(frozen=True)
 class MeasuredStep:
     step: int
     seconds: dict[str, float]  # timing_s/<phase>
-    memory_tokens: int  # memagent/memory_length/mean, rounded
-    answer_tokens: int  # memagent/final/response_length/mean, rounded
+    call_tokens: int  # recurrent/calls/<kind>/length/mean (the one kind of call before the answer), rounded
+    answer_tokens: int  # recurrent/final/response_length/mean, rounded
     load: str = ""
+
+
+def measured_lengths(data: dict[str, float], where: str) -> tuple[int, int]:
+    """A step's mean generated lengths, rounded: the calls before the answer (one kind: the cost model takes one
+    length for them) and the answer."""
+    if ANSWER_LENGTH not in data:
+        raise ValueError(f"{where}: no {ANSWER_LENGTH} (the trainer's metrics, verl_ext/metrics.py)")
+    calls = {match["kind"]: value for key, value in data.items() if (match := CALL_LENGTH.fullmatch(key))}
+    if len(calls) != 1:
+        found = ", ".join(sorted(calls)) or "none"
+        raise ValueError(
+            f"{where}: the cost model takes one length for the calls before the answer, from one "
+            f"recurrent/calls/<kind>/length/mean; kinds found: {found}"
+        )
+    return round(next(iter(calls.values()))), round(data[ANSWER_LENGTH])
 
 
 def read_run(run_dir: Path) -> tuple[DictConfig, list[MeasuredStep]]:
@@ -55,13 +75,9 @@ def read_run(run_dir: Path) -> tuple[DictConfig, list[MeasuredStep]]:
         data = record.get("data", {})
         if not all(f"timing_s/{p}" in data for p in PHASES):
             continue
-        try:
-            memory = round(data["memagent/memory_length/mean"])
-            answer = round(data["memagent/final/response_length/mean"])
-        except KeyError as err:
-            raise ValueError(f"{metrics}, line {number}: no {err.args[0]}") from None
+        calls, answer = measured_lengths(data, f"{metrics}, line {number}")
         seconds = {p: float(data[f"timing_s/{p}"]) for p in PHASES}
-        steps.append(MeasuredStep(int(record["step"]), seconds, memory, answer))
+        steps.append(MeasuredStep(int(record["step"]), seconds, calls, answer))
     if not steps:
         raise ValueError(f"{metrics}: no step with timing_s/{{{','.join(PHASES)}}}")
     return config, steps
@@ -72,7 +88,7 @@ def modelled(config: DictConfig, step: MeasuredStep) -> StepCost:
     args = default_args(
         data=train_file(config),
         step=step.step,
-        memory_tokens=step.memory_tokens,
+        call_tokens=step.call_tokens,
         answer_tokens=step.answer_tokens,
         device="cpu",
     )

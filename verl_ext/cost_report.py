@@ -1,9 +1,9 @@
 """The inputs of the step cost model from a composed config, the data and the command line, and its printed table.
 
 ``python -m verl_ext.plan`` prints it (docs/cluster.md, "What a step costs"). Every input says where it came from:
-the model's shape (its local ``config.json``, else the published sizes), the documents (the training parquet's
-rows of the step, else the paper's document length, assumed), the generated lengths (the caps unless given), the
-prompt templates (the model's tokenizer, else an estimate), the cluster (GPU kind and count, utilisation assumed).
+the model's shape (its local ``config.json``, else the published sizes), the trajectories' calls (the agent's
+``step_shapes``, which names its own sources: the training parquet's rows of the step or assumed lengths,
+generated lengths given or the caps), the cluster (GPU kind and count, utilisation assumed).
 """
 
 from __future__ import annotations
@@ -16,21 +16,9 @@ from typing import Any
 from omegaconf import DictConfig
 
 from recurrent.flops import PUBLISHED_SHAPES, ModelShape
-from verl_ext.cost import (
-    ASSUMED_QUESTION_TOKENS,
-    DEVICES,
-    ESTIMATED_QWEN_TEMPLATE_TOKENS,
-    PAPER_CONTEXT_TOKENS,
-    PHASES,
-    TRAINING_PHASES,
-    Cluster,
-    Documents,
-    Generated,
-    StepCost,
-    TemplateLengths,
-    Turn,
-    memory_agent_turns,
-)
+from recurrent.interface import WorkflowConfig, WorkflowRegistration, load_register
+from recurrent.step_shapes import CallShape, StepShapes, StepShapesRequest
+from verl_ext.cost import DEVICES, PHASES, TRAINING_PHASES, Cluster, StepCost
 
 GPU_UTILISATION = 0.4  # of dense peak, every phase: an assumption until measured (docs/cluster.md)
 REPORTABLE = (*TRAINING_PHASES, "step")
@@ -42,11 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--data", type=Path, help="training parquet (default: data.train_files when it exists)")
     group.add_argument("--step", type=int, default=1, help="which step's prompts, in file order (default 1)")
     group.add_argument("--tokenizer", help="tokenizer folder for --data (default: the model's, when local)")
-    group.add_argument("--memory-tokens", type=int, help="tokens per memory update (default: the cap)")
-    group.add_argument("--answer-tokens", type=int, help="tokens per final answer (default: the cap)")
-    group.add_argument(
-        "--question-tokens", type=int, default=ASSUMED_QUESTION_TOKENS, help="question length without a parquet"
-    )
+    group.add_argument("--call-tokens", type=int, help="tokens generated per call before the answer (default: the cap)")
+    group.add_argument("--answer-tokens", type=int, help="tokens generated per answer (default: the cap)")
+    group.add_argument("--question-tokens", type=int, help="question length without a parquet (default: the agent's)")
     group.add_argument("--device", choices=sorted(DEVICES), help="default: cpu for trainer.device=cpu, else h100")
     group.add_argument("--devices", type=int, help="default: trainer.nnodes x trainer.n_gpus_per_node")
     group.add_argument(
@@ -71,7 +57,7 @@ def default_args(**values: Any) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args([])
-    args.context_tokens = PAPER_CONTEXT_TOKENS
+    args.context_tokens = None
     for name, value in values.items():
         if not hasattr(args, name):
             raise TypeError(f"no cost argument {name!r}")
@@ -101,64 +87,25 @@ def model_shape(config: DictConfig, folder: str | None) -> tuple[ModelShape, str
     )
 
 
-def memory_config(config: DictConfig) -> Any:
-    """The memory agent's settings (``recurrent.config``); the cost model knows no other agent's calls."""
-    from recurrent.agents.memory import REGISTER
-    from recurrent.interface import load_register
+def agent_cost_model(config: DictConfig) -> tuple[WorkflowRegistration, WorkflowConfig]:
+    """The run's agent and its config, when its registration has a step cost model (``step_shapes``)."""
     from verl_ext.settings import recurrent_settings
 
     settings = recurrent_settings(config)
-    register = load_register(settings.agent) if settings.agent else None
-    if register is not REGISTER:
+    if not settings.agent:
+        raise ValueError("recurrent.agent is not set: no agent, no calls to count; --no-cost prints the step plan")
+    register = load_register(settings.agent)
+    if register.step_shapes is None:
         raise ValueError(
-            f"recurrent.agent={settings.agent or None}: the step cost model knows the memory agent's calls only "
-            "(verl_ext/cost.py, memory_agent_turns); --no-cost prints the step plan"
+            f"agent {settings.agent!r} has no step cost model (step_shapes); --no-cost prints the step plan"
         )
-    return register.make_config(settings.agent_config)
-
-
-def template_lengths(budgets: Any, tokenizer: Any | None, source: str = "its tokenizer") -> TemplateLengths:
-    if tokenizer is None:
-        return TemplateLengths(
-            *ESTIMATED_QWEN_TEMPLATE_TOKENS, "estimated for Qwen2.5's chat format: no tokenizer here"
-        )
-    from recurrent.agents.memory import MemoryWorkflow
-
-    workflow = MemoryWorkflow(budgets, tokenizer)
-    return TemplateLengths(
-        workflow.memory_ids_template.length,
-        workflow.final_ids_template.length,
-        len(workflow.no_memory_ids),
-        f"counted with {source}",
-    )
+    return register, register.make_config(settings.agent_config)
 
 
 def train_file(config: DictConfig) -> Path | None:
     files = config.data.train_files
     files = [files] if isinstance(files, str) else list(files)
     return Path(files[0]) if len(files) == 1 and Path(files[0]).is_file() else None
-
-
-def read_documents(path: Path, budgets: Any, tokenizer: Any, first: int, count: int) -> Documents:
-    """The step's prompts from a training parquet: each row's context and question through the memory agent's
-    own tokenization and centre truncation (``MemoryWorkflow.session``)."""
-    import pyarrow.parquet as pq
-
-    from recurrent.agents.memory import MemoryWorkflow
-
-    table = pq.read_table(path)
-    if table.num_rows < first + count:
-        raise ValueError(f"{path}: {table.num_rows} rows, the step needs rows {first + 1} to {first + count}")
-    workflow = MemoryWorkflow(budgets, tokenizer)
-    contexts, questions = [], []
-    for index, sample in enumerate(table.slice(first, count).to_pylist(), start=first):
-        try:
-            session = workflow.session(sample)
-        except (KeyError, TypeError, ValueError) as err:
-            raise ValueError(f"{path}, row {index}: {err}") from err
-        contexts.append(len(session.context_ids))
-        questions.append(len(session.question_ids))
-    return Documents(contexts, questions, f"{path}, rows {first + 1}-{first + count}")
 
 
 def utilisation(values: Sequence[str], default: float) -> dict[str, float]:
@@ -204,55 +151,43 @@ def cluster_from(config: DictConfig, args: argparse.Namespace) -> Cluster:
 
 
 class CostInputs:
-    """Everything the model needs besides the config, each with where it came from."""
+    """Everything the model needs besides the config, each with where it came from. Cheap checks come first; the
+    agent reads the data last."""
 
     def __init__(self, config: DictConfig, args: argparse.Namespace) -> None:
-        self.budgets = memory_config(config)
+        register, agent_config = agent_cost_model(config)
+        if args.step < 1:
+            raise ValueError(f"--step {args.step}: steps count from 1")
+        self.cluster = cluster_from(config, args)
+        self.reported = reported_times(args.reported)
         folder = model_folder(config)
         self.shape, self.shape_source = model_shape(config, folder)
+        prompts = int(config.data.train_batch_size)
+        data = args.data or train_file(config)
+        if data is not None and not data.is_file():
+            raise ValueError(f"--data {data}: no such file")
         tokenizer_folder = args.tokenizer or folder
         tokenizer = None
         if tokenizer_folder is not None:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
-        where = "the model's tokenizer" if args.tokenizer is None else f"the tokenizer of {args.tokenizer}"
-        self.templates = template_lengths(self.budgets, tokenizer, where)
-        if args.step < 1:
-            raise ValueError(f"--step {args.step}: steps count from 1")
-        prompts = int(config.data.train_batch_size)
-        data = args.data or train_file(config)
-        if data is not None:
-            if not data.is_file():
-                raise ValueError(f"--data {data}: no such file")
-            if tokenizer is None:
-                raise ValueError(f"--data {data} needs the model's tokenizer: give --tokenizer FOLDER")
-            self.documents = read_documents(data, self.budgets, tokenizer, (args.step - 1) * prompts, prompts)
-        else:
-            question = min(args.question_tokens, self.budgets.max_prompt_length)
-            self.documents = Documents(
-                [args.context_tokens] * prompts,
-                [question] * prompts,
-                f"assumed: no parquet, every document {args.context_tokens:,} tokens"
-                + (" (the paper's)" if args.context_tokens == PAPER_CONTEXT_TOKENS else "")
-                + f", questions {question} tokens (--data FILE reads them)",
-            )
-        caps = (self.budgets.max_memorization_length, self.budgets.max_final_response_length)
-        memory = args.memory_tokens if args.memory_tokens is not None else caps[0]
-        answer = args.answer_tokens if args.answer_tokens is not None else caps[1]
-        for name, value, cap in (("--memory-tokens", memory, caps[0]), ("--answer-tokens", answer, caps[1])):
-            if not 1 <= value <= cap:
-                raise ValueError(f"{name} {value}: between 1 and the cap, {cap}")
-        given = args.memory_tokens is not None or args.answer_tokens is not None
-        self.generated = Generated(memory, answer, "given" if given else "the caps, an upper bound")
-        self.cluster = cluster_from(config, args)
-        self.reported = reported_times(args.reported)
+        request = StepShapesRequest(
+            prompts=prompts,
+            first=(args.step - 1) * prompts,
+            data=data,
+            context_tokens=args.context_tokens,
+            question_tokens=args.question_tokens,
+            call_tokens=args.call_tokens,
+            answer_tokens=args.answer_tokens,
+            tokenizer_source="the model's tokenizer"
+            if args.tokenizer is None
+            else f"the tokenizer of {args.tokenizer}",
+        )
+        self.shapes: StepShapes = register.step_shapes(agent_config, tokenizer, request)
 
-    def trajectories(self) -> list[list[Turn]]:
-        return [
-            memory_agent_turns(c, q, self.budgets, self.templates, self.generated)
-            for c, q in zip(self.documents.context_tokens, self.documents.question_tokens, strict=True)
-        ]
+    def trajectories(self) -> list[list[CallShape]]:
+        return self.shapes.trajectories
 
 
 def count(value: float) -> str:
@@ -272,11 +207,7 @@ def report(config: DictConfig, inputs: CostInputs, cost: StepCost) -> list[str]:
     lines = [
         "cost of one step (docs/cluster.md, 'What a step costs'):",
         f"{'model':>20}: {shape.name}, {shape.parameters / 1e9:.3g}B parameters ({inputs.shape_source})",
-        f"{'documents':>20}: {inputs.documents.source}",
-        f"{'generated':>20}: memory {inputs.generated.memory}, answer {inputs.generated.answer} tokens a turn "
-        f"({inputs.generated.source})",
-        f"{'templates':>20}: memory turn {inputs.templates.memory}, final turn {inputs.templates.final} tokens "
-        f"({inputs.templates.source})",
+        *(f"{what:>20}: {source}" for what, source in inputs.shapes.sources),
         f"{'attention':>20}: {attention}",
         f"{'cluster':>20}: {cluster.devices} x {cluster.device.name}",
         f"{'utilisation':>20}: {share} ("

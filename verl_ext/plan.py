@@ -1,14 +1,15 @@
 """What a run config means per training step, before any GPU is touched.
 
-    python -m verl_ext.plan --config-name memagent_7b [--context-tokens 28000] [--gpu-memory-gib 80] [overrides]
-        [--data PARQUET] [--device h100] [--devices 32] [--utilisation 0.4] [--memory-tokens N] ...
+    python -m verl_ext.plan --config-name memagent_7b [--context-tokens N] [--gpu-memory-gib 80] [overrides]
+        [--data PARQUET] [--device h100] [--devices 32] [--utilisation 0.4] [--call-tokens N] ...
 
-Prints, from the composed config: trajectories and rows per step for a typical context, optimizer updates per
-step under ``recurrent.minibatch`` (mini-batches x ``actor.ppo_epochs``; and what verl's own row counting would
-give), rows per update, and what the rollout engine holds in GPU memory in each phase of a step
-(``rollout.free_cache_engine``; docs/fidelity.md). Then what the step costs per phase: tokens, padding, FLOP and
-wall time on a stated cluster (``verl_ext/cost.py``; docs/cluster.md, "What a step costs"). A config whose actor
-settings are refused, or a cost input that cannot be read, stops with the reason (exit 2).
+Prints, from the composed config: trajectories and rows per step for a typical sample (rows unknown where the agent
+does not say how many calls a sample makes), optimizer updates per step under ``recurrent.minibatch`` (mini-batches
+x ``actor.ppo_epochs``; and what verl's own row counting would give), rows per update, and what the rollout engine
+holds in GPU memory in each phase of a step (``rollout.free_cache_engine``; docs/fidelity.md). Then what the step
+costs per phase: tokens, padding, FLOP and wall time on a stated cluster (``verl_ext/cost.py``; docs/cluster.md,
+"What a step costs"), from the agent's own ``step_shapes``. A config whose actor settings are refused, a cost input
+that cannot be read, or an agent without a cost model stops with the reason (exit 2; ``--no-cost`` prints the plan).
 """
 
 from __future__ import annotations
@@ -32,43 +33,46 @@ PHASES = ("generation", "old_log_prob", "ref", "update_actor", "update_weights")
 
 @dataclass(frozen=True)
 class StepPlan:
+    """A step's counts; None where they need the rows and the agent does not say how many calls a sample makes."""
+
     trajectories: int  # train_batch_size x n
-    rows_per_trajectory: int  # the agent's calls for a typical sample (the memory agent: its document's chunks + 1)
-    rows: int
+    rows_per_trajectory: int | None  # the agent's calls for a typical sample (the memory agent: its chunks + 1)
+    rows: int | None
     minibatch: str
     epochs: int  # actor.ppo_epochs: the worker takes every mini-batch this many times
-    updates: int  # optimizer updates per step under recurrent.minibatch (mini-batches x epochs)
-    rows_per_update: int
-    verl_row_updates: int  # what recurrent.minibatch=rows would make
+    updates: int | None  # optimizer updates per step under recurrent.minibatch (mini-batches x epochs)
+    rows_per_update: int | None
+    verl_row_updates: int | None  # what recurrent.minibatch=rows would make
     rollout_gib_by_phase: dict[str, float]  # vLLM's share per GPU; asleep 0 (the remainder: asleep_resident)
 
 
-def calls_per_trajectory(config: DictConfig, context_tokens: int) -> int:
-    """The agent's own count of its calls for a sample with a document of ``context_tokens`` (its registration's
-    ``calls_per_sample``); a ValueError when the agent cannot say."""
+def calls_per_trajectory(config: DictConfig, context_tokens: int | None) -> int | None:
+    """The agent's own count of its calls for a typical sample, or one with a document of ``context_tokens`` (its
+    registration's ``calls_per_sample``); None when the agent does not say."""
     from recurrent.interface import load_register
 
     settings = recurrent_settings(config)
     register = load_register(settings.agent)
     if register.calls_per_sample is None:
-        raise ValueError(f"agent {settings.agent!r} does not say how many calls a sample makes (calls_per_sample)")
-    return register.calls_per_sample(register.make_config(settings.agent_config), context_tokens=context_tokens)
+        return None
+    facts = {} if context_tokens is None else {"context_tokens": context_tokens}
+    return register.calls_per_sample(register.make_config(settings.agent_config), **facts)
 
 
-def plan_step(config: DictConfig, context_tokens: int, gpu_memory_gib: float) -> StepPlan:
+def plan_step(config: DictConfig, context_tokens: int | None, gpu_memory_gib: float) -> StepPlan:
     rows_per_trajectory = calls_per_trajectory(config, context_tokens)
     actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
     trajectories = int(config.data.train_batch_size) * int(rollout.n)
-    rows = trajectories * rows_per_trajectory
+    rows = None if rows_per_trajectory is None else trajectories * rows_per_trajectory
     mode = minibatch_mode(config)
     epochs = actor_settings(config).epochs  # a refused setting stops here, with its reason
     verl_rows_per_update = int(actor.ppo_mini_batch_size) * int(rollout.n)
-    verl_row_updates = math.ceil(rows / verl_rows_per_update) * epochs
+    verl_row_updates = None if rows is None else math.ceil(rows / verl_rows_per_update) * epochs
     if mode == "rows":
         updates, rows_per_update = verl_row_updates, verl_rows_per_update
     else:
         minibatches = updates_per_step(int(config.data.train_batch_size), int(actor.ppo_mini_batch_size))
-        updates, rows_per_update = minibatches * epochs, rows // minibatches
+        updates, rows_per_update = minibatches * epochs, None if rows is None else rows // minibatches
     # vLLM takes gpu_memory_utilization of the GPU (weights, KV cache, and its activations, CUDA graphs and
     # communication buffers). With free_cache_engine it sleeps at level 2 after the rollout (weights and KV cache
     # discarded) and is woken for the weight sync; without it the sleep is a no-op and it keeps its share through
@@ -116,7 +120,9 @@ def compose(config_name: str, overrides: list[str]) -> DictConfig:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config-name", default="memagent_7b", help="a config of configs/ (default memagent_7b)")
-    parser.add_argument("--context-tokens", type=int, default=28_000, help="a typical training context (28K)")
+    parser.add_argument(
+        "--context-tokens", type=int, help="a typical sample's document (default: the agent's; the memory agent's 28K)"
+    )
     parser.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory of one GPU (default 80)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. recurrent.minibatch=rows")
     cost_report.add_arguments(parser)
@@ -132,7 +138,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     for name, value in asdict(plan).items():
         if name != "rollout_gib_by_phase":
-            print(f"{name:>20}: {value}")
+            print(f"{name:>20}: {'unknown' if value is None else value}")
+    if plan.rows is None:
+        print(f"{'unknown':>20}: the agent does not say how many calls a sample makes (its calls_per_sample)")
     print(f"{'rollout GiB / GPU':>20}: " + ", ".join(f"{k} {v:.1f}" for k, v in plan.rollout_gib_by_phase.items()))
     rollout = config.actor_rollout_ref.rollout
     if rollout.name == "vllm" and rollout.free_cache_engine:

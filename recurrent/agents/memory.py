@@ -32,6 +32,7 @@ from recurrent.interface import (
     WorkflowConfig,
     WorkflowRegistration,
 )
+from recurrent.step_shapes import StepShapes, StepShapesRequest
 from recurrent.templating import chat_token_template, render
 from recurrent.tokens import centre_truncate, encode_long, end_token_ids, num_chunks
 
@@ -430,7 +431,12 @@ def inference_workflow(
     return MemoryWorkflow(config, tokenizer, token_prompts=False, keep_prompts=False)
 
 
-def calls_for_document(config: MemoryConfig, context_tokens: int = 28_000, **_: Any) -> int:
+# The paper's training documents: 200 HotpotQA paragraphs per question, about 28K Qwen tokens (docs/fidelity.md,
+# "Data"); a sum of 200 paragraphs varies by a few percent, so a step plan takes every document at this length.
+PAPER_CONTEXT_TOKENS = 28_000
+
+
+def calls_for_document(config: MemoryConfig, context_tokens: int = PAPER_CONTEXT_TOKENS, **_: Any) -> int:
     """Model calls of one sample: a memory update per chunk of the (centre-truncated) document, then the answer.
     The default length is the paper's training documents (200 HotpotQA paragraphs, ~28K tokens)."""
     kept = context_tokens if config.max_context_tokens is None else min(context_tokens, config.max_context_tokens)
@@ -442,6 +448,13 @@ def training_workflow(config: MemoryConfig, tokenizer: Any) -> MemoryWorkflow:
     return MemoryWorkflow(config, tokenizer, token_prompts=True)
 
 
+def step_shapes(config: MemoryConfig, tokenizer: Any, request: StepShapesRequest) -> StepShapes:
+    """The calls of a training step's trajectories, for the step cost model (recurrent/agents/_memory_cost.py)."""
+    from recurrent.agents._memory_cost import step_shapes as memory_step_shapes  # it reads parquets: on demand
+
+    return memory_step_shapes(config, tokenizer, request)
+
+
 REGISTER = WorkflowRegistration(
     name="memory",
     config_cls=MemoryConfig,
@@ -450,4 +463,5 @@ REGISTER = WorkflowRegistration(
     columns=lambda config: (config.question_key, config.context_key),
     large_columns=lambda config: (config.context_key,),  # the document: tokenized once, never copied into rows
     calls_per_sample=calls_for_document,
+    step_shapes=step_shapes,
 )

@@ -1,6 +1,7 @@
-"""The step cost model (verl_ext/cost.py, cost_report.py): the memory agent's turns, verl's micro-batches, and the
-tokens and FLOP of each phase of a tiny step, against counts made by hand or by the real parts (the memory agent's
-own session, verl's own micro-batch cutter, the tokenizer)."""
+"""The step cost model (verl_ext/cost.py, cost_report.py): the memory agent's calls (its registration's
+step_shapes, recurrent/agents/_memory_cost.py), verl's micro-batches, and the tokens and FLOP of each phase of a tiny
+step, against counts made by hand or by the real parts (the memory agent's own session, verl's own micro-batch
+cutter, the tokenizer); an agent of a test's own through its registration alone, and one without a cost model."""
 
 from __future__ import annotations
 
@@ -10,21 +11,13 @@ import numpy as np
 import pytest
 import torch
 
+from recurrent.agents._memory_cost import Generated, TemplateLengths, memory_agent_turns, template_lengths
 from recurrent.agents.memory import MemoryConfig, MemoryWorkflow
 from recurrent.flops import ModelShape
 from recurrent.interface import Reply
+from recurrent.step_shapes import CallShape
 from verl_ext import cost_report
-from verl_ext.cost import (
-    PHASES,
-    Cluster,
-    Device,
-    Generated,
-    TemplateLengths,
-    Turn,
-    memory_agent_turns,
-    micro_batches,
-    step_cost,
-)
+from verl_ext.cost import PHASES, Cluster, Device, micro_batches, step_cost
 from verl_ext.plan import compose
 
 BUDGETS = SimpleNamespace(chunk_size=64, max_chunks=4)
@@ -46,7 +39,7 @@ def test_memory_agent_turns_by_hand():
     long = memory_agent_turns(1000, 10, BUDGETS, TEMPLATES, GENERATED)
     assert [t.prompt for t in long] == [277, 290, 290, 290, 126]
     # No context: the answer turn alone, from "No previous memory".
-    assert memory_agent_turns(0, 10, BUDGETS, TEMPLATES, GENERATED) == [Turn(100 + 10 + 3, 8)]
+    assert memory_agent_turns(0, 10, BUDGETS, TEMPLATES, GENERATED) == [CallShape(100 + 10 + 3, 8)]
 
 
 @pytest.mark.parametrize("context_tokens", [40, 60])  # 3 chunks of 16, 16, 8; 60 is centre-truncated to 48
@@ -62,9 +55,9 @@ def test_the_turns_are_the_memory_agents_own(tiny_tokenizer, context_tokens):
     seen = []
     while (turn := session.next_turn()) is not None:
         size = config.max_final_response_length if turn.final else config.max_memorization_length
-        seen.append(Turn(len(turn.prompt_ids), size))
+        seen.append(CallShape(len(turn.prompt_ids), size))
         session.record(Reply("x", "length", token_ids=list(range(20, 20 + size))))  # no end token: cut at the cap
-    templates = cost_report.template_lengths(config, tiny_tokenizer)
+    templates = template_lengths(config, tiny_tokenizer)
     modelled = memory_agent_turns(context_tokens, len(session.question_ids), config, templates, Generated(5, 4, ""))
     assert seen == modelled and len(seen) == 4
 
@@ -96,9 +89,9 @@ def test_micro_batch_counts_agree_across_ranks_and_static_sizes_cut_runs():
         micro_batches([[700]], 600)
 
 
-def tiny_step(tiny_model_dir, overrides: list[str], **args):
+def tiny_step(tiny_model_dir, overrides: list[str], agent: str | None = None, **args):
     """tiny_cpu: 2 prompts x n 2, one prompt per update (2 updates), 2 ranks; documents of 150 tokens, questions of
-    10, memory 16 and answer 8 (the caps)."""
+    10, memory 16 and answer 8 (the caps). ``agent``: another agent (its file), with its default settings."""
     config = compose(
         "tiny_cpu",
         [
@@ -109,6 +102,8 @@ def tiny_step(tiny_model_dir, overrides: list[str], **args):
             *overrides,
         ],
     )
+    if agent is not None:  # set after composing: tiny_cpu's budgets interpolate the memory agent's settings
+        config.recurrent.agent, config.recurrent.config = agent, {}
     namespace = cost_report.default_args(context_tokens=150, question_tokens=10, **args)
     inputs = cost_report.CostInputs(config, namespace)
     unit = Cluster(Device("unit", 1.0, 1e30), 2, dict.fromkeys(PHASES, 1.0))
@@ -119,8 +114,10 @@ def test_tokens_and_flop_of_a_tiny_step_by_hand(tiny_model_dir, tiny_tokenizer):
     inputs, cost = tiny_step(tiny_model_dir, ["actor_rollout_ref.model.use_remove_padding=true"])
     no_memory = len(tiny_tokenizer.encode("No previous memory", add_special_tokens=False))
     # The tiny tokenizer's templates: 211 tokens around a memory turn, 111 around the answer (configs/tiny_cpu.yaml).
-    assert (inputs.templates.memory, inputs.templates.final, inputs.templates.no_memory) == (211, 111, no_memory)
+    sources = dict(inputs.shapes.sources)
+    assert sources["templates"] == "memory turn 211, final turn 111 tokens (counted with the model's tokenizer)"
     prompts = [211 + 10 + 64 + no_memory, 211 + 10 + 64 + 16, 211 + 10 + 22 + 16, 111 + 10 + 16]
+    assert inputs.trajectories() == [[CallShape(p, 16) for p in prompts[:3]] + [CallShape(prompts[3], 8)]] * 2
     lengths = [prompts[0] + 16, prompts[1] + 16, prompts[2] + 16, prompts[3] + 8]
     # 2 prompts x 2 trajectories x 4 turns.
     assert (cost.rows, cost.trajectories) == (16, 4)
@@ -170,10 +167,11 @@ def test_padding_costs_positions_and_pairs_and_bypass_drops_the_pass(tiny_model_
 
 
 def test_generated_lengths_given_replace_the_caps(tiny_model_dir):
-    inputs, _ = tiny_step(tiny_model_dir, [], memory_tokens=10, answer_tokens=4)
-    assert (inputs.generated.memory, inputs.generated.answer, inputs.generated.source) == (10, 4, "given")
-    with pytest.raises(ValueError, match="--memory-tokens 17: between 1 and the cap, 16"):
-        tiny_step(tiny_model_dir, [], memory_tokens=17)
+    inputs, _ = tiny_step(tiny_model_dir, [], call_tokens=10, answer_tokens=4)
+    assert dict(inputs.shapes.sources)["generated"] == "memory 10, answer 4 tokens a turn (given)"
+    assert [[c.response for c in calls] for calls in inputs.trajectories()] == [[10, 10, 10, 4]] * 2
+    with pytest.raises(ValueError, match="--call-tokens 17: between 1 and the cap, max_memorization_length=16"):
+        tiny_step(tiny_model_dir, [], call_tokens=17)
 
 
 def test_documents_are_read_through_the_memory_agent(tiny_model_dir, tiny_tokenizer, tmp_path):
@@ -187,13 +185,17 @@ def test_documents_are_read_through_the_memory_agent(tiny_model_dir, tiny_tokeni
     pq.write_table(pa.Table.from_pylist(rows), path)
     inputs, cost = tiny_step(tiny_model_dir, [], data=path, step=2)
     # Step 2 of 2 prompts: rows 3 and 4 of the file; contexts centre-truncated to 4 chunks of 64 tokens.
-    assert inputs.documents.source == f"{path}, rows 3-4"
+    assert dict(inputs.shapes.sources)["documents"] == f"{path}, rows 3-4"
     expected = [min(len(tiny_tokenizer.encode(r["context"], add_special_tokens=False)), 256) for r in rows[2:4]]
-    assert inputs.documents.context_tokens == expected
     questions = [len(tiny_tokenizer.encode(r["prompt"][0]["content"], add_special_tokens=False)) for r in rows[2:4]]
-    assert inputs.documents.question_tokens == questions
-    turns = [-(-n // 64) + 1 for n in expected]
-    assert cost.rows == 2 * sum(turns)
+    no_memory = len(tiny_tokenizer.encode("No previous memory", add_special_tokens=False))
+    for calls, context, question in zip(inputs.trajectories(), expected, questions, strict=True):
+        # Each memory call's prompt: template 211, the question, its chunk, the memory (16 after the first call).
+        memories = [no_memory] + [16] * (len(calls) - 2)
+        chunks = [c.prompt - 211 - question - m for c, m in zip(calls[:-1], memories, strict=True)]
+        assert sum(chunks) == context and len(calls) == -(-context // 64) + 1
+        assert calls[-1] == CallShape(111 + question + 16, 8)
+    assert cost.rows == 2 * sum(-(-n // 64) + 1 for n in expected)
     with pytest.raises(ValueError, match=r"train.parquet: 8 rows, the step needs rows 9 to 10"):
         tiny_step(tiny_model_dir, [], data=path, step=5)
 
@@ -203,7 +205,9 @@ def test_documents_are_read_through_the_memory_agent(tiny_model_dir, tiny_tokeni
     [
         (["--config-name", "replicate_cpu"], "actor_rollout_ref.model.path=~/models/deepseek-llm-7b-chat: no local"),
         (["--data", "no/such.parquet"], "--data no/such.parquet: no such file"),
-        (["--memory-tokens", "2000"], "--memory-tokens 2000: between 1 and the cap, 1024"),
+        (["--call-tokens", "2000"], "--call-tokens 2000: between 1 and the cap, max_memorization_length=1024"),
+        (["--answer-tokens", "0"], "--answer-tokens 0: between 1 and the cap, max_final_response_length=1024"),
+        (["--config-name", "calculator_cpu"], "agent 'calculator' has no step cost model (step_shapes); --no-cost"),
         (["--utilisation", "decode=0.3"], "--utilisation decode=0.3: phase must be one of gen, old_log_prob"),
         (["--utilisation", "1.5"], "--utilisation 1.5: a share of peak must be in (0, 1]"),
         (["--step", "0"], "--step 0: steps count from 1"),
@@ -278,3 +282,56 @@ def test_verls_own_row_counting_makes_its_own_updates(tiny_model_dir):
     _, trajectory = tiny_step(tiny_model_dir, ["actor_rollout_ref.model.use_remove_padding=true"])
     assert "8 updates" in rows.phases["update_actor"].notes[0]
     assert rows.phases["update_actor"].flops == trajectory.phases["update_actor"].flops
+
+
+TOY_AGENT = """
+from dataclasses import dataclass
+
+from recurrent.interface import WorkflowConfig, WorkflowRegistration
+from recurrent.step_shapes import CallShape, StepShapes
+
+
+@dataclass
+class ToyConfig(WorkflowConfig):
+    pass
+
+
+def build(config, tokenizer):
+    raise AssertionError("the cost model builds no agent")
+
+
+def step_shapes(config, tokenizer, request):
+    call = request.call_tokens or 10
+    calls = [CallShape(100, call), CallShape(50, request.answer_tokens or 5)]
+    seen = f"prompts {request.prompts}, first {request.first}, data {request.data}, tokenizer {tokenizer is not None}"
+    return StepShapes([calls] * request.prompts, [("toy calls", "two a trajectory"), ("toy request", seen)])
+
+
+REGISTER = WorkflowRegistration("toy", ToyConfig, build, step_shapes=step_shapes)
+"""
+
+
+def test_an_agent_is_costed_through_its_registration_alone(tiny_model_dir, tmp_path):
+    """A test's own agent, two calls a trajectory: the tokens and FLOP of every pass by hand from its calls, its
+    request as the plan made it, its sources in the report."""
+    agent = tmp_path / "toy_agent.py"
+    agent.write_text(TOY_AGENT)
+    inputs, cost = tiny_step(tiny_model_dir, ["actor_rollout_ref.model.use_remove_padding=true"], str(agent), step=3)
+    assert dict(inputs.shapes.sources) == {
+        "toy calls": "two a trajectory",
+        "toy request": "prompts 2, first 4, data None, tokenizer True",  # step 3 of 2 prompts: rows 5 and 6
+    }
+    # 2 prompts x 2 trajectories x rows of 110 and 55 tokens; the tiny model's 671,744 FLOP a token and 512 a pair.
+    assert (cost.rows, cost.trajectories) == (8, 4)
+    flops = 4 * sum(671_744 * n + 512 * n * (n + 1) // 2 for n in (110, 55))
+    old = cost.phases["old_log_prob"]
+    assert (old.tokens, old.flops) == (4 * 165, flops)
+    assert cost.phases["update_actor"].flops == 3 * flops
+    assert cost.phases["gen"].decode_steps == 10 + 5
+    lines = cost_report.report(compose("tiny_cpu", [f"actor_rollout_ref.model.path={tiny_model_dir}"]), inputs, cost)
+    assert "           toy calls: two a trajectory" in lines
+
+
+def test_an_agent_without_a_cost_model_is_named():
+    with pytest.raises(ValueError, match="agent 'calculator' has no step cost model"):
+        cost_report.agent_cost_model(compose("calculator_cpu", []))

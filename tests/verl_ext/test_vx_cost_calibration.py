@@ -64,7 +64,7 @@ def run_folder(tmp_path, tiny_model_dir, lines: list[dict]):
 
 def timing(step: int, gen: float, old: float, ref: float, update: float, **extra) -> dict:
     data = {"timing_s/gen": gen, "timing_s/old_log_prob": old, "timing_s/ref": ref, "timing_s/update_actor": update}
-    data.update({"memagent/memory_length/mean": 15.6, "memagent/final/response_length/mean": 7.4}, **extra)
+    data.update({"recurrent/calls/memory/length/mean": 15.6, "recurrent/final/response_length/mean": 7.4}, **extra)
     return {"step": step, "data": data}
 
 
@@ -73,7 +73,7 @@ def test_a_run_folder_is_read_and_fitted(tmp_path, tiny_model_dir, capsys):
     run = run_folder(tmp_path, tiny_model_dir, lines)
     config, steps = read_run(run)
     # Validation-only lines are skipped; the measured lengths are rounded to whole tokens.
-    assert [(s.step, s.memory_tokens, s.answer_tokens) for s in steps] == [(1, 16, 7), (2, 16, 7)]
+    assert [(s.step, s.call_tokens, s.answer_tokens) for s in steps] == [(1, 16, 7), (2, 16, 7)]
     assert steps[1].seconds == {"gen": 3.0, "old_log_prob": 2.0, "ref": 2.0, "update_actor": 6.0}
     main([str(run)])  # step 1 skipped (warm-up): fitted on step 2 alone
     out = capsys.readouterr().out
@@ -86,14 +86,30 @@ def test_a_run_folder_is_read_and_fitted(tmp_path, tiny_model_dir, capsys):
     assert modelled_s[0] == pytest.approx(3.0, abs=0.05) and sum(modelled_s[1:]) == pytest.approx(10.0, abs=0.1)
 
 
-def test_a_run_folder_without_the_memory_metrics_is_refused(tmp_path, tiny_model_dir, capsys):
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"recurrent/final/response_length/mean": None}, "no recurrent/final/response_length/mean"),
+        ({"recurrent/calls/memory/length/mean": None}, "recurrent/calls/<kind>/length/mean; kinds found: none"),
+        ({"recurrent/calls/search/length/mean": 20.0}, "kinds found: memory, search"),
+    ],
+)
+def test_a_run_folder_without_the_generated_lengths_is_refused(tmp_path, tiny_model_dir, capsys, change, message):
+    """The answer's mean length and one kind of call's before it (several kinds: the model takes one length)."""
     line = timing(2, 3.0, 2.0, 2.0, 6.0)
-    del line["data"]["memagent/memory_length/mean"]
+    for key, value in change.items():
+        if value is None:
+            del line["data"][key]
+        else:
+            line["data"][key] = value
     run = run_folder(tmp_path, tiny_model_dir, [line])
     with pytest.raises(SystemExit) as stop:
         main([str(run)])
     assert stop.value.code == 2
-    assert f"{run / 'metrics.jsonl'}, line 1: no memagent/memory_length/mean" in capsys.readouterr().err
+    assert f"{run / 'metrics.jsonl'}, line 1: " in (err := capsys.readouterr().err) and message in err
+
+
+def test_a_missing_run_folder_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         main([str(tmp_path / "elsewhere")])
     assert stop.value.code == 2

@@ -211,7 +211,7 @@ def test_plan_prints_epochs_times_updates(capsys):
     plan = plan_step(compose("memagent_7b", ["actor_rollout_ref.actor.ppo_epochs=2"]), 28_000, 80)
     # 16 mini-batches x 2 epochs; each update still 8 prompts x 16 trajectories x 7 rows; verl's rows: 112 x 2.
     assert (plan.epochs, plan.updates, plan.rows_per_update, plan.verl_row_updates) == (2, 32, 896, 224)
-    main(["--config-name", "memagent_7b", "actor_rollout_ref.actor.ppo_epochs=2"])
+    main(["--config-name", "memagent_7b", "--no-cost", "actor_rollout_ref.actor.ppo_epochs=2"])  # the plan's lines
     printed = dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines())
     assert {k.strip(): v for k, v in printed.items() if k.strip() in ("epochs", "updates")} == {
         "epochs": "2",

@@ -50,3 +50,26 @@ def test_a_refused_setting_exits_2_with_the_reason(capsys):
     err = capsys.readouterr().err
     assert "[memagent] refused actor settings:" in err and "actor_rollout_ref.actor.shuffle=true" in err
     assert "Traceback" not in err
+
+
+def test_an_agent_that_does_not_say_its_calls_gets_the_plan_without_rows(capsys):
+    """The calculator says neither how many calls a sample makes nor what they cost: the plan prints what needs no
+    rows (its config: 8 prompts x n 4, mini-batches of 2 prompts), the rows unknown; the cost exits 2 naming it."""
+    main(["--config-name", "calculator_cpu", "--no-cost"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:8] == [
+        "        trajectories: 32",
+        " rows_per_trajectory: unknown",
+        "                rows: unknown",
+        "           minibatch: trajectory",
+        "              epochs: 1",
+        "             updates: 4",
+        "     rows_per_update: unknown",
+        "    verl_row_updates: unknown",
+    ]
+    assert "             unknown: the agent does not say how many calls a sample makes (its calls_per_sample)" in lines
+    with pytest.raises(SystemExit) as stop:
+        main(["--config-name", "calculator_cpu"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "agent 'calculator' has no step cost model (step_shapes); --no-cost prints the step plan" in err
