@@ -128,6 +128,16 @@ def main(argv: list[str] | None = None) -> None:
     cost_report.add_arguments(parser)
     args = parser.parse_args(argv)
     config = compose(args.config_name, args.overrides)
+    from verl_ext.preflight import sampling_problems, single_trajectory_problem
+
+    # The trainer's own sampling checks first: rollout.n < 1 would otherwise divide by zero below.
+    problems = sampling_problems(config)
+    if problems:
+        print("[memagent] the run cannot start:\n  - " + "\n  - ".join(problems), file=sys.stderr)
+        sys.exit(2)
+    single = single_trajectory_problem(config)
+    if single is not None:
+        print(f"[memagent] warning: {single}", file=sys.stderr)
     try:
         plan = plan_step(config, args.context_tokens, args.gpu_memory_gib)
         if args.cost:

@@ -73,3 +73,15 @@ def test_an_agent_that_does_not_say_its_calls_gets_the_plan_without_rows(capsys)
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert "agent 'calculator' has no step cost model (step_shapes); --no-cost prints the step plan" in err
+
+
+def test_sampling_values_out_of_their_rule_exit_2_before_the_plan(capsys):
+    # rollout.n = 0 divided the step's rows by zero (a traceback); the trainer's preflight rule names the key.
+    with pytest.raises(SystemExit) as stop:
+        main(["--config-name", "memagent_7b", "--no-cost", "actor_rollout_ref.rollout.n=0"])
+    assert stop.value.code == 2
+    assert "actor_rollout_ref.rollout.n must be an integer >= 1, got 0" in capsys.readouterr().err
+    # n = 1: the plan is printed, with the preflight's warning that GRPO has no group
+    main(["--config-name", "memagent_7b", "--no-cost", "actor_rollout_ref.rollout.n=1"])
+    out, err = capsys.readouterr()
+    assert "warning:" in err and "GRPO" in err and "trajectories" in out
