@@ -88,7 +88,7 @@ def cluster(tmp_path_factory):
 def data_root(tmp_path_factory) -> Path:
     """The launcher's data layout (DATASET_ROOT/hotpotqa/...) holding the tiny memory task: 16 training questions
     (four steps' worth, read in file order), 4 to validate."""
-    from verl_ext.cpu.toy_data import write
+    from experiments.tiny.data import write
 
     root = tmp_path_factory.mktemp("data")
     files = write(root / "generated", train=16, val=4, task="memory")
