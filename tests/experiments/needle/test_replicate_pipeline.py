@@ -87,6 +87,25 @@ def test_the_table_is_the_results_files(pipeline):
     assert (results / "replication.png").stat().st_size > 1000
 
 
+def test_the_needles_survival_is_read_from_the_traced_results(pipeline):
+    """The pipeline evaluates with --trace and the report writes the needle's survival: one event row per traced
+    memory-agent item, its verdict the results file's."""
+    results = pipeline["out"] / "results"
+    for name in ("survival.md", "survival.csv", "survival_events.csv"):
+        assert (results / name).stat().st_size > 0, name
+    assert (results / "survival.png").stat().st_size > 1000
+    with (results / "survival_events.csv").open() as f:
+        events = {(r["model"], int(r["length"]), r["id"]): r["right"] == "True" for r in csv.DictReader(f)}
+    expected = {}
+    for model in MODELS:
+        for n in LENGTHS:
+            for line in (results / f"needle_{n}" / f"{model}__memory-boxed.jsonl").read_text().splitlines():
+                record = json.loads(line)
+                expected[(model, n, str(record["id"]))] = bool(record["strict"])
+    assert events == expected
+    assert "**The needle in memory**" in (results / "replication.md").read_text()
+
+
 def test_a_rerun_redoes_nothing(pipeline):
     second = pipeline["second"]
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
