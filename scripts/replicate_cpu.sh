@@ -40,6 +40,8 @@
 #   LATE_START      share of training documents that start late: the needle already in memory, filler chunks only
 #                   (docs/replication_cpu.md, "Episodes that start late"); the RL runs then read each row's
 #                   initial memory (recurrent.config.memory_key=memory) [0: the paper's episodes]
+#   DECOY_START     share of training documents that start from a wrong memory: the asked key's needle with another
+#                   number, the real needle in the context (docs/replication_cpu.md, "What each lever did") [0]
 #   WARM_START      start from this warm-start folder (a Hugging Face folder, e.g. a variant built with
 #                   `python -m experiments.needle.warm_start --out DIR ...`) instead of the cached build [none]
 #   PYTHON          interpreter [the repo's .venv]
@@ -75,6 +77,7 @@ else
 fi
 NGPUS="${NGPUS:-2}"
 LATE_START="${LATE_START:-0}"
+DECOY_START="${DECOY_START:-0}"
 ABLATIONS="${ABLATIONS-final_same_step final_token_mean}"
 # The run (and policy) name of a credit variant: final_same_step -> ablation-same-step.
 ablation_name() { local mode="${1#final_}"; echo "ablation-${mode//_/-}"; }
@@ -107,7 +110,7 @@ commit="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 [[ -z "$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null)" ]] || commit+="+changes"
 "$PYTHON" - "$OUT_DIR/run.jsonl" "$commit" "QUICK=$QUICK STEPS=$STEPS SEEDS='$SEEDS' ABLATIONS='$ABLATIONS'" \
   "ABLATION_SEEDS='$ABLATION_SEEDS' ABLATION_STEPS=$ABLATION_STEPS LENGTHS='$LENGTHS' EVAL_DOCS=$EVAL_DOCS NGPUS=$NGPUS" \
-  "PARALLEL_MODELS=$PARALLEL_MODELS LATE_START=$LATE_START${WARM_START:+ WARM_START=$WARM_START} bash scripts/replicate_cpu.sh $*" "$(getconf _NPROCESSORS_ONLN)" <<'PY'
+  "PARALLEL_MODELS=$PARALLEL_MODELS LATE_START=$LATE_START DECOY_START=$DECOY_START${WARM_START:+ WARM_START=$WARM_START} bash scripts/replicate_cpu.sh $*" "$(getconf _NPROCESSORS_ONLN)" <<'PY'
 import json, sys, time
 path, commit, *command, cores = sys.argv[1:]
 line = {"commit": commit, "command": " ".join(command).strip(), "cores": int(cores), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -133,7 +136,7 @@ fi
 say "2/6 data"
 if [[ ! -f "$OUT_DIR/data/validation.parquet" ]]; then
   timed data_train "$PYTHON" -m experiments.needle.needle --out "$OUT_DIR/data" --tokenizer "$WARM" \
-    --train "$TRAIN_DOCS" --validation "$VAL_DOCS" --test 0 --eval-chunks 1 2 4 --late-start "$LATE_START" > /dev/null
+    --train "$TRAIN_DOCS" --validation "$VAL_DOCS" --test 0 --eval-chunks 1 2 4 --late-start "$LATE_START" --decoy-start "$DECOY_START" > /dev/null
 fi
 # shellcheck disable=SC2086  # LENGTHS is a list
 if [[ ! -f "$OUT_DIR/eval_data/test.parquet" ]]; then
@@ -155,7 +158,7 @@ rl_run() {
 }
 # Episodes that start late need the agent to read each row's initial memory (the column "memory" of the data).
 late_overrides=()
-[[ "$LATE_START" == 0 ]] || late_overrides=(recurrent.config.memory_key=memory)
+[[ "$LATE_START" == 0 && "$DECOY_START" == 0 ]] || late_overrides=(recurrent.config.memory_key=memory)
 EXTRA=("${quick_overrides[@]}" "${late_overrides[@]}" "$@")
 say "3/6 RL: seeds [$SEEDS], $STEPS steps each"
 for seed in $SEEDS; do rl_run "rl-seed$seed" "$STEPS" "actor_rollout_ref.rollout.seed=$seed"; done

@@ -16,12 +16,15 @@ its chunk is drawn uniformly.
 
     python -m experiments.needle.needle --out DIR [--train 2000] [--validation 32] [--test 32]
         [--train-chunks 1 4] [--eval-chunks 1 2 4] [--seed 0] [--tokenizer DIR] [--late-start 0.0]
+        [--decoy-start 0.0]
 
 writes ``DIR/train.parquet`` (train split, 1-4 chunks), ``DIR/validation.parquet`` and ``DIR/test.parquet``
 (verl rows, every eval length), and ``DIR/eval/{split}/eval_needle_{N}.jsonl`` (eval-set JSON lines,
 ``taskutils.memory_eval.evalsets``: ``index``, ``input``, ``context``, ``answers``, and ``needle_chunk`` for the
 survival analysis). ``--late-start S``: a share S of the training documents are episodes that start late (the
-needle already in the row's ``memory`` column, filler chunks only: :func:`make_late_start`).
+needle already in the row's ``memory`` column, filler chunks only: :func:`make_late_start`); ``--decoy-start D``:
+a share D start from a wrong memory (the asked key's needle with another number; the real needle in the context:
+:func:`make_decoy_start`).
 """
 
 from __future__ import annotations
@@ -192,6 +195,17 @@ def make_late_start(
     }
 
 
+def make_decoy_start(
+    rng: random.Random, tokenizer: Any, n_chunks: int, split: str, chunk_size: int = CHUNK_SIZE
+) -> dict[str, Any]:
+    """An episode that starts from a wrong memory: a document of :func:`make_document` whose memory already holds
+    the needle sentence of the asked key with another number (as a reader that invented a number over earlier
+    filler would hold it). The answer needs the memory overwritten when the needle's chunk is read."""
+    doc = make_document(rng, tokenizer, n_chunks, split, chunk_size)
+    numbers = [n for n in split_numbers(split) if str(n) != doc["value"]]
+    return {**doc, "memory": NEEDLE.format(key=doc["key"], value=rng.choice(numbers))}
+
+
 def make_documents(
     tokenizer: Any,
     split: str,
@@ -199,20 +213,30 @@ def make_documents(
     chunks: tuple[int, ...] | list[int],
     seed: int = 0,
     late_start: float = 0.0,
+    decoy_start: float = 0.0,
 ) -> list[dict[str, Any]]:
-    """``count`` documents of ``split``; the i-th has ``chunks[i % len(chunks)]`` chunks. With ``late_start``, that
-    share of them (drawn independently, document by document) are episodes that start late (:func:`make_late_start`)."""
-    if not 0.0 <= late_start <= 1.0:
-        raise ValueError(f"late_start must be a share in [0, 1], got {late_start}")
+    """``count`` documents of ``split``; the i-th has ``chunks[i % len(chunks)]`` chunks. With ``late_start`` and
+    ``decoy_start``, those shares of them (drawn independently, document by document) are episodes that start late
+    (:func:`make_late_start`) or from a wrong memory (:func:`make_decoy_start`)."""
+    for name, share in (("late_start", late_start), ("decoy_start", decoy_start)):
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"{name} must be a share in [0, 1], got {share}")
+    if late_start + decoy_start > 1.0:
+        raise ValueError(f"late_start + decoy_start must be at most 1, got {late_start} + {decoy_start}")
     rng = random.Random(f"{seed}-{split}")
-    if not late_start:  # the stream of random draws of the paper's documents, unchanged
+    if not late_start and not decoy_start:  # the stream of random draws of the paper's documents, unchanged
         return [make_document(rng, tokenizer, chunks[i % len(chunks)], split) for i in range(count)]
     late_rng = random.Random(f"{seed}-{split}-late")
     docs = []
     for i in range(count):
         n = chunks[i % len(chunks)]
-        late = late_rng.random() < late_start
-        docs.append(make_late_start(rng, tokenizer, n, split) if late else make_document(rng, tokenizer, n, split))
+        draw = late_rng.random()
+        if draw < late_start:
+            docs.append(make_late_start(rng, tokenizer, n, split))
+        elif draw < late_start + decoy_start:
+            docs.append(make_decoy_start(rng, tokenizer, n, split))
+        else:
+            docs.append(make_document(rng, tokenizer, n, split))
     return docs
 
 
@@ -258,17 +282,19 @@ def write(
     eval_chunks: tuple[int, ...] = (1, 2, 4),
     seed: int = 0,
     late_start: float = 0.0,
+    decoy_start: float = 0.0,
 ) -> dict[str, Path]:
     """Write the parquet rows and eval-set files under ``out``; returns the paths.
     ``validation`` and ``test`` are counts per eval length; ``late_start``: the share of training documents that
-    are episodes starting late (:func:`make_late_start`)."""
+    are episodes starting late (:func:`make_late_start`), ``decoy_start`` from a wrong memory
+    (:func:`make_decoy_start`)."""
     import pandas as pd
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
     lengths = list(range(train_chunks[0], train_chunks[1] + 1))
-    train_docs = make_documents(tokenizer, "train", train, lengths, seed, late_start)
+    train_docs = make_documents(tokenizer, "train", train, lengths, seed, late_start, decoy_start)
     paths["train"] = out / "train.parquet"
     pd.DataFrame([verl_row(d, "train", i) for i, d in enumerate(train_docs)]).to_parquet(paths["train"])
     for split, count in (("validation", validation), ("test", test)):
@@ -303,10 +329,19 @@ def main(argv: list[str] | None = None) -> None:
         default=0.0,
         help="share of training documents that start late: the needle already in memory, filler chunks only",
     )
+    parser.add_argument(
+        "--decoy-start",
+        type=float,
+        default=0.0,
+        help="share of training documents that start from a wrong memory: the asked key's needle with another number",
+    )
     parser.add_argument("--tokenizer", type=Path, default=None, help="reader tokenizer folder (default: build it)")
     args = parser.parse_args(argv)
-    if not 0.0 <= args.late_start <= 1.0:
-        parser.error(f"--late-start is a share of the training documents, in [0, 1]; got {args.late_start}")
+    for flag, share in (("--late-start", args.late_start), ("--decoy-start", args.decoy_start)):
+        if not 0.0 <= share <= 1.0:
+            parser.error(f"{flag} is a share of the training documents, in [0, 1]; got {share}")
+    if args.late_start + args.decoy_start > 1.0:
+        parser.error(f"--late-start + --decoy-start must be at most 1; got {args.late_start} + {args.decoy_start}")
     from experiments.needle.reader import load_or_build_tokenizer
 
     tokenizer = load_or_build_tokenizer(args.tokenizer)
@@ -320,6 +355,7 @@ def main(argv: list[str] | None = None) -> None:
         tuple(args.eval_chunks),
         args.seed,
         args.late_start,
+        args.decoy_start,
     )
     for name, path in paths.items():
         print(f"{name}: {path}")

@@ -8,6 +8,7 @@ import torch
 from experiments.needle.needle import (
     NEEDLE,
     SPLITS,
+    make_decoy_start,
     make_document,
     make_documents,
     make_late_start,
@@ -83,6 +84,28 @@ def test_late_start_is_a_share_of_the_training_documents(tokenizer):
     assert len(make_documents(tokenizer, "train", 20, [2], late_start=1.0)) == 20
     with pytest.raises(ValueError, match="late_start must be a share"):
         make_documents(tokenizer, "train", 2, [1], late_start=1.5)
+
+
+@pytest.mark.parametrize("n", [1, 4])
+def test_an_episode_that_starts_from_a_wrong_memory_must_overwrite_it(tokenizer, n):
+    doc = make_decoy_start(random.Random(n), tokenizer, n, "train")
+    # the paper's document (the needle in one chunk), with the asked key's needle and another number in memory
+    plain = make_document(random.Random(n), tokenizer, n, "train")
+    assert {k: v for k, v in doc.items() if k != "memory"} == plain
+    wrong = doc["memory"].removeprefix(f"The special magic number for {doc['key']} is ").removesuffix(".")
+    assert doc["memory"] == NEEDLE.format(key=doc["key"], value=wrong)
+    assert wrong.isdigit() and len(wrong) == len(doc["value"]) and wrong != doc["value"]
+    assert doc["needle"] in doc["context"] and doc["memory"] not in doc["context"]
+
+
+def test_late_and_decoy_starts_are_shares_of_the_training_documents(tokenizer):
+    mixed = make_documents(tokenizer, "train", 200, [1, 2], seed=3, late_start=0.25, decoy_start=0.25)
+    late = [d for d in mixed if d["needle_chunk"] == -1]
+    decoy = [d for d in mixed if d["needle_chunk"] >= 0 and "memory" in d]
+    assert 30 <= len(late) <= 70 and 30 <= len(decoy) <= 70  # binomial(200, 0.25): mean 50, sd ~6
+    assert all(d["memory"] != d["needle"] and d["key"] in d["memory"] for d in decoy)
+    with pytest.raises(ValueError, match="at most 1"):
+        make_documents(tokenizer, "train", 2, [1], late_start=0.6, decoy_start=0.6)
 
 
 def test_digits_are_single_tokens_and_prompts_round_trip(tokenizer):
