@@ -136,7 +136,8 @@ fi
 say "2/6 data"
 if [[ ! -f "$OUT_DIR/data/validation.parquet" ]]; then
   timed data_train "$PYTHON" -m experiments.needle.needle --out "$OUT_DIR/data" --tokenizer "$WARM" \
-    --train "$TRAIN_DOCS" --validation "$VAL_DOCS" --test 0 --eval-chunks 1 2 4 --late-start "$LATE_START" --decoy-start "$DECOY_START" > /dev/null
+    --train "$TRAIN_DOCS" --validation "$VAL_DOCS" --test 0 --eval-chunks 1 2 4 --late-start "$LATE_START" \
+    --decoy-start "$DECOY_START" > /dev/null
 fi
 # shellcheck disable=SC2086  # LENGTHS is a list
 if [[ ! -f "$OUT_DIR/eval_data/test.parquet" ]]; then
