@@ -63,7 +63,8 @@ async def test_one_row_per_call_with_the_exact_prompt_and_response_ids(tiny_mode
     outputs = await loop.run(dict(SAMPLING), **sample("What is 37 * 48?"))
     assert len(outputs) == 2 == len(server.prompts)  # the tool call, then the answer
     call_text = tiny_tokenizer.decode(server.replies[0], skip_special_tokens=True)
-    first = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "What is 37 * 48?"}]
+    system = config.recurrent.config.get("system_prompt", SYSTEM_PROMPT)  # the run config's, else the agent's
+    first = [{"role": "system", "content": system}, {"role": "user", "content": "What is 37 * 48?"}]
     second = [
         *first,
         {"role": "assistant", "content": call_text},
