@@ -1,5 +1,5 @@
 # The two commands of the README.
-.PHONY: setup setup-gpu test test-cluster lint check-gpu-stack locks
+.PHONY: setup setup-gpu test test-trainer test-cluster lint check-gpu-stack locks
 
 # .venv (the CPU set: development, tests) and .venv-gpu (the GPU set as a cluster installs it, CUDA wheels and
 # vLLM; never run on a GPU here: the suite checks the GPU path with it, docs/cluster.md); .cache/venv-lmeval, the
@@ -24,6 +24,11 @@ test:
 # The slower tier (marker `cluster`, left out of `make test`): a Ray cluster of two nodes on this machine, trained on
 # through the cluster launcher, a node lost mid-run and the run resumed (docs/cluster.md, "Rehearsing a cluster launch
 # on one machine"). One process: the tests share the cluster and each launch keeps both cores busy.
+# The trainer tier: each test launches the CPU trainer end to end (Ray, FSDP ranks, rollout servers: about a minute
+# of start-up each), which is most of the CPU time of all the tests; same two workers, slowest files first.
+test-trainer:
+	OMP_NUM_THREADS=1 PYTHONFAULTHANDLER=1 .venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m trainer --durations=10
+
 test-cluster:
 	OMP_NUM_THREADS=1 PYTHONFAULTHANDLER=1 .venv/bin/python -m pytest -m cluster -s --durations=5
 

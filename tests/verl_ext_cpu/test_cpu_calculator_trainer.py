@@ -59,7 +59,7 @@ AGENT = OmegaConf.load(REPO / "configs" / "calculator_cpu.yaml").recurrent.confi
 MEMORY_MODULE = "recurrent.agents.memory"
 CALCULATOR_MODULE = "recurrent.agents.calculator"
 
-pytestmark = [pytest.mark.slow(seconds=200), pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.trainer, pytest.mark.slow(seconds=200), pytest.mark.timeout(2400)]
 
 
 @pytest.fixture(scope="module")

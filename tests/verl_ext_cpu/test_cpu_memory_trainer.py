@@ -83,7 +83,7 @@ RESUMED_SWITCHES = (
     "recurrent.credit=final_same_step",
 )
 
-pytestmark = [pytest.mark.slow(seconds=300), pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.trainer, pytest.mark.slow(seconds=300), pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")

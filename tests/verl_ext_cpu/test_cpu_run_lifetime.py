@@ -157,6 +157,7 @@ def ray_is_up(sid: int) -> bool:
     return any("/raylet " in line for line in lines) and any("default_worker.py" in line for line in lines)
 
 
+@pytest.mark.trainer
 @pytest.mark.slow(seconds=120)
 @pytest.mark.parametrize("how", ["group", "shell"])
 def test_killing_the_launcher_stops_the_trainer_and_ray(tmp_path, how):

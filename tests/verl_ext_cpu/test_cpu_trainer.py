@@ -23,7 +23,7 @@ from trainer_run import STAGES, load_safetensors, read_jsonl, read_metrics, run_
 
 RUN_TIMEOUT_S = 300  # ~110 s on 2 idle cores
 
-pytestmark = [pytest.mark.slow(seconds=110), pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.trainer, pytest.mark.slow(seconds=110), pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ METHODS = ("memory-boxed", "direct-boxed")
 LENGTHS = (1, 2)
 DOCS = 2
 
-pytestmark = [pytest.mark.slow(seconds=200), pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.trainer, pytest.mark.slow(seconds=200), pytest.mark.timeout(1500)]
 
 
 def run_pipeline(out: Path, models_dir: Path) -> subprocess.CompletedProcess:
