@@ -187,7 +187,7 @@ def nodes_of(run: dict, cls: str) -> list[str]:
 
 
 def steps_trained(output: str) -> list[int]:
-    return [int(step) for step in re.findall(r"\[memagent\] step (\d+):", output)]
+    return [int(step) for step in re.findall(r"\[recurrent\] step (\d+):", output)]
 
 
 def questions_of_step(run_dir: Path, step: int) -> set[tuple[str, str]]:
