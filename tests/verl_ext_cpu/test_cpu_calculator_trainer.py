@@ -43,7 +43,7 @@ from trainer_run import REPO, grpo_by_hand, read_jsonl, read_metrics, run_script
 from recurrent.agents.calculator import calculate, parse_tool_call
 
 BUILD_TIMEOUT_S = 1200  # the quick warm start: ~55 s of one core, once (then cached with the offline models)
-RUN_TIMEOUT_S = 900  # ~? s on 2 idle cores
+RUN_TIMEOUT_S = 900  # the fixture: ~170 s on 2 idle cores beside another trainer run, quick build included
 BATCH, N, MINI_BATCH = 4, 4, 2  # problems per step, trajectories per problem, problems per optimizer update
 UPDATES = BATCH // MINI_BATCH
 STEPS = 2
