@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 from experiments.calculator.task import problems
 from experiments.calculator.teacher import CALL_PROBABILITY, Row, agent_config, build_tokenizer, rows, transcript
+from experiments.small_reader import copy_rows, reader_config
 from recurrent.agents.calculator import CalculatorConfig
 from recurrent.atomic import atomic_path
 from recurrent.models import manifest_ok, models_dir, write_manifest
@@ -76,26 +77,6 @@ QUICK = Scale(
     eval_every=40,
     eval_problems=0,
 )
-
-
-def reader_config(tokenizer: Any, hidden: int = 128, layers: int = 4, heads: int = 8, kv_heads: int = 4) -> Any:
-    """The Qwen2 configuration of the reader for ``tokenizer`` (intermediate 4 x hidden, tied embeddings)."""
-    from transformers import Qwen2Config
-
-    return Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden,
-        intermediate_size=4 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        torch_dtype="float32",
-    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -147,25 +128,6 @@ def split_by_kind(calls_rows: list[tuple[list[tuple], list[Row]]]) -> dict[str, 
         kinds["tool_call" if len(calls) > 1 else "guess"].append(transcript_rows[0])
         kinds["answer"] += transcript_rows[1:]
     return kinds
-
-
-def copy_rows(tokenizer: Any, rng: random.Random, count: int, width: int = 64, span: tuple[int, int] = (24, 30)):
-    """Synthetic copy rows: ``noise { x1..xk } noise {`` -> ``x1..xk }`` over random ordinary tokens. The repeat
-    can only be copied, and half the row is supervised: the dense signal that forms copying in a small
-    transformer in a few hundred steps (the needed mechanism, which the agent's rows teach slowly)."""
-    first = len(tokenizer.all_special_ids)  # the special tokens come first in the vocabulary
-    vocab = len(tokenizer)
-    open_id, close_id = tokenizer.convert_tokens_to_ids("{"), tokenizer.convert_tokens_to_ids("}")
-    out: list[Row] = []
-    for _ in range(count):
-        k = rng.randint(*span)
-        body = [rng.randrange(first, vocab) for _ in range(k)]
-        noise = max(0, width - 2 * (k + 2))
-        before = rng.randint(0, noise)
-        prompt = [rng.randrange(first, vocab) for _ in range(before)] + [open_id, *body, close_id]
-        prompt += [rng.randrange(first, vocab) for _ in range(noise - before)] + [open_id]
-        out.append((prompt, [*body, close_id]))
-    return out
 
 
 def train_stage(
@@ -235,7 +197,9 @@ def train(
         torch.manual_seed(seed)
         tokenizer = build_tokenizer(config, seed)
         pad = tokenizer.pad_token_id
-        model = AutoModelForCausalLM.from_config(reader_config(tokenizer), attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_config(
+            reader_config(tokenizer, max_positions=1024), attn_implementation="sdpa"
+        )
         model.generation_config.pad_token_id = pad
         model.generation_config.eos_token_id = tokenizer.eos_token_id
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from experiments.small_reader import reader_config  # noqa: F401  (the needle reader's configuration)
 from recurrent.agents.memory import FINAL_TEMPLATES, MEMORY_TEMPLATE, NO_MEMORY
 from recurrent.models import train_bpe_tokenizer
 
@@ -45,23 +46,3 @@ def load_or_build_tokenizer(folder: str | Path | None = None) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(folder)
-
-
-def reader_config(tokenizer: Any, hidden: int = 128, layers: int = 4, heads: int = 8, kv_heads: int = 4) -> Any:
-    """The Qwen2 configuration of the reader for ``tokenizer`` (intermediate size 4 x hidden, tied embeddings)."""
-    from transformers import Qwen2Config
-
-    return Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden,
-        intermediate_size=4 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        torch_dtype="float32",
-    )

@@ -57,6 +57,7 @@ import torch.nn.functional as F
 
 from experiments.needle.needle import NEEDLE_RE, filler_sentence, make_document, split_numbers
 from experiments.needle.reader import build_tokenizer, reader_config
+from experiments.small_reader import copy_rows as synth_rows
 from recurrent.agents.memory import MemoryConfig, MemoryWorkflow
 from recurrent.atomic import atomic_path
 from recurrent.interface import Reply, Turn
@@ -89,23 +90,6 @@ def sample_of(doc: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------------
 # data of the four stages
 # ---------------------------------------------------------------------------------------------------------
-
-
-def synth_rows(tokenizer: Any, rng: random.Random, count: int, seq: int = 64, span: tuple[int, int] = (24, 30)):
-    """Rows ``noise { x1..xk } noise {`` -> ``x1..xk }``: the repeat is pure induction."""
-    vocab = len(tokenizer)
-    first = 3  # ids below are the special tokens
-    open_id, close_id = tokenizer.convert_tokens_to_ids("{"), tokenizer.convert_tokens_to_ids("}")
-    rows: list[Row] = []
-    for _ in range(count):
-        k = rng.randint(*span)
-        body = [rng.randrange(first, vocab) for _ in range(k)]
-        noise = max(0, seq - 2 * (k + 2))
-        pre = rng.randint(0, noise)
-        prompt = [rng.randrange(first, vocab) for _ in range(pre)] + [open_id, *body, close_id]
-        prompt += [rng.randrange(first, vocab) for _ in range(noise - pre)] + [open_id]
-        rows.append((prompt, [*body, close_id]))
-    return rows
 
 
 def needle_rows(tokenizer: Any, rng: random.Random, count: int) -> list[Row]:
