@@ -4,10 +4,13 @@ A document is filler sentences ("The baker painted a tall tree after lunch.") ho
 "The special magic number for KEY is NNNN." The question asks for KEY's number; the answer is NNNN.
 
 Disjoint splits. KEY is two words joined by a hyphen, ``ADJ[a]-NOUN[n]``; NNNN is 1000-9999. A key belongs to
-split ``(a + n) % 3`` and a number to split ``NNNN % 3`` (0 train, 1 validation, 2 test), so no key and no
-number of one split occurs in another, and no needle sentence is shared. The words themselves are shared (a key
-of the test split is a new *pair* of known words), so the reader has seen every token in training and a test
-needle is new only as a whole.
+split ``(a + n) % 3`` (0 train, 1 validation, 2 test); the 9,000 numbers are dealt to the three splits by a
+seeded shuffle (:func:`split_numbers`), so no key and no number of one split occurs in another, and no needle
+sentence is shared. Numbers are dealt at random rather than by ``NNNN % 3`` because the reader reads a number as
+two two-digit tokens (:mod:`experiments.needle.reader`) and ``(100 a + b) % 3 = (a + b) % 3``: an arithmetic rule
+over the two tokens would tell a number's split, a shortcut a reader could learn instead of copying. The words
+themselves are shared (a key of the test split is a new *pair* of known words; every two-digit token occurs in
+training numbers), so the reader has seen every token in training and a test needle is new only as a whole.
 
 Exact length. The context of an ``N``-chunk document has between ``64 (N - 1) + 1`` and ``64 N`` tokens of the
 reader tokenizer (:mod:`experiments.needle.reader`), so ``MemoryConfig(chunk_size=64)`` splits it into
@@ -30,6 +33,7 @@ a share D start from a wrong memory (the asked key's needle with another number;
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import re
@@ -88,10 +92,20 @@ def split_keys(split: str) -> list[str]:
     return [f"{a}-{n}" for i, a in enumerate(ADJ) for j, n in enumerate(NOUN) if (i + j) % 3 == sid]
 
 
+NUMBER_DEAL_SEED = "needle-numbers"  # the shuffle that deals the 4-digit numbers to the splits
+
+
+@functools.cache
+def _dealt_numbers() -> tuple[tuple[int, ...], ...]:
+    numbers = list(range(1000, 10000))
+    random.Random(NUMBER_DEAL_SEED).shuffle(numbers)
+    third = len(numbers) // len(SPLITS)
+    return tuple(tuple(sorted(numbers[i * third : (i + 1) * third])) for i in range(len(SPLITS)))
+
+
 def split_numbers(split: str) -> list[int]:
-    """The numbers of a split: the 4-digit numbers ``v`` with ``v % 3`` the split's id."""
-    sid = split_id(split)
-    return [v for v in range(1000, 10000) if v % 3 == sid]
+    """The numbers of a split (ascending): its third of the 4-digit numbers, dealt by a seeded shuffle."""
+    return list(_dealt_numbers()[split_id(split)])
 
 
 def filler_sentence(rng: random.Random) -> str:

@@ -2,11 +2,23 @@
 
 The tokenizer is a byte-level BPE (``recurrent.models.train_bpe_tokenizer``, the tiny model's recipe and
 Qwen-style chat template) trained on the task's own text: the paper's two prompts, the chat template, filler,
-needles and questions of every split. Vocabulary 512 (256 bytes, 3 special tokens, the rest merges); every digit
-is its own token. A memory turn of the paper's prompt with a 64-token chunk and a 32-token memory is ~230 tokens.
+needles and questions of every split. Vocabulary 1024 (256 bytes, 3 special tokens, the rest merges, so the
+prompts' and keys' words are whole tokens), then the 100 two-digit strings "00".."99" added as tokens: a 4-digit
+number is two tokens, "7445" -> "74" "45".
+
+Why pairs (docs/replication_cpu.md, "Numbers a small reader can copy"): with one token per digit a ~1M-parameter
+reader copies a number by finding the digit it just wrote in the source and emitting the next one, and a number
+that repeats a digit (half of all 4-digit numbers) gives it two places to continue from: nearly all of the
+one-digit reader's copy errors were there. With pairs the same ambiguity is left only for numbers whose two halves
+are equal (1 in 100). This is a property of a tiny reader; the paper's 7B copies digits fine.
+
+Pairs are *added tokens*, not a pre-tokenizer rule, on purpose: the reader's folder loads through
+``AutoTokenizer`` as transformers' Qwen2 tokenizer, which replaces a saved pre-tokenizer with its own (one token
+per digit) but keeps added tokens, so only added tokens encode the same in memory and from the folder
+(``tests/experiments/needle/test_reader_tokenizer.py``).
 
 The model: Qwen2, hidden 128, 4 layers, 8 attention heads / 4 KV heads, intermediate 512, tied embeddings
-(1.03M parameters with this vocabulary), the size measured in docs/replication_probes.md.
+(~1.1M parameters with this vocabulary), the size measured in docs/replication_probes.md.
 """
 
 from __future__ import annotations
@@ -18,7 +30,8 @@ from experiments.small_reader import reader_config  # noqa: F401  (the needle re
 from recurrent.agents.memory import FINAL_TEMPLATES, MEMORY_TEMPLATE, NO_MEMORY
 from recurrent.models import train_bpe_tokenizer
 
-VOCAB_SIZE = 512
+VOCAB_SIZE = 1024
+DIGIT_PAIRS = [f"{i:02d}" for i in range(100)]
 
 
 def tokenizer_corpus(seed: int = 0) -> list[str]:
@@ -35,8 +48,10 @@ def tokenizer_corpus(seed: int = 0) -> list[str]:
 
 
 def build_tokenizer(seed: int = 0) -> Any:
-    """The reader tokenizer (deterministic for a seed)."""
-    return train_bpe_tokenizer(tokenizer_corpus(seed), vocab_size=VOCAB_SIZE, individual_digits=True)
+    """The reader tokenizer (deterministic for a seed): BPE with single digits, then the digit pairs added."""
+    tokenizer = train_bpe_tokenizer(tokenizer_corpus(seed), vocab_size=VOCAB_SIZE, individual_digits=True)
+    tokenizer.add_tokens(DIGIT_PAIRS)
+    return tokenizer
 
 
 def load_or_build_tokenizer(folder: str | Path | None = None) -> Any:

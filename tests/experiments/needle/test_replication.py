@@ -27,11 +27,10 @@ def tokenizer():
 
 
 def test_splits_share_no_needle(tokenizer):
-    # Hand-checked: key ADJ[a]-NOUN[n] goes to split (a + n) % 3, number v to v % 3.
+    # Hand-checked: key ADJ[a]-NOUN[n] goes to split (a + n) % 3.
     assert "brave-otter" in split_keys("train")  # (0 + 0) % 3 = 0
     assert "brave-heron" in split_keys("validation")  # (0 + 1) % 3 = 1
     assert "calm-heron" in split_keys("test")  # (1 + 1) % 3 = 2
-    assert 1002 in split_numbers("train") and 1000 in split_numbers("validation") and 1001 in split_numbers("test")
     keys = {s: set(split_keys(s)) for s in SPLITS}
     numbers = {s: set(split_numbers(s)) for s in SPLITS}
     for a in SPLITS:
@@ -45,6 +44,24 @@ def test_splits_share_no_needle(tokenizer):
     assert not needles["train"] & needles["validation"]
     assert not needles["train"] & needles["test"]
     assert not needles["validation"] & needles["test"]
+
+
+def test_the_numbers_are_dealt_to_the_splits_by_a_seeded_shuffle_not_by_an_arithmetic_rule():
+    numbers = {s: split_numbers(s) for s in SPLITS}
+    # every 4-digit number in exactly one split, 3,000 each, the same deal every time
+    assert sorted(n for s in SPLITS for n in numbers[s]) == list(range(1000, 10000))
+    assert all(len(numbers[s]) == 3000 for s in SPLITS)
+    assert numbers == {s: split_numbers(s) for s in SPLITS}
+    # the old rule, v % 3, is no longer the split: each split holds every residue (~1,000 each; a fair deal puts
+    # 1,000 +- ~26 of each residue in a split, so 850 is far outside chance), and so does the residue of the
+    # sum of the two two-digit halves a reader sees, (100 a + b) % 3 = (a + b) % 3
+    for s in SPLITS:
+        assert min(sum(1 for v in numbers[s] if v % 3 == r) for r in range(3)) > 850
+    # every two-digit token occurs in training numbers as a first half (10-99) and as a second half (00-99), so no
+    # token of a test number is unseen in training
+    train = numbers["train"]
+    assert {f"{v // 100:02d}" for v in train} == {f"{i:02d}" for i in range(10, 100)}
+    assert {f"{v % 100:02d}" for v in train} == {f"{i:02d}" for i in range(100)}
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
@@ -108,15 +125,17 @@ def test_late_and_decoy_starts_are_shares_of_the_training_documents(tokenizer):
         make_documents(tokenizer, "train", 2, [1], late_start=0.6, decoy_start=0.6)
 
 
-def test_digits_are_single_tokens_and_prompts_round_trip(tokenizer):
+def test_numbers_are_two_digit_tokens_and_prompts_round_trip(tokenizer):
     from recurrent.agents.memory import FINAL_TEMPLATE_BOXED, MEMORY_TEMPLATE
 
-    ids = tokenizer.encode("is 90817 and 3", add_special_tokens=False)
-    digits = [tokenizer.decode([i]) for i in ids if tokenizer.decode([i]).strip().isdigit()]
-    assert digits == ["9", "0", "8", "1", "7", "3"]
+    # a 4-digit number is two tokens, its halves; an odd digit left over is a one-digit token
+    pieces = [tokenizer.decode([i]) for i in tokenizer.encode("is 7445 and 90817 and 3", add_special_tokens=False)]
+    assert [p for p in pieces if p.strip().isdigit()] == ["74", "45", "90", "81", "7", "3"]
     for text in (MEMORY_TEMPLATE, FINAL_TEMPLATE_BOXED, NEEDLE.format(key="odd-tiger", value="4711")):
         assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
-    assert len(tokenizer) == 512
+    # the 100 pairs are added on top of the learned BPE (asked for 1,024; this corpus gives fewer merges)
+    assert 512 < len(tokenizer) <= 1024 + 100
+    assert all(len(tokenizer.encode(p, add_special_tokens=False)) == 1 for p in ("00", "07", "99"))
 
 
 def test_a_memory_turn_with_a_full_chunk_and_memory_is_200_to_340_tokens(tokenizer):
@@ -125,7 +144,7 @@ def test_a_memory_turn_with_a_full_chunk_and_memory_is_200_to_340_tokens(tokeniz
     session = workflow.session({"context": doc["context"], "prompt": doc["question"]})
     session.next_turn()
 
-    memory = tokenizer.encode(" ".join([doc["needle"]] * 2), add_special_tokens=False)[:32]
+    memory = tokenizer.encode(" ".join([doc["needle"]] * 3), add_special_tokens=False)[:32]
     session.record(Reply(tokenizer.decode(memory), "length", memory))
     turn = session.next_turn()  # the middle chunk of 3 has exactly 64 tokens; the memory has 32
     assert turn.meta["chunk_tokens"] == 64 and len(memory) == 32
