@@ -13,7 +13,9 @@ training lengths (1-4 chunks) and the longer ones apart, how many answers were r
 - ``other number``: the rest (a guess, or another number).
 
 The first two kinds after ``no number`` are copy errors: the agent found the needle and kept a damaged copy of it.
-They are what caps the ~1M reader (docs/replication_cpu.md, "Where it stands").
+They are what capped the ~1M reader with one token per digit (docs/replication_cpu.md, "Numbers a small reader
+can copy"). A second table splits the same answers by the needle: digits all distinct, or a digit repeated (the
+numbers a one-token-per-digit reader miscopies).
 """
 
 from __future__ import annotations
@@ -55,20 +57,49 @@ def miss_kind(pred: str | None, gold: str, right: bool) -> str:
     return "other number"
 
 
+def repeats_a_digit(number: str) -> bool:
+    """Whether a digit occurs twice or more in ``number`` (7445: yes; 7451: no)."""
+    return len(set(number)) < len(number)
+
+
+def length_group(length: int) -> str:
+    return f"1-{TRAINING_CHUNKS} chunks" if length <= TRAINING_CHUNKS else f"{TRAINING_CHUNKS * 2}+ chunks"
+
+
 def tally(
     results_dir: str | Path, task: str = "needle", method: str = "memory-boxed"
 ) -> dict[tuple[str, str], Counter]:
     """Counts of each kind by (model, lengths), lengths ``1-4 chunks`` or ``8+ chunks``."""
     counts: dict[tuple[str, str], Counter] = defaultdict(Counter)
+    for model, group, pred, gold, right in answers(results_dir, task, method):
+        counts[(model, group)][miss_kind(pred, gold, right)] += 1
+    return dict(sorted(counts.items()))
+
+
+def answers(results_dir: str | Path, task: str, method: str) -> list[tuple[str, str, str | None, str, bool]]:
+    """Every item's (model, lengths group, answer, needle, right), the last line per item of each results file."""
+    out = []
     for path, file_task, length in results_files(results_dir):
         if file_task != task or not path.stem.endswith(f"__{method}"):
             continue
         model = path.stem.rsplit("__", 1)[0]
-        group = f"1-{TRAINING_CHUNKS} chunks" if length <= TRAINING_CHUNKS else f"{TRAINING_CHUNKS * 2}+ chunks"
         for record in {r["id"]: r for r in read_jsonl(path)}.values():
-            counts[(model, group)][
-                miss_kind(record.get("pred"), str(record["gold"][0]), bool(record.get("strict")))
-            ] += 1
+            gold = str(record["gold"][0])
+            out.append((model, length_group(length), record.get("pred"), gold, bool(record.get("strict"))))
+    return out
+
+
+def tally_by_digits(
+    results_dir: str | Path, task: str = "needle", method: str = "memory-boxed"
+) -> dict[tuple[str, str, bool], Counter]:
+    """Counts of ``items``, ``right`` and ``copy errors`` by (model, lengths, the needle repeats a digit)."""
+    counts: dict[tuple[str, str, bool], Counter] = defaultdict(Counter)
+    for model, group, pred, gold, right in answers(results_dir, task, method):
+        count = counts[(model, group, repeats_a_digit(gold))]
+        kind = miss_kind(pred, gold, right)
+        count["items"] += 1
+        count["right"] += kind == "right"
+        count["copy errors"] += kind in ("one digit off", "near copy")
     return dict(sorted(counts.items()))
 
 
@@ -81,6 +112,22 @@ def markdown(counts: dict[tuple[str, str], Counter]) -> str:
         copy = count["one digit off"] + count["near copy"]
         share = f"{100 * copy / misses:.0f}" if misses else "–"
         lines.append(f"| {model} | {group} | {items} | " + " | ".join(str(count[k]) for k in KINDS) + f" | {share} |")
+    return "\n".join(lines) + "\n"
+
+
+def digits_markdown(counts: dict[tuple[str, str, bool], Counter]) -> str:
+    """Right and copy errors for needles of distinct digits beside needles that repeat one."""
+    lines = [
+        "| model | lengths | distinct digits: items / right / copy errors "
+        "| a digit repeated: items / right / copy errors |",
+        "|---|---|---|---|",
+    ]
+    for model, group in sorted({(m, g) for m, g, _ in counts}):
+        cells = []
+        for repeated in (False, True):
+            c = counts.get((model, group, repeated), Counter())
+            cells.append(f"{c['items']} / {c['right']} / {c['copy errors']}")
+        lines.append(f"| {model} | {group} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -100,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             f"error: no {args.task}_<N>/<model>__{args.method}.jsonl results under {args.results_dir}", file=sys.stderr
         )
         return 2
-    print(markdown(counts), end="")
+    print(markdown(counts))
+    print(digits_markdown(tally_by_digits(args.results_dir, args.task, args.method)), end="")
     return 0
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.needle.misses import common_in_order, main, miss_kind, tally
+from experiments.needle.misses import common_in_order, main, miss_kind, repeats_a_digit, tally, tally_by_digits
 
 
 @pytest.mark.parametrize(
@@ -53,6 +53,25 @@ def test_the_table_counts_by_model_and_length_group(tmp_path, capsys):
     # 3 misses at 1-4 chunks, 2 of them copy errors: 67 %; none at 64 chunks
     assert "| rl-seed0 | 1-4 chunks | 4 | 1 | 0 | 1 | 1 | 1 | 67 |" in table
     assert "| rl-seed0 | 8+ chunks | 1 | 1 | 0 | 0 | 0 | 0 | – |" in table
+
+
+def test_repeats_a_digit():
+    assert repeats_a_digit("7445") and repeats_a_digit("2663") and repeats_a_digit("6616") and repeats_a_digit("1231")
+    assert not repeats_a_digit("7451") and not repeats_a_digit("1234")
+
+
+def test_the_second_table_splits_by_whether_the_needle_repeats_a_digit(tmp_path, capsys):
+    # distinct digits: 1234 right, 5678 one digit off; a repeat: 7445 -> 7451 (near copy), 2663 right, 9779 -> 1111
+    write(tmp_path, 2, "rl", [("1234", "1234", 1), ("5679", "5678", 0), ("7451", "7445", 0), ("2663", "2663", 1)])
+    write(tmp_path, 16, "rl", [("1111", "9779", 0)])
+    counts = tally_by_digits(tmp_path)
+    assert counts[("rl", "1-4 chunks", False)] == {"items": 2, "right": 1, "copy errors": 1}
+    assert counts[("rl", "1-4 chunks", True)] == {"items": 2, "right": 1, "copy errors": 1}
+    assert counts[("rl", "8+ chunks", True)] == {"items": 1, "right": 0, "copy errors": 0}
+    assert main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| rl | 1-4 chunks | 2 / 1 / 1 | 2 / 1 / 1 |" in out
+    assert "| rl | 8+ chunks | 0 / 0 / 0 | 1 / 0 / 0 |" in out
 
 
 def test_no_results_is_an_error(tmp_path, capsys):
