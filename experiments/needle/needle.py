@@ -12,6 +12,12 @@ over the two tokens would tell a number's split, a shortcut a reader could learn
 themselves are shared (a key of the test split is a new *pair* of known words; every two-digit token occurs in
 training numbers), so the reader has seen every token in training and a test needle is new only as a whole.
 
+The choosing task (``--distractors K``, ``--task choose``): the same documents with K more needles of other keys
+of the split (other numbers too), each whole inside a chunk; the question asks for one of them. The memory the
+agent writes holds two needle sentences at most (32 tokens), so from K = 2 on, a reader that keeps needles as it
+meets them loses the asked one when the others come later: it must choose (RULER's multi-key needle, in the
+small). ``needle_chunk`` is the asked needle's chunk; the survival analysis follows the asked needle.
+
 Exact length. The context of an ``N``-chunk document has between ``64 (N - 1) + 1`` and ``64 N`` tokens of the
 reader tokenizer (:mod:`experiments.needle.reader`), so ``MemoryConfig(chunk_size=64)`` splits it into
 exactly ``N`` chunks; the needle lies whole inside one chunk (its decoded text contains the needle sentence) and
@@ -19,7 +25,7 @@ its chunk is drawn uniformly.
 
     python -m experiments.needle.needle --out DIR [--train 2000] [--validation 32] [--test 32]
         [--train-chunks 1 4] [--eval-chunks 1 2 4] [--seed 0] [--tokenizer DIR] [--late-start 0.0]
-        [--decoy-start 0.0]
+        [--decoy-start 0.0] [--distractors 0 --task needle]
 
 writes ``DIR/train.parquet`` (train split, 1-4 chunks), ``DIR/validation.parquet`` and ``DIR/test.parquet``
 (verl rows, every eval length), and ``DIR/eval/{split}/eval_needle_{N}.jsonl`` (eval-set JSON lines,
@@ -175,6 +181,70 @@ def make_document(
     raise RuntimeError(f"could not place a needle in a {n_chunks}-chunk document")
 
 
+def make_choice_document(
+    rng: random.Random, tokenizer: Any, n_chunks: int, split: str, distractors: int, chunk_size: int = CHUNK_SIZE
+) -> dict[str, Any]:
+    """A document of :func:`make_document`'s shape holding ``1 + distractors`` needles of distinct keys and
+    numbers of ``split``, each whole inside one chunk; the question asks for the first (the asked needle), whose
+    chunk is drawn uniformly. The others lie wherever their random place in the filler puts them."""
+    if distractors < 1:
+        raise ValueError(f"distractors must be >= 1 for a choice, got {distractors}")
+    keys = rng.sample(split_keys(split), 1 + distractors)
+    values = [str(v) for v in rng.sample(split_numbers(split), 1 + distractors)]
+    needles = [NEEDLE.format(key=k, value=v) for k, v in zip(keys, values, strict=True)]
+    lo, hi = chunk_size * (n_chunks - 1) + 1, chunk_size * n_chunks
+    target = rng.randrange(n_chunks)
+
+    def tokens(text: str) -> int:  # what a sentence adds after another (byte-level BPE: no token spans the space)
+        return len(tokenizer.encode(" " + text, add_special_tokens=False))
+
+    for _fill in range(20):
+        sentences: list[str] = []
+        while True:
+            candidate = [*sentences, filler_sentence(rng)]
+            if len(encode_long(" ".join([*needles, *candidate]), tokenizer)) > hi:
+                break
+            sentences = candidate
+        for _attempt in range(20):
+            # The distractors at random places; then the asked needle at a place whose first token falls in the
+            # target chunk by the sentences' token counts (checked below on the real encoding).
+            parts = list(sentences)
+            for needle in needles[1:]:
+                parts.insert(rng.randint(0, len(parts)), needle)
+            starts, offset = [], 0
+            for part in parts:
+                starts.append(offset)
+                offset += tokens(part)
+            starts.append(offset)
+            room = chunk_size - tokens(needles[0])
+            places = [i for i, at in enumerate(starts) if target * chunk_size <= at <= target * chunk_size + room]
+            if not places:
+                continue
+            parts.insert(rng.choice(places), needles[0])
+            context = " ".join(parts)
+            ids = encode_long(context, tokenizer)
+            if not lo <= len(ids) <= hi:
+                continue
+            texts = chunk_texts(ids, tokenizer, chunk_size)
+            holding = [[c for c, text in enumerate(texts) if needle in text] for needle in needles]
+            if all(len(h) == 1 for h in holding) and holding[0] == [target]:
+                return {
+                    "key": keys[0],
+                    "value": values[0],
+                    "needle": needles[0],
+                    "needle_chunk": target,
+                    "num_chunks": n_chunks,
+                    "question": QUESTION.format(key=keys[0]),
+                    "context": context,
+                    "num_tokens": len(ids),
+                    "distractors": [
+                        {"key": k, "value": v, "chunk": h[0]}
+                        for k, v, h in zip(keys[1:], values[1:], holding[1:], strict=True)
+                    ],
+                }
+    raise RuntimeError(f"could not place {1 + distractors} needles in a {n_chunks}-chunk document")
+
+
 def make_late_start(
     rng: random.Random, tokenizer: Any, n_chunks: int, split: str, chunk_size: int = CHUNK_SIZE
 ) -> dict[str, Any]:
@@ -228,8 +298,10 @@ def make_documents(
     seed: int = 0,
     late_start: float = 0.0,
     decoy_start: float = 0.0,
+    distractors: int = 0,
 ) -> list[dict[str, Any]]:
-    """``count`` documents of ``split``; the i-th has ``chunks[i % len(chunks)]`` chunks. With ``late_start`` and
+    """``count`` documents of ``split``; the i-th has ``chunks[i % len(chunks)]`` chunks. With ``distractors``, the
+    choosing task's documents (:func:`make_choice_document`; no late or decoy starts). With ``late_start`` and
     ``decoy_start``, those shares of them (drawn independently, document by document) are episodes that start late
     (:func:`make_late_start`) or from a wrong memory (:func:`make_decoy_start`)."""
     for name, share in (("late_start", late_start), ("decoy_start", decoy_start)):
@@ -238,6 +310,10 @@ def make_documents(
     if late_start + decoy_start > 1.0:
         raise ValueError(f"late_start + decoy_start must be at most 1, got {late_start} + {decoy_start}")
     rng = random.Random(f"{seed}-{split}")
+    if distractors:
+        if late_start or decoy_start:
+            raise ValueError("the choosing task (distractors) has no late or decoy starts")
+        return [make_choice_document(rng, tokenizer, chunks[i % len(chunks)], split, distractors) for i in range(count)]
     if not late_start and not decoy_start:  # the stream of random draws of the paper's documents, unchanged
         return [make_document(rng, tokenizer, chunks[i % len(chunks)], split) for i in range(count)]
     late_rng = random.Random(f"{seed}-{split}-late")
@@ -256,6 +332,7 @@ def make_documents(
 
 def verl_row(doc: dict[str, Any], split: str, index: int) -> dict[str, Any]:
     """A verl RL row (``experiments/tiny/data.py`` columns) of one document."""
+    extra = {"distractor_chunks": [d["chunk"] for d in doc["distractors"]]} if "distractors" in doc else {}
     return {
         "prompt": [{"role": "user", "content": doc["question"]}],
         "context": doc["context"],
@@ -270,6 +347,7 @@ def verl_row(doc: dict[str, Any], split: str, index: int) -> dict[str, Any]:
             "num_chunks": doc["num_chunks"],
             "needle_chunk": doc["needle_chunk"],
             "key": doc["key"],
+            **extra,
         },
     }
 
@@ -297,8 +375,11 @@ def write(
     seed: int = 0,
     late_start: float = 0.0,
     decoy_start: float = 0.0,
+    distractors: int = 0,
+    task: str = "needle",
 ) -> dict[str, Path]:
-    """Write the parquet rows and eval-set files under ``out``; returns the paths.
+    """Write the parquet rows and eval-set files (``eval_{task}_{N}.jsonl``) under ``out``; returns the paths.
+    ``distractors``: the choosing task's other needles per document (:func:`make_choice_document`).
     ``validation`` and ``test`` are counts per eval length; ``late_start``: the share of training documents that
     are episodes starting late (:func:`make_late_start`), ``decoy_start`` from a wrong memory
     (:func:`make_decoy_start`)."""
@@ -308,16 +389,16 @@ def write(
     out.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
     lengths = list(range(train_chunks[0], train_chunks[1] + 1))
-    train_docs = make_documents(tokenizer, "train", train, lengths, seed, late_start, decoy_start)
+    train_docs = make_documents(tokenizer, "train", train, lengths, seed, late_start, decoy_start, distractors)
     paths["train"] = out / "train.parquet"
     pd.DataFrame([verl_row(d, "train", i) for i, d in enumerate(train_docs)]).to_parquet(paths["train"])
     for split, count in (("validation", validation), ("test", test)):
         rows = []
         for n in eval_chunks:
-            docs = make_documents(tokenizer, split, count, [n], seed=seed * 1000 + n)
+            docs = make_documents(tokenizer, split, count, [n], seed=seed * 1000 + n, distractors=distractors)
             folder = out / "eval" / split
             folder.mkdir(parents=True, exist_ok=True)
-            path = folder / f"eval_needle_{n}.jsonl"
+            path = folder / f"eval_{task}_{n}.jsonl"
             with path.open("w") as f:
                 for i, d in enumerate(docs):
                     f.write(json.dumps(eval_item(d, i)) + "\n")
@@ -349,6 +430,15 @@ def main(argv: list[str] | None = None) -> None:
         default=0.0,
         help="share of training documents that start from a wrong memory: the asked key's needle with another number",
     )
+    parser.add_argument(
+        "--distractors",
+        type=int,
+        default=0,
+        help="the choosing task: this many more needles of other keys in every document (0: the needle task)",
+    )
+    parser.add_argument(
+        "--task", default="needle", help="the eval sets' task name: eval_<task>_<N>.jsonl (the harness's --tasks)"
+    )
     parser.add_argument("--tokenizer", type=Path, default=None, help="reader tokenizer folder (default: build it)")
     args = parser.parse_args(argv)
     for flag, share in (("--late-start", args.late_start), ("--decoy-start", args.decoy_start)):
@@ -356,6 +446,12 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"{flag} is a share of the training documents, in [0, 1]; got {share}")
     if args.late_start + args.decoy_start > 1.0:
         parser.error(f"--late-start + --decoy-start must be at most 1; got {args.late_start} + {args.decoy_start}")
+    if args.distractors < 0:
+        parser.error(f"--distractors must be >= 0, got {args.distractors}")
+    if args.distractors and (args.late_start or args.decoy_start):
+        parser.error("--distractors (the choosing task) takes no --late-start or --decoy-start")
+    if not re.fullmatch(r"[a-z][a-z0-9]*", args.task):
+        parser.error(f"--task must be a lower-case word (it names eval_<task>_<N>.jsonl), got {args.task!r}")
     from experiments.needle.reader import load_or_build_tokenizer
 
     tokenizer = load_or_build_tokenizer(args.tokenizer)
@@ -370,6 +466,8 @@ def main(argv: list[str] | None = None) -> None:
         args.seed,
         args.late_start,
         args.decoy_start,
+        args.distractors,
+        args.task,
     )
     for name, path in paths.items():
         print(f"{name}: {path}")
