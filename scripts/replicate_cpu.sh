@@ -3,6 +3,7 @@
 #
 #   bash scripts/replicate_cpu.sh            # warm start (cached), RL x 2 seeds, ablation, evaluation, table + plot
 #   QUICK=1 bash scripts/replicate_cpu.sh    # the same pipeline at toy size (CI: artefacts, not accuracy)
+#   TASK=choose bash scripts/replicate_cpu.sh   # the choosing task: DISTRACTORS more needles of other keys
 #
 # Stages, each resumable (run the same command again after a kill: finished stages are skipped, an RL run resumes
 # from its last checkpoint, the evaluation from its last finished item):
@@ -27,7 +28,12 @@
 #                   survival_events.csv
 #
 # Environment (defaults in brackets; QUICK=1 changes the ones marked Q):
-#   OUT_DIR         everything the run writes [.cache/replicate_cpu; Q: .cache/replicate_cpu_quick]
+#   TASK            needle (one needle a document) or choose (the asked needle among DISTRACTORS others of other
+#                   keys; the memory holds two needle sentences at most: docs/replication_cpu.md, "The choosing
+#                   task") [needle]
+#   DISTRACTORS     the choosing task's other needles per document [3; needle: 0]
+#   OUT_DIR         everything the run writes [.cache/replicate_cpu (choose: .cache/replicate_cpu_choose); Q: the
+#                   same with _quick]
 #   STEPS           RL steps per run [30; Q: 2]
 #   SEEDS           RL seeds (actor_rollout_ref.rollout.seed) ["0 1"; Q: "0"]
 #   ABLATIONS       credit variants of the ablation ["final_same_step final_token_mean"]
@@ -57,8 +63,18 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
 QUICK="${QUICK:-0}"
+TASK="${TASK:-needle}"
+case "$TASK" in
+  needle) DISTRACTORS="${DISTRACTORS:-0}" out_name=replicate_cpu ;;
+  choose) DISTRACTORS="${DISTRACTORS:-3}" out_name=replicate_cpu_choose ;;
+  *) echo "TASK=$TASK: one of needle, choose" >&2; exit 2 ;;
+esac
+if [[ ! "$DISTRACTORS" =~ ^[0-9]+$ ]] || { [[ "$TASK" == choose ]] && ((DISTRACTORS < 1)); }; then
+  echo "DISTRACTORS=$DISTRACTORS: the choosing task needs a whole number >= 1" >&2
+  exit 2
+fi
 if [[ "$QUICK" == 1 ]]; then
-  OUT_DIR="${OUT_DIR:-$REPO/.cache/replicate_cpu_quick}"
+  OUT_DIR="${OUT_DIR:-$REPO/.cache/${out_name}_quick}"
   STEPS="${STEPS:-2}" SEEDS="${SEEDS:-0}" ABLATION_SEEDS="${ABLATION_SEEDS-}" ABLATION_STEPS="${ABLATION_STEPS:-1}"
   LENGTHS="${LENGTHS:-1 2}" EVAL_DOCS="${EVAL_DOCS:-2}" TRAIN_DOCS=64 VAL_DOCS=1 warm_args=(--cache --quick)
   PARALLEL_MODELS="${PARALLEL_MODELS:-2}"
@@ -67,7 +83,7 @@ if [[ "$QUICK" == 1 ]]; then
   quick_overrides=(data.train_batch_size=2 actor_rollout_ref.rollout.n=2 trainer.val_before_train=False
     trainer.test_freq=2 trainer.save_freq=1)
 else
-  OUT_DIR="${OUT_DIR:-$REPO/.cache/replicate_cpu}"
+  OUT_DIR="${OUT_DIR:-$REPO/.cache/$out_name}"
   STEPS="${STEPS:-30}" SEEDS="${SEEDS:-0 1}" ABLATION_SEEDS="${ABLATION_SEEDS-0}" ABLATION_STEPS="${ABLATION_STEPS:-$STEPS}"
   LENGTHS="${LENGTHS:-1 2 4 8 16 32 64}" EVAL_DOCS="${EVAL_DOCS:-64}" TRAIN_DOCS=2000 VAL_DOCS=8 warm_args=(--cache)
   # Two policies side by side ran 1.8 times as fast as one after another on 2 idle cores, three a little faster
@@ -78,6 +94,10 @@ fi
 NGPUS="${NGPUS:-2}"
 LATE_START="${LATE_START:-0}"
 DECOY_START="${DECOY_START:-0}"
+if [[ "$TASK" == choose && ( "$LATE_START" != 0 || "$DECOY_START" != 0 ) ]]; then
+  echo "TASK=choose takes no LATE_START or DECOY_START" >&2
+  exit 2
+fi
 ABLATIONS="${ABLATIONS-final_same_step final_token_mean}"
 # The run (and policy) name of a credit variant: final_same_step -> ablation-same-step.
 ablation_name() { local mode="${1#final_}"; echo "ablation-${mode//_/-}"; }
@@ -108,7 +128,7 @@ last_step() { cat "$1/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null
 RUN_START=$(date +%s)
 commit="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 [[ -z "$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null)" ]] || commit+="+changes"
-"$PYTHON" - "$OUT_DIR/run.jsonl" "$commit" "QUICK=$QUICK STEPS=$STEPS SEEDS='$SEEDS' ABLATIONS='$ABLATIONS'" \
+"$PYTHON" - "$OUT_DIR/run.jsonl" "$commit" "TASK=$TASK DISTRACTORS=$DISTRACTORS QUICK=$QUICK STEPS=$STEPS SEEDS='$SEEDS' ABLATIONS='$ABLATIONS'" \
   "ABLATION_SEEDS='$ABLATION_SEEDS' ABLATION_STEPS=$ABLATION_STEPS LENGTHS='$LENGTHS' EVAL_DOCS=$EVAL_DOCS NGPUS=$NGPUS" \
   "PARALLEL_MODELS=$PARALLEL_MODELS LATE_START=$LATE_START DECOY_START=$DECOY_START${WARM_START:+ WARM_START=$WARM_START} bash scripts/replicate_cpu.sh $*" "$(getconf _NPROCESSORS_ONLN)" <<'PY'
 import json, sys, time
@@ -117,7 +137,7 @@ line = {"commit": commit, "command": " ".join(command).strip(), "cores": int(cor
 open(path, "a").write(json.dumps(line) + "\n")
 PY
 
-say "out=$OUT_DIR steps=$STEPS seeds=[$SEEDS] ablations=[$ABLATIONS] seeds [$ABLATION_SEEDS] x $ABLATION_STEPS steps" \
+say "task=$TASK distractors=$DISTRACTORS out=$OUT_DIR steps=$STEPS seeds=[$SEEDS] ablations=[$ABLATIONS] seeds [$ABLATION_SEEDS] x $ABLATION_STEPS steps" \
   "lengths=[$LENGTHS] docs=$EVAL_DOCS parallel=$PARALLEL_MODELS"
 
 # ---- 1. warm start (cached) --------------------------------------------------------------------------------------
@@ -137,12 +157,13 @@ say "2/6 data"
 if [[ ! -f "$OUT_DIR/data/validation.parquet" ]]; then
   timed data_train "$PYTHON" -m experiments.needle.needle --out "$OUT_DIR/data" --tokenizer "$WARM" \
     --train "$TRAIN_DOCS" --validation "$VAL_DOCS" --test 0 --eval-chunks 1 2 4 --late-start "$LATE_START" \
-    --decoy-start "$DECOY_START" > /dev/null
+    --decoy-start "$DECOY_START" --distractors "$DISTRACTORS" --task "$TASK" > /dev/null
 fi
 # shellcheck disable=SC2086  # LENGTHS is a list
 if [[ ! -f "$OUT_DIR/eval_data/test.parquet" ]]; then
   timed data_test "$PYTHON" -m experiments.needle.needle --out "$OUT_DIR/eval_data" --tokenizer "$WARM" \
-    --train 0 --validation 0 --test "$EVAL_DOCS" --eval-chunks $LENGTHS > /dev/null
+    --train 0 --validation 0 --test "$EVAL_DOCS" --eval-chunks $LENGTHS --distractors "$DISTRACTORS" --task "$TASK" \
+    > /dev/null
 fi
 
 # ---- 3-4. RL and the ablation ----------------------------------------------------------------------------------------
@@ -185,7 +206,7 @@ done
 models="$(IFS=,; echo "${policies[*]%%=*}" | tr ' ' ',')"
 # shellcheck disable=SC2086  # LENGTHS is a list
 timed evaluation "$PYTHON" -m taskutils.memory_eval.run --table "$OUT_DIR/policies.yaml" --models "$models" \
-  --method memory-boxed,direct-boxed --tasks needle --lengths "$(echo $LENGTHS | tr ' ' ',')" --limit "$EVAL_DOCS" \
+  --method memory-boxed,direct-boxed --tasks "$TASK" --lengths "$(echo $LENGTHS | tr ' ' ',')" --limit "$EVAL_DOCS" \
   --data-dir "$OUT_DIR/eval_data/eval/test" --results-dir "$OUT_DIR/results" --temperature 0 --no-report \
   --parallel-models "$PARALLEL_MODELS" --trace
 
@@ -194,6 +215,7 @@ say "6/6 report"
 # The invocation's wall time, stages 1-5 (the report takes a second): the report reads it from timing.jsonl.
 printf '{"stage": "total", "seconds": %d, "rc": 0}\n' $(($(date +%s) - RUN_START)) >> "$OUT_DIR/timing.jsonl"
 "$PYTHON" -m taskutils.memory_eval.report "$OUT_DIR/results" > /dev/null
-"$PYTHON" -m experiments.needle.report "$OUT_DIR/results" --run-dir "$OUT_DIR" --eval-data "$OUT_DIR/eval_data/eval/test"
+"$PYTHON" -m experiments.needle.report "$OUT_DIR/results" --task "$TASK" --run-dir "$OUT_DIR" \
+  --eval-data "$OUT_DIR/eval_data/eval/test"
 for run in "$OUT_DIR"/runs/*/; do say "training curve: ${run}training.png"; done
 say "done: $OUT_DIR/results/replication.md, replication.png; stage times: $OUT_DIR/timing.jsonl"

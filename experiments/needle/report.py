@@ -212,7 +212,7 @@ def write(
     paths = {"md": out / "replication.md", "csv": out / "replication.csv", "png": out / "replication.png"}
     text = markdown(table)
     if eval_data:
-        survival_paths = survival.write(results_dir, eval_data, out)
+        survival_paths = survival.write(results_dir, eval_data, out, task=task)
         paths |= {f"survival_{kind}": path for kind, path in survival_paths.items()}
         text += "\n**The needle in memory** (survival.md, survival.png)\n\n" + survival_paths["md"].read_text()
     paths["md"].write_text(text + ("\n" + run_section(Path(run_dir)) if run_dir else ""))
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         "--eval-data",
         type=Path,
         default=None,
-        help="the eval sets' folder (eval_needle_<N>.jsonl): add the needle's survival (traced results)",
+        help="the eval sets' folder (eval_<task>_<N>.jsonl): add the needle's survival (traced results)",
     )
     args = parser.parse_args(argv)
     try:

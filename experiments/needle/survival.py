@@ -1,6 +1,7 @@
 """Needle survival: how long each policy keeps the needle's number in memory once it has written it.
 
     python -m experiments.needle.survival RESULTS_DIR --data-dir EVAL_DIR [--out DIR] [--method memory-boxed]
+        [--task needle]
 
 reads the harness's per-item results written with ``--trace`` (``RESULTS_DIR/needle_<N>/<model>__<method>.jsonl``,
 whose lines hold ``memories``: the memory after every chunk) and the eval sets they were run on
@@ -119,9 +120,9 @@ def event(model: str, method: str, length: int, record: dict, needle_chunk: int)
     )
 
 
-def needle_chunks(data_dir: Path, length: int) -> dict[str, int]:
-    """Item index -> the chunk holding its needle, from ``eval_needle_<length>.jsonl``."""
-    path = data_dir / f"eval_needle_{length}.jsonl"
+def needle_chunks(data_dir: Path, length: int, task: str = "needle") -> dict[str, int]:
+    """Item index -> the chunk holding its (asked) needle, from ``eval_<task>_<length>.jsonl``."""
+    path = data_dir / f"eval_{task}_{length}.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no eval set for the results at {length} chunks (--data-dir)")
     chunks = {}
@@ -135,14 +136,17 @@ def needle_chunks(data_dir: Path, length: int) -> dict[str, int]:
     return chunks
 
 
-def collect(results_dir: str | Path, data_dir: str | Path, method: str = "memory-boxed") -> list[Event]:
-    """The events of every traced results file of ``method`` (failed items are left out: they have no memories)."""
+def collect(
+    results_dir: str | Path, data_dir: str | Path, method: str = "memory-boxed", task: str = "needle"
+) -> list[Event]:
+    """The events of every traced results file of ``task`` and ``method`` (failed items are left out: they have no
+    memories). The choosing task's events follow the asked needle."""
     events = []
-    for path, task, length in results_files(results_dir):
-        if task != "needle" or not path.stem.endswith(f"__{method}"):
+    for path, file_task, length in results_files(results_dir):
+        if file_task != task or not path.stem.endswith(f"__{method}"):
             continue
         model = path.stem.rsplit("__", 1)[0]
-        chunks = needle_chunks(Path(data_dir), length)
+        chunks = needle_chunks(Path(data_dir), length, task)
         records = [r for r in {r["id"]: r for r in read_jsonl(path)}.values() if not r.get("error")]
         if records and "memories" not in records[0]:
             raise ValueError(f"{path}: no 'memories' in its lines: run the harness with --trace")
@@ -336,11 +340,17 @@ def plot(table: dict[str, Curve], path: Path) -> None:
     plt.close(fig)
 
 
-def write(results_dir: str | Path, data_dir: str | Path, out: str | Path | None = None, method: str = "memory-boxed"):
+def write(
+    results_dir: str | Path,
+    data_dir: str | Path,
+    out: str | Path | None = None,
+    method: str = "memory-boxed",
+    task: str = "needle",
+) -> dict[str, Path]:
     """Write ``survival.md``, ``survival.csv``, ``survival_events.csv`` and ``survival.png``; returns their paths."""
-    events = collect(results_dir, data_dir, method)
+    events = collect(results_dir, data_dir, method, task)
     if not events:
-        raise FileNotFoundError(f"no needle_<N>/<model>__{method}.jsonl results under {results_dir}")
+        raise FileNotFoundError(f"no {task}_<N>/<model>__{method}.jsonl results under {results_dir}")
     out = Path(out) if out else Path(results_dir)
     out.mkdir(parents=True, exist_ok=True)
     table = curves(events)
@@ -368,12 +378,13 @@ def main(argv: list[str] | None = None) -> int:
         epilog="Exit status: 0; 2 when there are no traced results, or an eval set or a trace is missing or wrong.",
     )
     parser.add_argument("results_dir", type=Path)
-    parser.add_argument("--data-dir", type=Path, required=True, help="the eval sets' folder (eval_needle_<N>.jsonl)")
+    parser.add_argument("--data-dir", type=Path, required=True, help="the eval sets' folder (eval_<task>_<N>.jsonl)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: RESULTS_DIR)")
     parser.add_argument("--method", default="memory-boxed")
+    parser.add_argument("--task", default="needle", help="needle, or choose (the choosing task: the asked needle)")
     args = parser.parse_args(argv)
     try:
-        paths = write(args.results_dir, args.data_dir, args.out, args.method)
+        paths = write(args.results_dir, args.data_dir, args.out, args.method, args.task)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
