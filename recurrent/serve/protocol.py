@@ -39,7 +39,15 @@ UNSUPPORTED = {
 # The object fields where a request holds texts that may be long (a message's content, a text part's text, the
 # extension's document and question): in a long request they may stay on disk (recurrent.serve.spool).
 LONG_TEXT_FIELDS = frozenset({"content", "text", "document", "question"})
-EXTENSION_FIELDS = ("question_mode", "split_marker", "document", "question", "return_memories", "passthrough")
+EXTENSION_FIELDS = (
+    "question_mode",
+    "split_marker",
+    "document",
+    "question",
+    "return_memories",
+    "passthrough",
+    "progress",
+)
 
 
 class ApiError(Exception):
@@ -72,6 +80,7 @@ class Extension:
     question: Text | None = None
     return_memories: bool = False
     passthrough: bool | None = None
+    progress: bool = False  # a stream reports each model call as a data chunk, not a comment (docs/serving.md)
 
 
 @dataclass
@@ -208,7 +217,7 @@ def _extension(raw: Any) -> Extension:
         value = getattr(ext, name)
         if value is not None and not isinstance(value, (str, LongText) if name in ("document", "question") else str):
             raise bad_request(f"memagent.{name} must be a string", f"memagent.{name}")
-    for name in ("return_memories", "passthrough"):
+    for name in ("return_memories", "passthrough", "progress"):
         value = getattr(ext, name)
         if value is not None and not isinstance(value, bool):
             raise bad_request(f"memagent.{name} must be true or false", f"memagent.{name}")
@@ -218,6 +227,7 @@ def _extension(raw: Any) -> Extension:
             "memagent.question_mode",
         )
     ext.return_memories = bool(ext.return_memories)
+    ext.progress = bool(ext.progress)
     return ext
 
 
