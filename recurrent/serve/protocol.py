@@ -28,7 +28,7 @@ SAMPLING_FIELDS = (
     "frequency_penalty",
     "repetition_penalty",
 )
-# OpenAI fields that would change what an answer is and that a memory agent cannot honour: refused (400), not
+# OpenAI fields that would change what an answer is and that an agent's own calls cannot honour: refused (400), not
 # silently dropped. Other unknown fields (user, metadata, store, ...) are ignored, as OpenAI-compatible servers do.
 UNSUPPORTED = {
     "tools": "tool calls",
@@ -163,9 +163,11 @@ def parse_request(body: Any, served_model: str) -> ChatRequest:
         parsed.append({"role": message["role"], "content": _text_content(message.get("content"), where)})
     for name, what in UNSUPPORTED.items():
         if body.get(name):
-            raise bad_request(f"{name}: {what} are not supported by the memory agent", name)
+            raise bad_request(f"{name}: {what} are not supported: the agent makes its own model calls", name)
     if body.get("tool_choice") not in (None, "none"):
-        raise bad_request("tool_choice: tool calls are not supported by the memory agent", "tool_choice")
+        raise bad_request(
+            "tool_choice: tool calls are not supported: the agent makes its own model calls", "tool_choice"
+        )
     if body.get("logprobs") or body.get("top_logprobs"):
         raise bad_request("logprobs are not supported: the answer is the last of several model calls", "logprobs")
     fmt = body.get("response_format")

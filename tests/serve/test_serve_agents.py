@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 import types
@@ -281,6 +282,21 @@ def test_an_answer_that_is_not_the_last_reply_fails_in_the_endpoint_as_in_the_ha
     (streamed,) = [e for e in sse_events(iter(stream)) if isinstance(e, dict) and "error" in e]
     assert streamed["error"] == error  # streamed: the same error as the stream's last event
     assert (state["failed"], state["completed"]) == (2, 0)
+
+
+def test_the_write_your_own_agent_pages_serve_command_parses(tmp_path: Path, monkeypatch):
+    page = (REPO / "docs" / "write_your_own_agent.md").read_text()
+    agent_file = re.findall(r"```python\n(.*?)```", page, flags=re.DOTALL)[0]
+    (command,) = [block.split() for block in re.findall(r"```sh\n(.*?)```", page, flags=re.DOTALL)]
+    (tmp_path / "my_agent.py").write_text(agent_file)
+    (tmp_path / "insist.json").write_text('{"max_tries": 5}')
+    monkeypatch.chdir(tmp_path)  # the page's paths are the reader's working directory
+    from recurrent.serve.cli import parse_args
+
+    args = parse_args(command[3:])
+    assert command[:3] == ["python", "-m", "recurrent.serve"]
+    assert args.register.name == "insist" and args.agent_values == {"max_tries": 5}
+    assert not args.register.needs_tokenizer
 
 
 def test_an_unknown_agent_is_refused_before_any_server_starts(tmp_path: Path):
