@@ -80,6 +80,16 @@ def test_the_memory_agent_streams_a_progress_event_per_chunk(scripted, tiny_toke
     assert memories[0] == [{"chunk": c, "chunks": chunks, "memory": scripted.reply} for c in range(1, chunks + 1)]
 
 
+def test_the_memory_agents_own_config_is_set_over_its_budget_flags(scripted, tiny_tokenizer):
+    chunks = math.ceil(len(tiny_tokenizer.encode(DOCUMENT, add_special_tokens=False)) / 32)
+    request = {"messages": [{"role": "user", "content": QUESTION}], "memagent": {"document": DOCUMENT}}
+    settings = {"chunk_size": 16, "agent_config": {"chunk_size": 32, "max_memorization_length": 7}}
+    with served(scripted.url, scripted.model, tiny_tokenizer, **settings) as (base, service):
+        reply = httpx.post(f"{base}/chat/completions", json=request, timeout=WAIT).json()
+    assert reply["memagent"]["chunks"] == chunks and all(b["max_tokens"] == 7 for b in scripted.bodies[:-1])
+    assert "agent 'memory' (MemoryConfig: " in service.describe() and "chunk_size=32" in service.describe()
+
+
 def test_the_direct_agent_reads_the_document_and_streams_its_one_call(scripted, tiny_tokenizer):
     request = {"messages": [{"role": "user", "content": f"{DOCUMENT}\n\n{QUESTION}"}]}  # split mode
     with served(scripted.url, scripted.model, tiny_tokenizer, agent="direct") as (base, _):
