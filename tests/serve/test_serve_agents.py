@@ -148,6 +148,27 @@ def test_a_stream_that_fails_ends_with_an_error_event_and_counts_as_failed(scrip
     assert (state["failed"], state["completed"], state["cancelled"]) == (1, 0, 0)
 
 
+def test_a_fault_while_writing_a_stream_ends_it_with_an_error_event_counted_failed(scripted, monkeypatch):
+    from recurrent.serve import app
+
+    chunk = app._chunk
+
+    def faulty(doc, model, **fields):  # the answer's last chunk cannot be written
+        if fields.get("choices") and fields["choices"][0].get("finish_reason"):
+            raise RuntimeError("cannot write the finish chunk")
+        return chunk(doc, model, **fields)
+
+    monkeypatch.setattr(app, "_chunk", faulty)
+    request = {"messages": [{"role": "user", "content": "Hello?"}], "stream": True}
+    with served(scripted.url, scripted.model, None, agent="calculator") as (base, _):
+        events = list(sse_events(iter(stream_lines(base, request))))
+        state = counters(base)
+    error, done = events[-2:]
+    assert done == "[DONE]" and error["error"]["type"] == "server_error"
+    assert "cannot write the finish chunk" in error["error"]["message"]
+    assert (state["failed"], state["completed"]) == (1, 0)  # the document answered; its stream did not
+
+
 def test_the_calculator_agent_is_served_by_name_without_a_tokenizer(tmp_path: Path, calculator_upstream):
     url, seen = calculator_upstream
     # A hosted model's name: nothing offline to load a tokenizer from, and this agent needs none.
