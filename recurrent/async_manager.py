@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
+from recurrent.functions import check_answer
 from recurrent.interface import ChatClient, Episode, Reply, Turn, TurnRecord
 from recurrent.trace import TraceWriter
 
@@ -71,14 +72,17 @@ def reduce_timings(timings: Sequence[dict[str, float]]) -> dict[str, float]:
 
 
 def check_finished(session: Episode) -> None:
-    """A finished session has at least one turn, and no turn flagged final before its last one (its last turn
-    is the row the reward is computed on, flagged in advance or not)."""
+    """A finished session has at least one turn, no turn flagged final before its last one (its last turn is the
+    row the reward is computed on, flagged in advance or not), and its answer is that turn's reply
+    (:func:`recurrent.functions.check_answer`). Training, the evaluation harness and the endpoint call it once an
+    episode has run."""
     flagged = [i for i, rec in enumerate(session.history) if rec.turn.final]
     if not session.history or any(i != len(session.history) - 1 for i in flagged):
         raise RuntimeError(
             f"session finished with {len(session.history)} turns and turns flagged final at {flagged}; "
             "expected at least one turn and only the last one flagged final"
         )
+    check_answer(session)
 
 
 @dataclass

@@ -18,7 +18,8 @@ whatever client the run uses (an OpenAI-compatible server for evaluation and ser
 training), and records every call as one :class:`~recurrent.interface.TurnRecord`. In training each call becomes
 one row holding the exact prompt ids the policy saw (the messages rendered by the tokenizer's chat template) and
 the ids it sampled, and the sample's one reward and advantage go on every row. The reward scores the *last* call's
-reply, so an agent returns that reply's text as its answer (training checks it: verl_ext/rollout.py).
+reply, so an agent returns that reply's text as its answer: :func:`check_answer` is that rule, checked wherever an
+episode finishes (training, the evaluation harness, the endpoint), so a mismatch fails the same way everywhere.
 
 What an agent function cannot do that a :class:`~recurrent.interface.Session` can: run in lockstep rounds (sync
 mode), which needs to know the next call before it is made.
@@ -43,6 +44,33 @@ from recurrent.interface import (
     WorkflowRegistration,
     stop_requested,
 )
+
+
+class AnswerNotLastReplyError(RuntimeError):
+    """An episode's answer is not its last model call's reply (:func:`check_answer`)."""
+
+
+def check_answer(episode: Episode) -> None:
+    """The one rule that an episode's answer is its last call's reply: training rewards the last call's row, so an
+    answer that differs would be scored on text the policy never produced there. Training, the evaluation harness
+    and the endpoint all call it (through :func:`recurrent.async_manager.check_finished`), so a mismatch fails
+    the same way in each (docs/write_your_own_agent.md)."""
+    history = episode.history
+    answer = episode.answer
+    if not history or answer is None or answer == history[-1].reply.text:
+        return
+    name = getattr(episode, "name", None)
+    who = f"agent {name!r}" if name else "the agent"
+    raise AnswerNotLastReplyError(
+        f"the agent's answer is not its last call's reply ({who}, {len(history)} calls: it returned "
+        f"{_excerpt(answer)}, its last reply was {_excerpt(history[-1].reply.text)}); training rewards the last "
+        "call's row, so an agent returns that reply's text (docs/write_your_own_agent.md)"
+    )
+
+
+def _excerpt(text: str, limit: int = 60) -> str:
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
+
 
 AgentFunction = Callable[[dict[str, Any], "CallRecorder", Any], Awaitable[str]]
 RowWidthsOf = Callable[[Any, Any], RowWidths]  # (config, tokenizer) -> the widest call
@@ -166,12 +194,15 @@ def agent_function(
     columns: Columns = (),
     large_columns: Columns = (),
     row_widths: RowWidthsOf | None = None,
+    needs_tokenizer: bool = False,
 ) -> WorkflowRegistration:
     """The registration of an agent function (its module's ``REGISTER``). ``columns``: what a sample must hold;
     ``large_columns``: what is too large to copy into every training row (both a tuple, or a function of the
-    config that returns one); ``row_widths(config, tokenizer)``: its
-    widest call, checked against a trainer's rows before the first step (without it, each call is checked as it
-    is made, and a call that does not fit fails its trajectory)."""
+    config that returns one); ``row_widths(config, tokenizer)``: its widest call, checked against a trainer's rows
+    before the first step (without it, each call is checked as it is made, and a call that does not fit fails its
+    trajectory). ``needs_tokenizer``: whether the agent needs the model's tokenizer at inference (it counts tokens
+    itself); by default not, since its calls are chat messages, so the endpoint serves it without one
+    (``row_widths`` needs one, but only in training)."""
 
     def build(config: WorkflowConfig, tokenizer: Any) -> FunctionWorkflow:
         return FunctionWorkflow(
@@ -179,6 +210,11 @@ def agent_function(
         )
 
     registration = WorkflowRegistration(
-        name=name, config_cls=config_cls, build=build, columns=columns, large_columns=large_columns
+        name=name,
+        config_cls=config_cls,
+        build=build,
+        columns=columns,
+        large_columns=large_columns,
+        needs_tokenizer=needs_tokenizer,
     )
     return registration

@@ -247,6 +247,9 @@ class WorkflowRegistration:
     # How many model calls one sample makes, from facts about it (keywords; the memory agent reads
     # context_tokens, a document's length): what a step plan counts rows with (verl_ext/plan.py). None: unknown.
     calls_per_sample: Callable[..., int] | None = None
+    # Whether building it for inference needs the model's tokenizer (it counts tokens: chunks, truncation). The
+    # endpoint loads one only for an agent that does (docs/serving.md); agent functions default to False.
+    needs_tokenizer: bool = True
     # What a training step's calls cost in tokens: step_shapes(config, tokenizer or None, StepShapesRequest) ->
     # StepShapes, the calls of each prompt's trajectory (recurrent/step_shapes.py); the step cost model counts
     # with them (verl_ext/cost.py). None: the agent has no cost model.

@@ -4,17 +4,22 @@ The argument types refuse a count given as 0 or a negative number in argparse (e
 of replacing it by a default or failing later with a traceback. Option files are YAML (or JSON) files whose keys
 are a command's long flags, read with the line of every key so that an error names the file, the line and the
 key: the one reader of the evaluation harness's ``--config`` and model table (``taskutils.memory_eval``) and the
-server's ``--config`` (``python -m recurrent.serve``).
+server's ``--config`` and ``--agent-config`` (``python -m recurrent.serve``; an agent's config fields, checked
+against its config class).
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from recurrent.interface import WorkflowRegistration
 
 
 def positive_int(text: str) -> int:
@@ -144,3 +149,65 @@ def parse_with_config(parser: argparse.ArgumentParser, argv: list[str] | None = 
         except (ConfigError, OSError) as err:
             parser.error(str(err))
     return parser.parse_args(argv)
+
+
+def agent_config(register: WorkflowRegistration, path: str | Path) -> dict[str, Any]:
+    """The fields of an agent's config in a YAML (or JSON) file, checked against its config class: an unknown key,
+    a value of the wrong type, or one the class refuses raises :class:`ConfigError` naming the file, the line, the
+    key and the value."""
+    data, node = read_yaml(path)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{where(path, node)}: expected a mapping of {register.config_cls.__name__} fields, got {data!r}"
+        )
+    nodes = key_nodes(node)
+    try:
+        hints = typing.get_type_hints(register.config_cls)
+    except (NameError, TypeError):  # annotations it cannot resolve: the class's own checks still run
+        hints = {}
+    known = sorted(f for f in register.config_cls.__dataclass_fields__)
+    for key, value in data.items():
+        at = where(path, nodes.get(str(key), (node,))[0])
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(
+                f"{at}: agent {register.name!r} ({register.config_cls.__name__}) has no setting {key!r}{hint}; "
+                f"its settings: {', '.join(known) or 'none'}"
+            )
+        if key in hints and not _fits(value, hints[key]):
+            raise ConfigError(f"{at}: {key}: {value!r} is not of type {_type_name(hints[key])}")
+    try:
+        register.make_config(data)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"{path}: {err}") from None
+    return dict(data)
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a file's value is of a config field's type (the plain types, their unions and literals; any other
+    type is left to the config class's own checks)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in typing.get_args(hint))
+    if origin is typing.Literal:
+        return value in typing.get_args(hint)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    return True
+
+
+def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) is not None or not hasattr(hint, "__name__"):
+        return str(hint).replace("typing.", "")
+    return hint.__name__

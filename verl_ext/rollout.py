@@ -196,13 +196,8 @@ class AgentRollout:
         replies, tool results, a document's chunk) is never trained on. ``num_turns`` is the episode's number of
         calls on every row. The weight-version tags cover the whole trajectory.
         """
-        check_finished(episode)
+        check_finished(episode)  # also: its answer is its last call's reply (docs/write_your_own_agent.md)
         history = episode.history
-        if episode.answer is not None and episode.answer != history[-1].reply.text:
-            raise RuntimeError(
-                "the agent's answer is not its last call's reply: training rewards the last call's row, so an agent "
-                "returns that reply's text (recurrent/functions.py)"
-            )
         outputs_of = [record.reply.backend_output for record in history]
         if any(out is None for out in outputs_of):
             raise RuntimeError("a call of the episode did not go through the rollout's token server")

@@ -15,6 +15,7 @@ decoded and re-encoded; the memory is the generated ids themselves when the back
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -409,14 +410,16 @@ def inference_workflow(
     final_max_new: int = 1024,
     max_context: int | None = None,
     final_prompt: Literal["boxed", "boxed_released", "answer_is"] = "answer_is",
+    **config: Any,
 ) -> MemoryWorkflow:
     """The memory agent at inference, as the paper's evaluation runs it behind an OpenAI-style endpoint (the
     evaluation harness, the quickstart and the server all build it here): text in, text out; the question kept
     whole (a sample is ``{"input": question, "context": document}``); the context stripped and, with
     ``max_context``, centre-truncated to that many tokens in whole chunks (at least one); a reasoning model's
     memory is its text after "</think>"; one chunk held at a time, not every prompt. The defaults are the
-    paper's budgets (5000-token chunks, 1024-token memory and answer) and its "the answer is" prompt."""
-    config = MemoryConfig(
+    paper's budgets (5000-token chunks, 1024-token memory and answer) and its "the answer is" prompt. ``config``:
+    :class:`MemoryConfig` fields set over these (the endpoint's ``--agent-config``; docs/serving.md)."""
+    settings = MemoryConfig(
         context_key="context",
         question_key="input",
         max_prompt_length=UNCAPPED_QUESTION,
@@ -428,7 +431,9 @@ def inference_workflow(
         strip_context=True,
         strip_think=True,
     )
-    return MemoryWorkflow(config, tokenizer, token_prompts=False, keep_prompts=False)
+    if config:
+        settings = dataclasses.replace(settings, **config)
+    return MemoryWorkflow(settings, tokenizer, token_prompts=False, keep_prompts=False)
 
 
 # The paper's training documents: 200 HotpotQA paragraphs per question, about 28K Qwen tokens (docs/fidelity.md,

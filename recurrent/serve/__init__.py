@@ -1,10 +1,12 @@
-"""MemAgent behind an OpenAI-compatible endpoint (``python -m recurrent.serve``): the OpenAI chat API outside, the
-memory loop of :mod:`recurrent.agents.memory` inside, every turn sent to an upstream OpenAI-compatible server.
+"""An agent behind an OpenAI-compatible endpoint (``python -m recurrent.serve``): the OpenAI chat API outside, a
+registered agent inside (the memory loop of :mod:`recurrent.agents.memory` by default, any other by name or file
+path), every model call sent to an upstream OpenAI-compatible server.
 
 - :mod:`recurrent.serve.questions`: where a request holds the document and the question (the question modes);
 - :mod:`recurrent.serve.protocol`: the request checked field by field, errors in OpenAI's shape, upstream failures
   as HTTP statuses;
-- :mod:`recurrent.serve.service`: the documents in flight (admission, turns, cancellation, drain, counters);
+- :mod:`recurrent.serve.service`: the documents in flight (the agent from its registration, admission, turns,
+  cancellation, drain, counters);
 - :mod:`recurrent.serve.app`: the FastAPI app (plain and streamed answers, client disconnects);
 - :mod:`recurrent.serve.cli`: the command line (flags, ``--config``, a local upstream, uvicorn, SIGTERM).
 

@@ -273,7 +273,22 @@ def build_app(service: MemAgentService) -> FastAPI:
         return _EventStream(_events(doc, event), doc)
 
     async def _events(doc: Document, event: tuple | None) -> AsyncIterator[str]:
+        """The stream's events; a fault while writing them ends it with an error event, counted failed."""
+        try:
+            async for text in _event_texts(doc, event):
+                yield text
+        except Exception as err:  # a fault of this server, not of the document: the client is told, /health counts it
+            log.error("%s: the stream failed", doc.id, exc_info=err)
+            service.stream_failed(doc)
+            error = ApiError(500, f"internal error while streaming: {type(err).__name__}: {err}", "server_error")
+            yield f"data: {json.dumps(error.body(), ensure_ascii=False)}\n\n"
+            yield "data: [DONE]\n\n"
+
+    async def _event_texts(doc: Document, event: tuple | None) -> AsyncIterator[str]:
         model = settings.model
+        # Progress as data chunks when the request asks (memagent.progress; the memory agent's return_memories),
+        # else as SSE comments, which OpenAI clients skip (docs/serving.md, "Streaming").
+        as_data = doc.request.ext.progress or doc.request.ext.return_memories
         yield _chunk(doc, model, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}}])
         while True:
             if event is None:
@@ -282,16 +297,12 @@ def build_app(service: MemAgentService) -> FastAPI:
                 except TimeoutError:
                     yield ": keepalive\n\n"  # an SSE comment: clients skip it, proxies see the stream alive
                     continue
-            if event[0] == "turn":
-                final, index = event[1], event[2]
-                if not final:
-                    chunk, chunks = index + 1, doc.session.num_chunks
-                    if doc.request.ext.return_memories:
-                        memory = doc.session.memory_trace[chunk - 1]  # this turn's, however far the session is
-                        progress = {"chunk": chunk, "chunks": chunks, "memory": memory}
-                        yield _chunk(doc, model, choices=[], memagent=progress)
-                    else:
-                        yield f": read chunk {chunk} of {chunks}\n\n"
+            if event[0] == "progress":
+                progress, comment = event[1], event[2]
+                if progress is not None and as_data:
+                    yield _chunk(doc, model, choices=[], memagent=progress)
+                elif comment is not None:
+                    yield f": {comment}\n\n"
             else:
                 error = _failure(doc)
                 if error is not None:

@@ -1,4 +1,5 @@
-"""``python -m recurrent.serve``: the command line of the MemAgent server (docs/serving.md)."""
+"""``python -m recurrent.serve``: the command line of the MemAgent server, serving any registered agent
+(docs/serving.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 
 import uvicorn
 
-from recurrent.options import non_negative_int, parse_with_config, positive_int, seconds
+from recurrent.options import ConfigError, agent_config, non_negative_int, parse_with_config, positive_int, seconds
 from recurrent.sampling import argument as sampling_argument
 
 DESCRIPTION = """\
@@ -31,6 +32,8 @@ evaluation protocol (the harness's memory method): --chunk-size 5000 --max-new 1
 document, --final-prompt answer_is; at temperature 0 an answer equals the harness's for the same item and budgets.
 Where the question is: --question-mode (auto, field, messages, split), also per request in the memagent field.
 Every option can come from --config FILE (YAML, keys as the long flags); flags on the command line win.
+Another agent: --agent NAME (recurrent/agents/) or --agent path/to/agent.py, its settings from --agent-config FILE
+(YAML or JSON, the fields of its config class); a tokenizer is loaded only for an agent that counts tokens.
 """
 
 
@@ -57,8 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument(
         "--tokenizer",
-        help="tokenizer folder or cached hub id that counts chunk tokens (default: the model's; required for an "
-        "upstream model that is not available offline)",
+        help="tokenizer folder or cached hub id, for an agent that counts tokens (the memory agent's chunks, the "
+        "direct agent's truncation; default: the model's; required then for an upstream model that is not "
+        "available offline); an agent that needs none loads none",
     )
     up.add_argument("--served-model-name", help="the model name clients use (default: --model)")
     up.add_argument("--server-log", type=Path, help="without --upstream: the local server's log (default: a temp file)")
@@ -66,8 +70,16 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--agent",
         default="memory",
-        help="the registered agent to serve (recurrent/agents/; default memory: each request's document is read "
-        "by the memory agent; any other agent runs on the request's messages with its own default settings)",
+        help="the agent to serve: a registered name (recurrent/agents/), a module path, or a file path "
+        "(path/to/agent.py, relative to the working directory); default memory: each request's document is read "
+        "by the memory agent",
+    )
+    up.add_argument(
+        "--agent-config",
+        type=Path,
+        metavar="FILE",
+        help="YAML or JSON file of the agent's config fields (its config class; relative to the working "
+        "directory), set over its defaults; for the memory agent, over the budgets below",
     )
     agent = parser.add_argument_group("the memory agent (defaults: the paper's evaluation protocol)")
     agent.add_argument("--chunk-size", type=positive_int, default=5000, help="document tokens per memory turn (5000)")
@@ -166,12 +178,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parse_with_config(parser, argv)
     if not args.model:
         parser.error("--model is required (the upstream's model name, or a local model without --upstream)")
-    try:  # an unknown agent is refused before any server starts
+    try:  # an unknown agent is refused before any server starts; loaded once, here (a file runs once)
         from recurrent.interface import load_register
 
-        load_register(args.agent)
+        args.register = load_register(args.agent)
     except (ImportError, AttributeError, TypeError, FileNotFoundError) as err:
         parser.error(f"--agent {args.agent}: {err}")
+    args.agent_values = {}
+    if args.agent_config is not None:  # checked against the agent's config class before any server starts
+        try:
+            args.agent_values = agent_config(args.register, args.agent_config)
+        except (ConfigError, OSError) as err:
+            parser.error(f"--agent-config {err}" if isinstance(err, ConfigError) else f"--agent-config: {err}")
     for flag, var in (("--api-key-env", args.api_key_env), ("--server-key-env", args.server_key_env)):
         if var and not os.environ.get(var):
             parser.error(f"{flag} {var}: the environment variable {var} is not set")
@@ -179,13 +197,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _tokenizer(args: argparse.Namespace, model_dir: str | None) -> Any:
+    """The tokenizer of an agent whose registration says it needs one (it counts tokens); None for any other."""
     from recurrent.models import ModelNotAvailableError, load_tokenizer
 
+    agent = args.register.name
+    if not args.register.needs_tokenizer:
+        return None
     name = args.tokenizer or model_dir or args.model
     try:
         return load_tokenizer(name)
     except (ModelNotAvailableError, OSError, ValueError) as err:
-        hint = "" if args.tokenizer else " (pass --tokenizer: chunks are counted in the model's own tokens)"
+        hint = "" if args.tokenizer else f" (pass --tokenizer: agent {agent!r} counts tokens with the model's own)"
         raise SystemExit(f"error: no tokenizer for {name!r}{hint}: {err}") from None
 
 
@@ -236,6 +258,7 @@ def serve(args: argparse.Namespace, stop: _Stop) -> int:
         settings = ServeSettings(
             model=args.served_model_name or args.model,
             agent=args.agent,
+            agent_config=args.agent_values,
             chunk_size=args.chunk_size,
             max_new=args.max_new,
             final_max_new=args.final_max_new,
@@ -267,20 +290,13 @@ def serve(args: argparse.Namespace, stop: _Stop) -> int:
             max_retries=args.max_retries,
             backoff=args.backoff,
         )
-        service = MemAgentService(settings, tokenizer, client)
+        try:
+            service = MemAgentService(settings, tokenizer, client, args.register)
+        except (ValueError, TypeError) as err:  # the agent cannot be built with these settings
+            print(f"error: --agent {args.agent}: {err}", file=sys.stderr)
+            return 2
         log.info(
-            "model %r: upstream %s (model %r); chunks of %d tokens, memory %d, answer %d, %s; question mode %s%s",
-            settings.model,
-            client.base_url,
-            upstream_model,
-            settings.chunk_size,
-            settings.max_new,
-            settings.final_max_new,
-            f"documents centre-truncated to {settings.max_context} tokens"
-            if settings.max_context
-            else "whole documents",
-            settings.question_mode,
-            ", pass-through on" if settings.passthrough else "",
+            "model %r: upstream %s (model %r); %s", settings.model, client.base_url, upstream_model, service.describe()
         )
         config = uvicorn.Config(
             build_app(service), host=args.host, port=args.port, log_level=args.log_level, lifespan="on"

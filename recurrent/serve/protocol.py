@@ -28,7 +28,7 @@ SAMPLING_FIELDS = (
     "frequency_penalty",
     "repetition_penalty",
 )
-# OpenAI fields that would change what an answer is and that a memory agent cannot honour: refused (400), not
+# OpenAI fields that would change what an answer is and that an agent's own calls cannot honour: refused (400), not
 # silently dropped. Other unknown fields (user, metadata, store, ...) are ignored, as OpenAI-compatible servers do.
 UNSUPPORTED = {
     "tools": "tool calls",
@@ -39,7 +39,15 @@ UNSUPPORTED = {
 # The object fields where a request holds texts that may be long (a message's content, a text part's text, the
 # extension's document and question): in a long request they may stay on disk (recurrent.serve.spool).
 LONG_TEXT_FIELDS = frozenset({"content", "text", "document", "question"})
-EXTENSION_FIELDS = ("question_mode", "split_marker", "document", "question", "return_memories", "passthrough")
+EXTENSION_FIELDS = (
+    "question_mode",
+    "split_marker",
+    "document",
+    "question",
+    "return_memories",
+    "passthrough",
+    "progress",
+)
 
 
 class ApiError(Exception):
@@ -72,6 +80,7 @@ class Extension:
     question: Text | None = None
     return_memories: bool = False
     passthrough: bool | None = None
+    progress: bool = False  # a stream reports each model call as a data chunk, not a comment (docs/serving.md)
 
 
 @dataclass
@@ -154,9 +163,11 @@ def parse_request(body: Any, served_model: str) -> ChatRequest:
         parsed.append({"role": message["role"], "content": _text_content(message.get("content"), where)})
     for name, what in UNSUPPORTED.items():
         if body.get(name):
-            raise bad_request(f"{name}: {what} are not supported by the memory agent", name)
+            raise bad_request(f"{name}: {what} are not supported: the agent makes its own model calls", name)
     if body.get("tool_choice") not in (None, "none"):
-        raise bad_request("tool_choice: tool calls are not supported by the memory agent", "tool_choice")
+        raise bad_request(
+            "tool_choice: tool calls are not supported: the agent makes its own model calls", "tool_choice"
+        )
     if body.get("logprobs") or body.get("top_logprobs"):
         raise bad_request("logprobs are not supported: the answer is the last of several model calls", "logprobs")
     fmt = body.get("response_format")
@@ -208,7 +219,7 @@ def _extension(raw: Any) -> Extension:
         value = getattr(ext, name)
         if value is not None and not isinstance(value, (str, LongText) if name in ("document", "question") else str):
             raise bad_request(f"memagent.{name} must be a string", f"memagent.{name}")
-    for name in ("return_memories", "passthrough"):
+    for name in ("return_memories", "passthrough", "progress"):
         value = getattr(ext, name)
         if value is not None and not isinstance(value, bool):
             raise bad_request(f"memagent.{name} must be true or false", f"memagent.{name}")
@@ -218,6 +229,7 @@ def _extension(raw: Any) -> Extension:
             "memagent.question_mode",
         )
     ext.return_memories = bool(ext.return_memories)
+    ext.progress = bool(ext.progress)
     return ext
 
 

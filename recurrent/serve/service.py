@@ -1,10 +1,14 @@
-"""The MemAgent service: one request is one document, read by the memory agent through the upstream; or, with
-another registered agent (``--agent NAME``), one request is one run of that agent on the request's conversation.
+"""The MemAgent service: one request is one run of the served agent (``--agent``, the memory agent by default),
+every model call of it sent to the upstream.
 
-For the memory agent (the default), a request's question and document are found by a question mode
-(:mod:`recurrent.serve.questions`); the memory agent of :func:`recurrent.agents.memory.inference_workflow` reads the
-document chunk by chunk. Any other agent gets the request's messages as its sample (``prompt``: the chat list, as a
-training row holds it; ``input``: the last user message) and its answer is the reply. Every call goes upstream
+What a request becomes follows from the agent's registration, never from its name. An agent with a document column
+(a ``large_columns`` entry: the memory agent, the direct baseline) reads one document per request: its question and
+document are found by a question mode (:mod:`recurrent.serve.questions`). The memory agent of
+:func:`recurrent.agents.memory.inference_workflow` reads it chunk by chunk (its chunk progress, long documents kept
+on disk, pass-through); any other such agent gets ``{question column: question, document column: document}``. An
+agent without one gets the request's messages as its sample (``prompt``: the chat list, as a training row holds it;
+``input``: the last user message). Either way its answer is the reply, checked to be its last call's reply
+(:func:`recurrent.functions.check_answer`, as in training and the harness). Every call goes upstream
 through :class:`recurrent.client.OpenAIChatClient`, driven by :func:`recurrent.async_manager.run_session` (the turn
 loop of the harness and the quickstart). Around it, what a service needs: a limit on documents in flight with a
 bounded queue, cancellation of a document's remaining turns, timeouts, upstream failures as HTTP statuses that
@@ -18,14 +22,15 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from recurrent.agents.memory import FINAL_TEMPLATES, MemorySession, MemoryWorkflow, inference_workflow
-from recurrent.async_manager import run_session
+from recurrent.agents.memory import FINAL_TEMPLATES, MemorySession, MemoryWorkflow
+from recurrent.async_manager import check_finished, run_session
 from recurrent.client import ChatRequestError, OpenAIChatClient
-from recurrent.interface import Episode, Reply, Turn, load_register
+from recurrent.functions import AnswerNotLastReplyError
+from recurrent.interface import Episode, Reply, Turn, WorkflowRegistration, load_register
 from recurrent.serve.protocol import ApiError, ChatRequest, bad_request, upstream_error
 from recurrent.serve.questions import QUESTION_MODES, Found, QuestionError, find_question
 from recurrent.serve.spool import MAX_REQUEST_BYTES, SPOOL_BYTES, LongText, Spools, as_str
@@ -52,7 +57,11 @@ class ServeSettings:
     ``memory`` method): 5000-token chunks, 1024-token memory and answer, the whole document, "the answer is"."""
 
     model: str  # the name clients use (GET /v1/models lists it)
-    agent: str = "memory"  # a registered agent; "memory" reads a document per request, any other a conversation
+    agent: str = "memory"  # a registered agent's name, or a module or file path (recurrent.interface.load_register)
+    # The agent's config fields (--agent-config), set over its inference settings.
+    agent_config: Mapping[str, Any] = field(default_factory=dict)
+    # The budgets below go to an agent with its own inference builder (the memory agent's); other agents run on
+    # their config (docs/serving.md, "Another agent").
     chunk_size: int = 5000
     max_new: int = 1024  # cap on a memory update
     final_max_new: int = 1024  # cap on the answer (a request's max_tokens replaces it)
@@ -114,10 +123,12 @@ class Document:
     task: asyncio.Task | None = None
     found: Found | None = None
     passthrough: bool = False  # the request goes upstream as it is
-    session: MemorySession | None = None
-    episode: Episode | None = None  # another agent's run (--agent)
+    session: MemorySession | None = None  # the memory agent's reading
+    episode: Episode | None = None  # any other agent's run
     state: str = "new"  # new, queued, running, done
-    cancel_reason: str | None = None  # why the service cancelled it: "client disconnected", "shutdown"
+    # Why the service cancelled it: "client disconnected", "shutdown", "stream failed" (counted failed).
+    cancel_reason: str | None = None
+    counted: str | None = None  # the counter it went to once it ended: completed, failed, cancelled
     spools: Spools | None = None  # a long request's files, closed when its task ends
 
     def progress(self) -> str:
@@ -156,17 +167,61 @@ def _cut_stop(text: str, stops: list[str]) -> str:
     return text
 
 
-class MemAgentService:
-    """Documents in flight against one upstream: admission, the turns, cancellation, counters, the drain."""
+def agent_options(settings: ServeSettings, register: WorkflowRegistration) -> dict[str, Any]:
+    """The options the served agent is built with (``register.for_inference``): an agent with its own inference
+    builder (the memory agent's, whose keywords are the harness's budgets too) takes the server's budgets; every
+    agent takes its ``--agent-config`` fields, which win."""
+    options: dict[str, Any] = {}
+    if register.inference is not None:
+        s = settings
+        options = {
+            "chunk_size": s.chunk_size,
+            "max_new": s.max_new,
+            "final_max_new": s.final_max_new,
+            "max_context": s.max_context,
+            "final_prompt": s.final_prompt,
+        }
+    return {**options, **settings.agent_config}
 
-    def __init__(self, settings: ServeSettings, tokenizer: Any, client: OpenAIChatClient) -> None:
+
+def describe_config(config: Any, limit: int = 40) -> str:
+    """``field=value, ...`` of an agent's config (long values cut), for the start-up line."""
+    parts = []
+    for f in fields(config):
+        value = repr(getattr(config, f.name))
+        parts.append(f"{f.name}={value if len(value) <= limit else value[: limit - 3] + '...'}")
+    return ", ".join(parts)
+
+
+class MemAgentService:
+    """Documents in flight against one upstream: admission, the turns, cancellation, counters, the drain.
+    ``register``: the served agent, when the caller has loaded it already (else ``settings.agent`` is loaded)."""
+
+    def __init__(
+        self,
+        settings: ServeSettings,
+        tokenizer: Any,
+        client: OpenAIChatClient,
+        register: WorkflowRegistration | None = None,
+    ) -> None:
         self.settings = settings
         self.tokenizer = tokenizer
         self.client = client
-        self.reads_documents = settings.agent == "memory"
-        # Another agent runs with its own settings (its config's defaults) on the request's conversation.
-        self.agent = None if self.reads_documents else load_register(settings.agent).for_inference(tokenizer)
-        self.workflow = self._workflow(settings.final_max_new) if self.reads_documents else None
+        self.register = register if register is not None else load_register(settings.agent)
+        self.name = self.register.name
+        self.options = agent_options(settings, self.register)
+        self.workflow = self.register.for_inference(tokenizer, **self.options)
+        # The memory loop (chunk progress, documents kept on disk as ids, pass-through) is that workflow's.
+        self.reads_chunks = isinstance(self.workflow, MemoryWorkflow)
+        config = self.workflow.config
+        large = self.register.large_columns_of(config)
+        if len(large) > 1:
+            raise ValueError(
+                f"agent {self.name!r} reads {len(large)} documents ({', '.join(large)}); a request holds one"
+            )
+        self.document_column = large[0] if large else None  # None: the agent runs on the request's messages
+        self.question_columns = tuple(c for c in self.register.columns_of(config) if c not in large)
+        self.reads_documents = self.document_column is not None
         self.counters = Counters()
         self.documents: set[Document] = set()
         self.draining = False
@@ -177,9 +232,15 @@ class MemAgentService:
         self._drain_task: asyncio.Task | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
 
-    def _workflow(self, final_max_new: int) -> MemoryWorkflow:
-        s = self.settings
-        return inference_workflow(self.tokenizer, s.chunk_size, s.max_new, final_max_new, s.max_context, s.final_prompt)
+    def describe(self) -> str:
+        """The agent served and its settings (the start-up line)."""
+        config = self.workflow.config
+        said = f"agent {self.name!r} ({type(config).__name__}: {describe_config(config)})"
+        if self.reads_documents:
+            said += f"; question mode {self.settings.question_mode}"
+            if self.reads_chunks and self.settings.passthrough:
+                said += ", pass-through on"
+        return said
 
     # ---- admission ----
 
@@ -231,7 +292,7 @@ class MemAgentService:
         doc = Document(request)
         if not self.reads_documents:
             request.messages = [{**m, "content": as_str(m["content"])} for m in request.messages]
-        elif self._passes_through(request, check_tokens=False):
+        elif self.reads_chunks and self._passes_through(request, check_tokens=False):
             doc.passthrough = await asyncio.to_thread(self._passes_through, request, True)
         if doc.passthrough:
             request.messages = [{**m, "content": as_str(m["content"])} for m in request.messages]
@@ -283,12 +344,12 @@ class MemAgentService:
             async with self._slot(doc):
                 try:
                     async with asyncio.timeout(self.settings.document_timeout):
-                        if not self.reads_documents:
-                            outcome = await self._converse(doc)
-                        elif doc.passthrough:
+                        if doc.passthrough:
                             outcome = await self._pass_through(doc)
-                        else:
+                        elif self.reads_chunks:
                             outcome = await self._read(doc)
+                        else:
+                            outcome = await self._run(doc)
                 except TimeoutError:
                     raise ApiError(
                         504,
@@ -299,22 +360,27 @@ class MemAgentService:
                     ) from None
                 except ChatRequestError as err:
                     raise upstream_error(err, f"upstream failure {doc.progress()}") from None
+                except AnswerNotLastReplyError as err:  # the agent's fault, named as the harness names it
+                    raise ApiError(500, str(err), "server_error", "answer_not_last_reply") from None
         except asyncio.CancelledError:
-            self.counters.cancelled += 1
+            if doc.cancel_reason == "stream failed":
+                self._counted(doc, "failed")
+            else:
+                self._counted(doc, "cancelled")
             log.info("%s cancelled (%s) %s", doc.id, doc.cancel_reason or "cancelled", doc.progress())
             raise
         except ApiError as err:
             if doc.state != "new" and doc.state != "queued":
-                self.counters.failed += 1
+                self._counted(doc, "failed")
             log.warning("%s answered %d: %s", doc.id, err.status, err.message)
             raise
         except Exception as err:
-            self.counters.failed += 1
+            self._counted(doc, "failed")
             log.exception("%s failed %s", doc.id, doc.progress())
             raise ApiError(
                 500, f"internal error {doc.progress()}: {type(err).__name__}: {err}", "server_error"
             ) from err
-        self.counters.completed += 1
+        self._counted(doc, "completed")
         log.info(
             "%s answered: %s, %d turns, %d+%d tokens, %.2f s",
             doc.id,
@@ -337,29 +403,65 @@ class MemAgentService:
         memagent = {"passthrough": True, "turns": 1}
         return Outcome(answer, reply.finish_reason, reply.prompt_tokens, reply.completion_tokens, memagent)
 
-    async def _converse(self, doc: Document) -> Outcome:
-        """Another agent's run on the request's conversation: the messages as the sample's ``prompt`` (the chat list
-        a training row holds) and its last user message as ``input``; the answer is the agent's."""
+    def _sample(self, doc: Document) -> dict[str, Any]:
+        """The agent's sample of a request: the question and the document in the agent's columns (an agent that
+        reads one), or the conversation: the messages as ``prompt`` (the chat list a training row holds) and the
+        last user message as ``input``."""
+        request, found = doc.request, doc.found
+        if found is None:
+            users = [m["content"] for m in request.messages if m.get("role") == "user"]
+            return {"prompt": [dict(m) for m in request.messages], "input": users[-1] if users else ""}
+        question = as_str(found.question).strip()
+        sample: dict[str, Any] = dict.fromkeys(self.question_columns, question)
+        sample[self.document_column] = as_str(found.document).strip()  # this agent takes the document whole
+        doc.found = Found("", found.question, found.mode)
+        request.drop_texts()
+        return sample
+
+    async def _run(self, doc: Document) -> Outcome:
+        """Any agent but the memory loop: one episode on the request's sample; each call a progress event."""
         request = doc.request
-        users = [m["content"] for m in request.messages if m.get("role") == "user"]
-        sample = {"prompt": [dict(m) for m in request.messages], "input": users[-1] if users else ""}
-        try:
-            doc.episode = self.agent.episode(sample)
+        sample = self._sample(doc)
+        long = self.document_column is not None and len(sample[self.document_column]) > INLINE_TOKENIZE_CHARS
+        try:  # a long document is tokenized in a worker thread, as the memory agent's is
+            doc.episode = (
+                await asyncio.to_thread(self.workflow.episode, sample) if long else self.workflow.episode(sample)
+            )
         except (KeyError, ValueError, TypeError) as err:
-            raise bad_request(f"agent {self.settings.agent!r} cannot run this request: {err}") from None
+            raise bad_request(f"agent {self.name!r} cannot run this request: {err}") from None
+        del sample
+        calls = 0
 
         def on_turn(turn: Turn, reply: Reply) -> None:
+            nonlocal calls
+            calls += 1
             self._count(reply)
-            if request.stream:
-                doc.events.put_nowait(("turn", False, None))
+            if request.stream:  # one progress event per call (docs/serving.md, "Streaming")
+                kind = str(turn.meta.get("kind", "call"))
+                progress = {
+                    "agent": self.name,
+                    "call": calls,
+                    "kind": kind,
+                    "finish_reason": reply.finish_reason,
+                    "prompt_tokens": reply.prompt_tokens,
+                    "completion_tokens": reply.completion_tokens,
+                }
+                doc.events.put_nowait(("progress", progress, f"call {calls} ({kind}) answered"))
 
-        await run_session(doc.episode, self.client, self._sampling(request), on_turn)
+        final = {"stop": request.stop} if request.stop else None  # a call known to be the answer (sessions)
+        await run_session(doc.episode, self.client, self._sampling(request), on_turn, final)
+        check_finished(doc.episode)
         history = doc.episode.history
-        last = history[-1].reply
-        info = {"agent": self.settings.agent, "turns": len(history)}
+        last = history[-1]
+        info: dict[str, Any] = {"agent": self.name, "turns": len(history)}
+        if doc.found is not None:
+            info["question_mode"] = doc.found.mode
+        answer = doc.episode.answer
+        if final is not None and last.turn.final and last.reply.finish_reason == "stop":
+            answer = _cut_stop(answer, request.stop)
         return Outcome(
-            doc.episode.answer,
-            last.finish_reason,
+            answer,
+            last.reply.finish_reason,
             sum(rec.reply.prompt_tokens for rec in history),
             sum(rec.reply.completion_tokens for rec in history),
             info,
@@ -403,6 +505,21 @@ class MemAgentService:
             doc.session.context_ids = doc.session.context_ids[:0].copy()  # nothing reads them after the task
         doc.spools.close()
 
+    def _counted(self, doc: Document, counter: str) -> None:
+        """Count an ended document once; a stream that fails after its document answered moves it to failed."""
+        if doc.counted is not None:
+            setattr(self.counters, doc.counted, getattr(self.counters, doc.counted) - 1)
+        doc.counted = counter
+        setattr(self.counters, counter, getattr(self.counters, counter) + 1)
+
+    def stream_failed(self, doc: Document) -> None:
+        """The stream of ``doc`` failed while it was written: it counts as failed, whatever its document did (a
+        running one is cancelled and counted so)."""
+        if doc.task is not None and not doc.task.done():
+            doc.cancel("stream failed")
+        elif doc.counted is not None:
+            self._counted(doc, "failed")
+
     def _count(self, reply: Reply) -> None:
         self.counters.turns += 1
         self.counters.prompt_tokens += reply.prompt_tokens
@@ -410,7 +527,11 @@ class MemAgentService:
 
     async def _read(self, doc: Document) -> Outcome:
         request, found = doc.request, doc.found
-        workflow = self.workflow if request.max_tokens is None else self._workflow(request.max_tokens)
+        workflow = self.workflow
+        if request.max_tokens is not None:  # the request's answer budget
+            workflow = self.register.for_inference(
+                self.tokenizer, **{**self.options, "max_final_response_length": request.max_tokens}
+            )
         # A long document is held once: the request's texts go before it is stripped (a copy when its edges
         # are blank) and it goes once tokenized; the session holds the ids (docs/third_party_eval.md).
         document, question = found.document, found.question.strip()
@@ -436,11 +557,21 @@ class MemAgentService:
             if ids is not None:
                 ids.release()  # the chunk read leaves resident memory: the ids stay on disk
             self._count(reply)
-            if request.stream:  # a stream reports each chunk; the event holds no prompt
-                doc.events.put_nowait(("turn", turn.final, turn.meta.get("chunk")))
+            if not request.stream:
+                return
+            if turn.final:  # the answer follows: no progress of its own
+                doc.events.put_nowait(("progress", None, None))
+                return
+            # A stream reports each chunk read; the event holds no prompt (docs/serving.md, "Streaming").
+            chunk = turn.meta["chunk"] + 1
+            progress: dict[str, Any] = {"chunk": chunk, "chunks": doc.session.num_chunks}
+            if request.ext.return_memories:
+                progress["memory"] = doc.session.memory_trace[chunk - 1]
+            doc.events.put_nowait(("progress", progress, f"read chunk {chunk} of {doc.session.num_chunks}"))
 
         final = {"stop": request.stop} if request.stop else None
         session = await run_session(doc.session, self.client, self._sampling(request), on_turn, final)
+        check_finished(session)
         history = session.history
         last = history[-1].reply
         memory_turns = [rec for rec in history if not rec.turn.final]

@@ -186,14 +186,20 @@ def serve_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "recurrent.serve", *args]
 
 
+def serve_env() -> dict[str, str]:
+    """The environment of a server process: this checkout's packages first, whatever its working directory."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+
+
 @contextlib.contextmanager
-def serve_process(*args: str, log_path: Path) -> Iterator[tuple[str, subprocess.Popen]]:
-    """``python -m recurrent.serve ARGS --port P`` until the block ends (SIGTERM, then SIGKILL if it hangs)."""
+def serve_process(*args: str, log_path: Path, cwd: Path = REPO) -> Iterator[tuple[str, subprocess.Popen]]:
+    """``python -m recurrent.serve ARGS --port P`` (run in ``cwd``) until the block ends (SIGTERM, then SIGKILL if
+    it hangs)."""
     port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with log_path.open("w") as log:
         process = subprocess.Popen(
-            serve_command(*args, "--port", str(port)), stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env
+            serve_command(*args, "--port", str(port)), stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=serve_env()
         )
     base = f"http://127.0.0.1:{port}/v1"
     try:
@@ -207,6 +213,13 @@ def serve_process(*args: str, log_path: Path) -> Iterator[tuple[str, subprocess.
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def stream_lines(base: str, request: dict[str, Any]) -> list[str]:
+    """Every line of a streamed chat completion, read to its end."""
+    with httpx.Client(timeout=WAIT) as http, http.stream("POST", f"{base}/chat/completions", json=request) as r:
+        assert r.status_code == 200, r.read()
+        return list(r.iter_lines())
 
 
 def sse_events(lines: Iterator[str]) -> Iterator[dict | str]:
