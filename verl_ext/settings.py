@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -99,3 +100,30 @@ def recurrent_settings(config: DictConfig | Any) -> RecurrentSettings:
         replay_poll_interval_s=None if poll is None else float(poll),
         single_trajectory=str(values.get("single_trajectory", "warn")),
     )
+
+
+def resolve_agent_file(config: DictConfig, cwd: Path | None = None) -> str | None:
+    """Make an agent file named in ``recurrent.agent`` absolute, in ``config`` itself, and return it (None: the
+    agent is a registered name or a module). A relative path is read from ``cwd``, the working directory of the
+    command by default, wherever the config file lies (docs/write_your_own_agent.md): the trainer's Ray workers
+    build the agent wherever they run, so they get the absolute path. A missing file raises
+    ``FileNotFoundError`` naming the path it was looked for at."""
+    from recurrent.interface import is_agent_file
+
+    agent = recurrent_settings(config).agent
+    if not agent or not is_agent_file(agent):
+        return None
+    target, sep, obj = agent.partition(":")
+    base = cwd or Path.cwd()
+    path = Path(target).expanduser()
+    path = path if path.is_absolute() else base / path
+    if not path.is_file():
+        where = (
+            ""
+            if Path(target).expanduser().is_absolute()
+            else f" (a relative path is read from the working directory, {base})"
+        )
+        raise FileNotFoundError(f"recurrent.agent={agent}: no agent file at {path}{where}")
+    resolved = f"{path.resolve()}{sep}{obj}"
+    config.recurrent.agent = resolved
+    return resolved
