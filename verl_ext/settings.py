@@ -41,6 +41,9 @@ class RecurrentSettings:
     credit: str = "all"
     replay_poll_interval_s: float | None = None  # None keeps verl's 2.0 s
     single_trajectory: str = "warn"  # rollout.n == 1 with GRPO: warn, or refuse (exit 2)
+    # The rollout dump also holds every row's prompt and response token ids (python -m verl_ext.rows shows them);
+    # off by default: at the paper's scale they would triple a dump of ~7K-token rows.
+    dump_token_ids: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in ROLLOUT_MODES:
@@ -78,6 +81,7 @@ KNOWN_KEYS = {
     "replay_poll_interval_s",
     "manager_class",
     "single_trajectory",
+    "dump_token_ids",
 }
 
 
@@ -99,6 +103,7 @@ def recurrent_settings(config: DictConfig | Any) -> RecurrentSettings:
         credit=str(values.get("credit", "all")),
         replay_poll_interval_s=None if poll is None else float(poll),
         single_trajectory=str(values.get("single_trajectory", "warn")),
+        dump_token_ids=bool(values.get("dump_token_ids", False)),
     )
 
 
