@@ -9,44 +9,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from eval_fixtures import read_lines
+from eval_fixtures import VERIFY_AGENT, read_lines
 from scripted_calculator import calculator_app
 from threaded_http import serve_in_a_thread
 
 from experiments.calculator.task import write
 from taskutils.memory_eval.run import main as run_main
-
-# An agent of the user's own, outside the repository: it asks, runs the calculator the scripted model calls for
-# (the arithmetic of the toy task only), hands back the result, and returns the model's last reply.
-VERIFY_AGENT = """
-import json
-import re
-from dataclasses import dataclass
-
-from recurrent.functions import agent_function
-from recurrent.interface import WorkflowConfig
-
-
-@dataclass
-class VerifyConfig(WorkflowConfig):
-    max_tokens: int = 32
-
-
-async def verify(sample, client, config):
-    messages = [{"role": "user", "content": sample["input"]}]
-    reply = await client.chat(messages, config.max_tokens)
-    call = re.search(r"<tool_call>(.*)</tool_call>", reply.text)
-    if call:
-        a, op, b = json.loads(call.group(1))["arguments"]["expression"].split()
-        result = {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op]
-        messages += [{"role": "assistant", "content": reply.text},
-                     {"role": "user", "content": f"<tool_response>{result}</tool_response>"}]
-        reply = await client.chat(messages, config.max_tokens)
-    return reply.text
-
-
-REGISTER = agent_function("verify", VerifyConfig, verify, columns=("input",))
-"""
 
 
 def harness_argv(tmp_path: Path, url: str, tiny_model_dir: str, method: str) -> list[str]:
