@@ -9,7 +9,8 @@
   step (and prints a one-line summary of the step: final-answer reward and verdict, KL loss, advantages, seconds);
 - the rollout dump (``trainer.rollout_data_dir``: verl's ``{step}.jsonl``, one line per row with ``input``,
   ``output``, ``gts``, ``score``, ``step`` and the row key as ``uid``) gains the columns of
-  :data:`DUMP_COLUMNS` per row, so that a dump shows what every call's row was trained with, and in which update;
+  :data:`DUMP_COLUMNS` per row, so that a dump shows what every call's row was trained with, and in which update
+  (with ``recurrent.dump_token_ids``, also the row's token ids: :data:`TOKEN_ID_COLUMNS`, ``python -m verl_ext.rows``);
 - the replay buffer's poll interval comes from ``recurrent.replay_poll_interval_s``.
 
 Everything else (GRPO over the final rows of each ``{uid}_{session}`` broadcast to every turn, token-mean
