@@ -15,6 +15,13 @@ Azure deployment. The API key is never printed.
 The memory agent is the one of ``recurrent.agents.memory`` (the prompts the released checkpoints were trained
 with, the boxed final answer as in the original quickstart). The document is cut into ``--chunk``-token chunks
 with the model's tokenizer; ``--max-new`` caps both every memory update and the answer, as the original does.
+
+``--agent NAME_OR_PATH`` runs another agent from the registry instead: a registered name (``calculator``) or an
+agent file anywhere (``path/to/my_agent.py``, relative to the working directory; docs/write_your_own_agent.md),
+on its own settings' defaults. It gets the question as ``input`` (and ``prompt``) and the document as ``context``;
+every model call and the answer are printed, and the answer is read from its ``\boxed{}``.
+
+    URL=http://localhost:8000/v1 python quickstart.py --model NAME --agent my_agent.py --question "What is 6 times 7?"
 """
 
 from __future__ import annotations
@@ -58,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
         f"locally (default: {DEFAULT_MODEL})",
     )
     parser.add_argument(
+        "--agent",
+        default="memory",
+        help="the agent: a registered name or the path of an agent file (default: memory, the memory agent; the "
+        "options --chunk, --max-new, --final-prompt and --max-context are the memory agent's)",
+    )
+    parser.add_argument(
         "--chunk",
         type=positive_int,
         help=f"context tokens per chunk (default: {CPU_CHUNK} for the embedded CPU models, else {PAPER_CHUNK})",
@@ -86,7 +99,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-context",
         type=non_negative_int,
-        default=MAX_CONTEXT,
         help=f"keep the first and last halves of this many document tokens (default {MAX_CONTEXT}; 0: no cap)",
     )
     parser.add_argument(
@@ -143,6 +155,32 @@ def show_turn(chunks: int, turn: Any, reply: Any) -> None:
         show(f"memory after chunk {chunk + 1}/{chunks} ({turn.meta['chunk_tokens']} tokens read; {facts})", reply.text)
 
 
+def show_call(turn: Any, reply: Any) -> None:
+    """Print one finished model call of an agent other than the memory agent (``run_session``'s ``on_turn``)."""
+    cut = ", cut at the cap" if reply.finish_reason == "length" else ""
+    kind = turn.meta.get("kind", "call")
+    show(f"{kind} ({reply.completion_tokens} tokens, {reply.seconds:.1f} s{cut})", reply.text)
+
+
+MEMORY_ONLY = ("chunk", "max_new", "final_prompt", "max_context")  # options of the memory agent alone
+
+
+def load_agent(args: argparse.Namespace) -> tuple[Any, bool]:
+    """The agent's registration (by name or file, through the registry's loader) and whether it is the memory
+    agent. Raises ``ValueError`` naming the agent or the option that does not apply to it."""
+    from recurrent.interface import load_register
+
+    try:
+        register = load_register(args.agent)
+    except (ImportError, AttributeError, TypeError, OSError, SyntaxError) as err:
+        raise ValueError(f"--agent {args.agent}: {err}") from err
+    memory = register is load_register("memory")
+    given = [f"--{name.replace('_', '-')}" for name in MEMORY_ONLY if getattr(args, name) is not None]
+    if not memory and given:
+        raise ValueError(f"{', '.join(given)}: options of the memory agent, not of --agent {args.agent}")
+    return register, memory
+
+
 def shown_answer(response: str, final_prompt: str) -> tuple[str, str | None]:
     """The answer to print and, when the scorer's own extraction found none, a note on what was shown instead.
 
@@ -172,7 +210,6 @@ def _any_case(text: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from recurrent.agents.memory import inference_workflow
     from recurrent.async_manager import run_session
     from recurrent.client import OpenAIChatClient
     from recurrent.models import KNOWN_MODELS, ModelNotAvailableError, load_tokenizer, resolve_model_path
@@ -182,6 +219,11 @@ def run(args: argparse.Namespace) -> int:
     url = os.environ.get("URL")
     if url and not args.model:
         print("error: URL is set: pass --model, the model name the endpoint serves", file=sys.stderr)
+        return 2
+    try:
+        register, memory = load_agent(args)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
     model = args.model or DEFAULT_MODEL
     embedded = model in KNOWN_MODELS
@@ -213,12 +255,22 @@ def run(args: argparse.Namespace) -> int:
                 f"log {args.server_log})",
                 flush=True,
             )
-        workflow = inference_workflow(tokenizer, chunk, max_new, max_new, args.max_context or None, final_prompt)
-        session = workflow.session({"input": question, "context": document})
-        print(
-            f"document: {args.context_file.name}, {session.original_context_tokens} tokens -> {session.num_chunks} "
-            f"chunk(s) of up to {chunk}; memory and answer capped at {max_new} new tokens"
-        )
+        if memory:
+            max_context = MAX_CONTEXT if args.max_context is None else args.max_context
+            options = {"chunk_size": chunk, "max_new": max_new, "final_max_new": max_new}
+            options |= {"max_context": max_context or None, "final_prompt": final_prompt}
+            session = register.for_inference(tokenizer, **options).episode({"input": question, "context": document})
+            on_turn = functools.partial(show_turn, session.num_chunks)
+            print(
+                f"document: {args.context_file.name}, {session.original_context_tokens} tokens -> "
+                f"{session.num_chunks} chunk(s) of up to {chunk}; memory and answer capped at {max_new} new tokens"
+            )
+        else:
+            final_prompt = "boxed"  # how the harness scores another agent's answer (taskutils/memory_eval)
+            sample = {"input": question, "prompt": question, "context": document}
+            session = register.for_inference(tokenizer).episode(sample)
+            on_turn = show_call
+            print(f"agent: {register.name} ({args.agent}); document: {args.context_file.name}")
         print(f"question: {question}")
         client = OpenAIChatClient(base_url, served, max_concurrency=1, timeout=args.timeout, max_retries=2)
         sampling = {"temperature": args.temperature, "top_p": args.top_p}
@@ -228,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
 
         async def main() -> None:
             async with client:
-                await run_session(session, client, sampling, on_turn=functools.partial(show_turn, session.num_chunks))
+                await run_session(session, client, sampling, on_turn=on_turn)
 
         asyncio.run(main())
         agent_seconds = time.perf_counter() - began

@@ -291,13 +291,20 @@ def registered_agents() -> list[str]:
     return sorted(info.name for info in pkgutil.iter_modules(package.__path__) if not info.name.startswith("_"))
 
 
+def is_agent_file(spec: str) -> bool:
+    """Whether an agent spec names a file (``path/to/agent.py``, ``agent.py:OBJ``) rather than a registered name or
+    a dotted module: the rule :func:`load_register` applies, for callers that resolve or name such files first."""
+    target = spec.partition(":")[0]
+    return target.endswith(".py") or "/" in target
+
+
 def load_register(spec: str, obj_name: str = "REGISTER") -> WorkflowRegistration:
     """Load an agent by name (``memory``: the module ``recurrent.agents.memory``), by dotted module path
     (``pkg.mod``, ``pkg.mod:OBJ``) or by file path (``path/to/agent.py`` or ``path/to/agent.py:OBJ``). Errors name
     the file, module or object at fault, and for an unknown name the registered ones."""
     target, _, explicit = spec.partition(":")
     obj_name = explicit or obj_name
-    if target.endswith(".py") or "/" in target:
+    if is_agent_file(spec):
         path = Path(target)
         if not path.is_file():
             raise FileNotFoundError(f"agent file not found: {path}")

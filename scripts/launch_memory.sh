@@ -46,10 +46,15 @@ fi
 CONFIG=$1; DEFAULT_MODEL=$2; DEFAULT_NNODES=$3; shift 3
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
+# Runs from any working directory: this checkout's packages first on the path (Ray's local workers inherit it),
+# relative folders read from the directory it is started in and passed on absolute (the Ray workers' may differ).
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+absolute() { if [[ "$1" == /* ]]; then echo "$1"; else echo "$PWD/$1"; fi; }
 PROJ_ROOT_SET=${PROJ_ROOT:-}
-PROJ_ROOT=${PROJ_ROOT:-$REPO/checkpoints}
-DATASET_ROOT=${DATASET_ROOT:-$REPO/data}
+PROJ_ROOT=$(absolute "${PROJ_ROOT:-$REPO/checkpoints}")
+DATASET_ROOT=$(absolute "${DATASET_ROOT:-$REPO/data}")
 MODEL_PATH=${MODEL_PATH:-$DEFAULT_MODEL}
+if [ -d "$MODEL_PATH" ]; then MODEL_PATH=$(cd "$MODEL_PATH" && pwd); fi  # a folder; else a hub id
 NNODES=${NNODES:-$DEFAULT_NNODES}
 NGPUS_PER_NODE=${NGPUS_PER_NODE:-8}
 MODE=${MODE:-async}

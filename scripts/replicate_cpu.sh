@@ -104,6 +104,8 @@ ablation_name() { local mode="${1#final_}"; echo "ablation-${mode//_/-}"; }
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 mkdir -p "$OUT_DIR/runs"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
+# A relative WARM_START is the caller's (read before the change of directory below).
+if [[ -n "${WARM_START:-}" && -d "$WARM_START" ]]; then WARM_START="$(cd "$WARM_START" && pwd)"; fi
 cd "$REPO"
 
 say() { echo "[replicate_cpu $(date +%H:%M:%S)] $*"; }

@@ -24,11 +24,15 @@
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# Runs from any working directory: this checkout's packages first on every process's path (Ray's workers inherit
+# it), relative paths (MODEL_PATH, OUT_DIR, overrides) read from the directory it is started in.
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 if [ -z "${PYTHON:-}" ]; then
   if [ -x "$REPO/.venv/bin/python" ]; then PYTHON=$REPO/.venv/bin/python; else PYTHON=python3; fi
 fi
 MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-0.5B-Instruct}
 OUT_DIR=${OUT_DIR:-$REPO/checkpoints/smoke_gpu}
+[[ "$OUT_DIR" == /* ]] || OUT_DIR=$PWD/$OUT_DIR
 if [ -z "${NGPUS:-}" ]; then
   NGPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
   if [ "${NGPUS:-0}" -lt 1 ]; then NGPUS=1; fi  # no GPU seen: the task runner's check says so (and exits 2)
@@ -43,7 +47,7 @@ try:
     print(resolve_model_path(sys.argv[1]))
 except ModelNotAvailableError as err:
     sys.exit(f"[smoke] {err}")'
-MODEL_DIR=$(cd "$REPO" && "$PYTHON" -c "$resolve" "$MODEL_PATH") || exit 2
+MODEL_DIR=$("$PYTHON" -c "$resolve" "$MODEL_PATH") || exit 2
 
 DATA=$OUT_DIR/data
 ARGS=(
@@ -65,22 +69,20 @@ echo "[smoke] this node, $NGPUS GPU(s), model $MODEL_DIR, out $OUT_DIR"
 printf '[smoke] command:'; printf ' %q' "$PYTHON" -m verl_ext.main "${ARGS[@]}"; echo
 if [ "${DRY_RUN:-0}" = 1 ]; then
   echo "[smoke] DRY_RUN=1: composed config follows; not starting"
-  cd "$REPO"
   exec "$PYTHON" -m verl_ext.main "${ARGS[@]}" --cfg job --resolve
 fi
 
 mkdir -p "$OUT_DIR"
 # 16 questions (2 steps of 8) and 4 to validate, each about a document of 2900-3200 filler sentences: ~28K tokens.
 if [[ ! -f "$DATA/train.parquet" || ! -f "$DATA/dev.parquet" ]]; then
-  (cd "$REPO" && "$PYTHON" -m experiments.tiny.data --task memory --train 16 --val 4 --sentences 2900 3200 \
-    --out "$DATA" >/dev/null)
+  "$PYTHON" -m experiments.tiny.data --task memory --train 16 --val 4 --sentences 2900 3200 --out "$DATA" >/dev/null
 fi
 export VERL_LOGGING_LEVEL=${VERL_LOGGING_LEVEL:-DEBUG} PYTHONUNBUFFERED=1
 export VERL_FILE_LOGGER_PATH=$OUT_DIR/metrics.jsonl  # verl's file logger; truncated by each run
 LOG=$OUT_DIR/train.log
 unset RAY_ADDRESS
 
-source "$(dirname "${BASH_SOURCE[0]}")/lib/session.sh"  # start_supervised, stop_supervised
+source "$REPO/scripts/lib/session.sh"  # start_supervised, stop_supervised
 
 cleanup() {
   # The trainer runs in a session of its own under scripts/lib/supervise.py, with Ray's daemons, workers and vLLM
@@ -90,7 +92,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-cd "$REPO"
 start=$(date +%s)
 set +e
 : > "$LOG"  # this run's log only (the supervisor appends the trainer's output to it)

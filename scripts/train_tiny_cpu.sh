@@ -16,6 +16,8 @@
 #   start (python -m experiments.needle.warm_start). scripts/replicate_cpu.sh calls it this way.
 # CONFIG=<name> (any TASK): our trainer with configs/<name>.yaml, any agent (e.g. CONFIG=calculator_cpu), on
 #   DATA_DIR/train.parquet and DATA_DIR/validation.parquet, which must exist (the config's task makes them).
+#   CONFIG=<path>.yaml: a run config anywhere, composed on the repository's configs (its defaults may name
+#   recurrent_trainer, cpu_platform, ...; Hydra reads it through --config-dir): its name must not be one of configs/.
 # All: GRPO (memory n=4, toy n=2), KL loss against the ref policy, NGPUS FSDP2 ranks on gloo (fake Ray GPUs), the
 # `hf_cpu` transformers rollout, validation before training and after every step, a checkpoint every step
 # (resume_mode=auto; with the Hugging Face model), console + JSONL metrics, rollout and validation dumps. The CPU
@@ -30,16 +32,25 @@
 #                    One run at a time: a second run on the same OUT_DIR stops at once (status 2), naming the first
 #                    (a lock on OUT_DIR/checkpoints, held until the last process of the first run is gone)
 #   TASK=memory      memory | toy | needle (see above)
-#   CONFIG=...       a run config of configs/ instead of TASK's (see above); needs DATA_DIR
+#   CONFIG=...       a run config of configs/ (a name) or a YAML file anywhere (a path), instead of TASK's (see
+#                    above); needs DATA_DIR
+#   DRY_RUN=1        print the trainer's command and the composed config (resolved), then exit: nothing is trained
 #   MODEL=...        model folder (default: the tiny offline model, materialized if missing)
 #   NGPUS=2          FSDP ranks (= fake Ray GPUs)
 #   DATA_DIR=...     the task's data files (default OUT_DIR/data; made there when missing)
 #   PYTHON=...       interpreter (default: the repo's .venv)
 # Extra arguments are passed to the trainer as hydra overrides (they come last, so they win), e.g.
 # 'trainer.logger=[console,file,wandb]' (wandb runs offline: WANDB_MODE=offline, files under OUT_DIR/wandb).
+# Runs from any working directory: relative paths (CONFIG, OUT_DIR, DATA_DIR, MODEL, overrides, an agent file named
+# in the config's recurrent.agent) are read from the directory it is started in, the trainer's own working
+# directory; this checkout's packages come first on every process's path (PYTHONPATH).
 set -euo pipefail
 
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then sed -n '2,/^set -euo pipefail/p' "$0" | sed '$d'; exit 0; fi
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"  # inherited by Ray's daemons and workers
+# absolute PATH: PATH as seen from the directory the script was started in (it never changes directory).
+absolute() { if [[ "$1" == /* ]]; then echo "$1"; else echo "$PWD/$1"; fi; }
 PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
 STEPS="${STEPS:-2}"
 OUT_DIR="${OUT_DIR:-$REPO/.cache/train_tiny_cpu}"
@@ -47,7 +58,7 @@ TASK="${TASK:-memory}"
 NGPUS="${NGPUS:-2}"
 mkdir -p "$OUT_DIR"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
-source "$(dirname "${BASH_SOURCE[0]}")/lib/session.sh"  # hold_run_lock, start_supervised, stop_supervised
+source "$REPO/scripts/lib/session.sh"  # hold_run_lock, start_supervised, stop_supervised
 hold_run_lock "$OUT_DIR/checkpoints"  # before anything in OUT_DIR changes (the metrics files below)
 
 # --- environment of every process (the driver's env is inherited by Ray's raylet and workers; the CPU
@@ -64,7 +75,7 @@ export PYTHONUNBUFFERED=1
 # verl's file logger truncates its file (utils/tracking.py FileLogger opens it "wb"): metrics.jsonl is this run's,
 # an earlier run's (before a resume) is kept as metrics.1.jsonl, metrics.2.jsonl, ...
 export VERL_FILE_LOGGER_PATH="$OUT_DIR/metrics.jsonl"
-if [[ -s "$VERL_FILE_LOGGER_PATH" ]]; then
+if [[ -s "$VERL_FILE_LOGGER_PATH" && "${DRY_RUN:-0}" != 1 ]]; then
   n=1; while [[ -e "$OUT_DIR/metrics.$n.jsonl" ]]; do n=$((n + 1)); done
   mv "$VERL_FILE_LOGGER_PATH" "$OUT_DIR/metrics.$n.jsonl"
 fi
@@ -72,9 +83,30 @@ fi
 RAY_TMP="$(mktemp -d -t rc.XXXXXX)"  # $TMPDIR or /tmp: short enough for Unix sockets
 
 CONFIG="${CONFIG:-}"
+if [[ -n "${DATA_DIR:-}" ]]; then
+  if [[ -d "$DATA_DIR" ]]; then DATA_DIR="$(cd "$DATA_DIR" && pwd)"; else DATA_DIR="$(absolute "$DATA_DIR")"; fi
+fi
+if [[ -n "${MODEL:-}" && -d "$MODEL" ]]; then MODEL="$(cd "$MODEL" && pwd)"; fi  # a folder; else a model name
 if [[ -n "$CONFIG" ]]; then
-  if [[ ! -f "$REPO/configs/$CONFIG.yaml" ]]; then
-    echo "CONFIG=$CONFIG: no configs/$CONFIG.yaml" >&2; exit 2
+  if [[ "$CONFIG" == */* || "$CONFIG" == *.yaml || "$CONFIG" == *.yml ]]; then
+    # A run config anywhere: Hydra finds it through --config-dir, searched after configs/ (so its defaults name
+    # the repository's configs), so a name of configs/ would read the repository's file instead.
+    config_file="$(absolute "$CONFIG")"
+    config_name="$(basename "$config_file" .yaml)"
+    if [[ ! -f "$config_file" || "$config_file" != *.yaml ]]; then
+      echo "CONFIG=$CONFIG: no YAML file at $config_file (Hydra reads run configs from .yaml files)" >&2; exit 2
+    fi
+    if [[ -f "$REPO/configs/$config_name.yaml" && ! "$config_file" -ef "$REPO/configs/$config_name.yaml" ]]; then
+      echo "CONFIG=$CONFIG: configs/$config_name.yaml of the repository has its name, and Hydra would read that" \
+        "one: rename $config_file" >&2
+      exit 2
+    fi
+    config_args=(--config-dir "$(dirname "$config_file")" --config-name "$config_name")
+  elif [[ -f "$REPO/configs/$CONFIG.yaml" ]]; then
+    config_args=(--config-name "$CONFIG")
+  else
+    echo "CONFIG=$CONFIG: no configs/$CONFIG.yaml (CONFIG is a name in configs/ or the path of a YAML file)" >&2
+    exit 2
   fi
   if [[ -z "${DATA_DIR:-}" || ! -f "$DATA_DIR/train.parquet" || ! -f "$DATA_DIR/validation.parquet" ]]; then
     echo "CONFIG=$CONFIG needs DATA_DIR holding train.parquet and validation.parquet" >&2; exit 2
@@ -97,8 +129,8 @@ case "$TASK" in
   *) echo "TASK must be toy, memory or needle, got '$TASK'" >&2; exit 2 ;;
 esac
 # Made once per OUT_DIR (deterministic for the seed): a resumed run reads the same files.
-if [[ "$TASK" == config ]]; then
-  :  # the config's own data, in DATA_DIR (checked above)
+if [[ "$TASK" == config || "${DRY_RUN:-0}" == 1 ]]; then
+  :  # the config's own data, in DATA_DIR (checked above); a dry run writes nothing
 elif [[ "$TASK" == needle ]]; then
   if [[ ! -f "$DATA/train.parquet" || ! -f "$DATA/validation.parquet" ]]; then
     "$PYTHON" -m experiments.needle.needle "${data_args[@]}" --out "$DATA" >/dev/null
@@ -122,7 +154,7 @@ machine_args=(
 
 # --- the task -----------------------------------------------------------------------------------------------
 if [[ "$TASK" == config ]]; then
-  entry=(-m verl_ext.main --config-name "$CONFIG")
+  entry=(-m verl_ext.main "${config_args[@]}")
   task_args=(
     data.train_files="$DATA/train.parquet"
     data.val_files="$DATA/validation.parquet"
@@ -214,6 +246,13 @@ else
   )
 fi
 
+if [[ "${DRY_RUN:-0}" == 1 ]]; then
+  printf '[train_tiny_cpu] command:'; printf ' %q' "$PYTHON" "${entry[@]}" "${task_args[@]}" "${machine_args[@]}" "$@"
+  echo; echo "[train_tiny_cpu] DRY_RUN=1: composed config follows; not starting"
+  rm -rf "$RAY_TMP"
+  exec "$PYTHON" "${entry[@]}" "${task_args[@]}" "${machine_args[@]}" "$@" --cfg job --resolve
+fi
+
 cleanup() {
   # The trainer runs in a session of its own under scripts/lib/supervise.py (start_supervised), with Ray's
   # daemons and workers: closing the lifeline has the supervisor end that session and remove Ray's temporary
@@ -225,7 +264,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-cd "$REPO"
 echo "[train_tiny_cpu] task=$TASK${CONFIG:+ config=$CONFIG} steps=$STEPS out=$OUT_DIR ranks=$NGPUS model=$MODEL ray_tmp=$RAY_TMP"
 start=$(date +%s)
 set +e

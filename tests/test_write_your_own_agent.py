@@ -107,8 +107,23 @@ def test_the_pages_code_runs_in_order(in_tmp: Path, tiny_model_dir):
         preflight(config)
 
 
+def test_the_example_configs_warm_up_fits_its_run(tmp_path: Path):
+    """verl's warm-up starts the learning rate at 0 (get_constant_schedule_with_warmup): the page's run of a few
+    steps must not spend them warming up (recurrent_trainer's 20 steps would)."""
+    from hydra import compose, initialize_config_dir
+
+    configs = tmp_path / "configs"
+    shutil.copytree(REPO / "configs", configs)
+    (configs / "my_agent_cpu.yaml").write_text(blocks("yaml")[0])
+    with initialize_config_dir(config_dir=str(configs), version_base=None):
+        optim = compose("my_agent_cpu").actor_rollout_ref.actor.optim
+    steps = int(re.search(r"STEPS=(\d+)", blocks("bash")[0]).group(1))
+    warmup = optim.lr_warmup_steps if (optim.lr_warmup_steps or 0) > 0 else int(optim.lr_warmup_steps_ratio * steps)
+    assert warmup == 0 < steps
+
+
 def test_the_training_command_is_the_launchers():
     """The page's training block runs the launcher with a run config (CONFIG=), as the calculator's trainer does."""
     (command,) = blocks("bash")
-    assert "CONFIG=my_agent_cpu" in command and "scripts/train_tiny_cpu.sh" in command
+    assert "CONFIG=my_agent_cpu.yaml" in command and "scripts/train_tiny_cpu.sh" in command
     assert "CONFIG=" in (REPO / "scripts" / "train_tiny_cpu.sh").read_text()

@@ -9,6 +9,7 @@ Generic over agents: the agent to train is the one the ``recurrent:`` section na
 - ``reward``: the strict verifier as verl's custom reward function;
 - ``metrics``, ``trainer``: per-trajectory metrics, ``RecurrentPPOTrainer`` and its task runner;
 - ``preflight``, ``main``: checks before Ray starts, the Hydra entry ``python -m verl_ext.main``;
+- ``rows``: ``python -m verl_ext.rows``, the token ids of a run's rows from its rollout dump;
 - ``plugin``: the ``verl.plugins`` entry point; ``cpu``: CPU execution pieces (a token server for now);
 - ``attention``: flash-attn or sdpa, by what is installed (the configs' two resolvers, registered here).
 """

@@ -24,6 +24,13 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
 def run(config: DictConfig) -> None:
+    from verl_ext.preflight import PreflightError
+    from verl_ext.settings import resolve_agent_file
+
+    try:
+        resolve_agent_file(config)  # a relative agent file is the caller's: the workers get its absolute path
+    except FileNotFoundError as err:
+        raise PreflightError(str(err)) from err
     # verl and Ray are imported here, not at module level: `--cfg job` and --help stay fast.
     from verl.trainer.main_ppo import run_ppo
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -32,7 +39,7 @@ def run(config: DictConfig) -> None:
 
     from verl_ext.cluster import cluster_address, drop_local_ray_settings
     from verl_ext.node_watch import LOSS_CONFIRM_S, NodeWatch, exit_on_node_lost
-    from verl_ext.preflight import PreflightError, preflight
+    from verl_ext.preflight import preflight
     from verl_ext.trainer import RecurrentTaskRunner
 
     if config.trainer.device == "cpu" and os.environ.get("VERL_PLATFORM") != "cpu":

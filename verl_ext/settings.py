@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -40,6 +41,9 @@ class RecurrentSettings:
     credit: str = "all"
     replay_poll_interval_s: float | None = None  # None keeps verl's 2.0 s
     single_trajectory: str = "warn"  # rollout.n == 1 with GRPO: warn, or refuse (exit 2)
+    # The rollout dump also holds every row's prompt and response token ids (python -m verl_ext.rows shows them);
+    # off by default: at the paper's scale they would triple a dump of ~7K-token rows.
+    dump_token_ids: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in ROLLOUT_MODES:
@@ -77,6 +81,7 @@ KNOWN_KEYS = {
     "replay_poll_interval_s",
     "manager_class",
     "single_trajectory",
+    "dump_token_ids",
 }
 
 
@@ -98,4 +103,32 @@ def recurrent_settings(config: DictConfig | Any) -> RecurrentSettings:
         credit=str(values.get("credit", "all")),
         replay_poll_interval_s=None if poll is None else float(poll),
         single_trajectory=str(values.get("single_trajectory", "warn")),
+        dump_token_ids=bool(values.get("dump_token_ids", False)),
     )
+
+
+def resolve_agent_file(config: DictConfig, cwd: Path | None = None) -> str | None:
+    """Make an agent file named in ``recurrent.agent`` absolute, in ``config`` itself, and return it (None: the
+    agent is a registered name or a module). A relative path is read from ``cwd``, the working directory of the
+    command by default, wherever the config file lies (docs/write_your_own_agent.md): the trainer's Ray workers
+    build the agent wherever they run, so they get the absolute path. A missing file raises
+    ``FileNotFoundError`` naming the path it was looked for at."""
+    from recurrent.interface import is_agent_file
+
+    agent = recurrent_settings(config).agent
+    if not agent or not is_agent_file(agent):
+        return None
+    target, sep, obj = agent.partition(":")
+    base = cwd or Path.cwd()
+    path = Path(target).expanduser()
+    path = path if path.is_absolute() else base / path
+    if not path.is_file():
+        where = (
+            ""
+            if Path(target).expanduser().is_absolute()
+            else f" (a relative path is read from the working directory, {base})"
+        )
+        raise FileNotFoundError(f"recurrent.agent={agent}: no agent file at {path}{where}")
+    resolved = f"{path.resolve()}{sep}{obj}"
+    config.recurrent.agent = resolved
+    return resolved

@@ -9,7 +9,8 @@
   step (and prints a one-line summary of the step: final-answer reward and verdict, KL loss, advantages, seconds);
 - the rollout dump (``trainer.rollout_data_dir``: verl's ``{step}.jsonl``, one line per row with ``input``,
   ``output``, ``gts``, ``score``, ``step`` and the row key as ``uid``) gains the columns of
-  :data:`DUMP_COLUMNS` per row, so that a dump shows what every call's row was trained with, and in which update;
+  :data:`DUMP_COLUMNS` per row, so that a dump shows what every call's row was trained with, and in which update
+  (with ``recurrent.dump_token_ids``, also the row's token ids: :data:`TOKEN_ID_COLUMNS`, ``python -m verl_ext.rows``);
 - the replay buffer's poll interval comes from ``recurrent.replay_poll_interval_s``.
 
 Everything else (GRPO over the final rows of each ``{uid}_{session}`` broadcast to every turn, token-mean
@@ -60,13 +61,16 @@ DUMP_COLUMNS = (
 )
 # What the extra columns are read from (TransferQueue fields of the step's rows).
 DUMP_FIELDS = ["advantages", "response_mask", "extra_fields"]
+# With recurrent.dump_token_ids: each row's ids as trained (verl's own columns are text, decoded without special
+# tokens), from the rows' `prompts` and `responses` fields; python -m verl_ext.rows prints them.
+TOKEN_ID_COLUMNS = {"prompt_ids": "prompts", "response_ids": "responses"}
 
 
 def dump_columns(
-    keys: list[str], tags: list[dict], rows: Any, minibatch_of: dict[str, int] | None = None
+    keys: list[str], tags: list[dict], rows: Any, minibatch_of: dict[str, int] | None = None, token_ids: bool = False
 ) -> dict[str, dict[str, Any]]:
     """The :data:`DUMP_COLUMNS` of each row, keyed by row key, from the rows' :data:`DUMP_FIELDS` and the
-    step's mini-batch of each row key."""
+    step's mini-batch of each row key; with ``token_ids``, also :data:`TOKEN_ID_COLUMNS` (rows with their fields)."""
     # Nested (jagged) tensors, or dense ones when all rows have one length: unbind gives the rows either way.
     advantages, masks = rows["advantages"].unbind(0), rows["response_mask"].unbind(0)
     extra = rows.get("extra_fields", None)
@@ -89,6 +93,10 @@ def dump_columns(
         }
         for name, value in values.items():
             columns[name][key] = value
+    if token_ids:
+        for column, field_name in TOKEN_ID_COLUMNS.items():
+            # Nested (jagged) rows unbind to each row's own length: the ids as the agent loop stored them.
+            columns[column] = {key: ids.tolist() for key, ids in zip(keys, rows[field_name].unbind(0), strict=True)}
     return columns
 
 
@@ -222,8 +230,10 @@ class RecurrentPPOTrainer(PPOTrainerSync):
     def _log_rollout_data(self, batch, timing_raw, rollout_data_dir):
         # verl's dump (trainer_base.py:1297-1340) with DUMP_COLUMNS: they are read here and merged, by row key,
         # into what verl hands to _dump_generations (its `uid` column holds the sorted row keys).
-        rows = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=DUMP_FIELDS)
-        self._dump_extra = dump_columns(list(batch.keys), list(batch.tags), rows, self._minibatch_of)
+        token_ids = self.settings.dump_token_ids
+        fields = DUMP_FIELDS + (list(TOKEN_ID_COLUMNS.values()) if token_ids else [])
+        rows = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+        self._dump_extra = dump_columns(list(batch.keys), list(batch.tags), rows, self._minibatch_of, token_ids)
         try:
             super()._log_rollout_data(batch, timing_raw, rollout_data_dir)
         finally:

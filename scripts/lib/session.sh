@@ -3,6 +3,9 @@
 # shell goes, however it goes (start_supervised, stop_supervised); end_session ends a session by pid (only processes
 # the launcher started); hold_run_lock keeps a second run off a run folder.
 
+# This folder, absolute, as it is when sourced: the launchers may change directory before start_supervised.
+SESSION_LIB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
 session_pids() {
   # Pids of the live processes in session $1 (read from /proc/<pid>/stat: "... ) state ppid pgrp session ...").
   local sid="$1" f stat fields
@@ -57,7 +60,7 @@ start_supervised() {
   mkfifo "$fifo_dir/fifo"
   exec {LIFELINE_FD}<>"$fifo_dir/fifo"  # read-write: opening does not wait for a reader
   # The supervisor and everything it starts must not hold the write end, or the lifeline would not close with us.
-  setsid "${PYTHON:-python3}" "$(dirname "${BASH_SOURCE[0]}")/supervise.py" --lifeline "$fifo_dir/fifo" \
+  setsid "${PYTHON:-python3}" "$SESSION_LIB_DIR/supervise.py" --lifeline "$fifo_dir/fifo" \
     --log "$log" "${remove[@]}" --remove "$fifo_dir" -- "$@" {LIFELINE_FD}>&- &
   SUPERVISOR_PID=$!
   SUPERVISOR_FIFO_DIR="$fifo_dir"

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from recurrent.interface import registered_agents
+from recurrent.interface import is_agent_file, load_register, registered_agents
 from recurrent.options import ConfigError, key_nodes, read_yaml, where
 
 TABLE_PATH = Path(__file__).with_name("models.yaml")
@@ -36,13 +36,52 @@ AGENT_ANSWER_FORMAT = "boxed"  # how a registered agent's own answer is scored
 
 
 def method_agent(method: str) -> tuple[str, str | None]:
-    """(agent, final prompt) of a method: one of :data:`METHODS`, or a registered agent by name (None: its own
-    prompts)."""
+    """(agent, final prompt) of a method: one of :data:`METHODS`, a registered agent by name, or an agent file by
+    its path (see :func:`resolve_method`; None: the agent's own prompts)."""
     if method in METHODS:
         return METHODS[method]
-    if method in registered_agents():
+    if method in registered_agents() or is_agent_file(method):
         return method, None
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(known_methods())}")
+
+
+def method_name(method: str) -> str:
+    """A method's name in results files and tables: itself, or for an agent file its stem (``checks/verify.py`` ->
+    ``verify``; ``agent.py:OBJ`` -> ``agent-OBJ``), the same wherever the file lies or is called from."""
+    if not is_agent_file(method):
+        return method
+    target, _, obj = method.partition(":")
+    name = Path(target).stem + (f"-{obj}" if obj else "")
+    # File-safe, and never "__": it separates the model from the method in results file names.
+    return re.sub(r"_{2,}", "_", re.sub(r"[^A-Za-z0-9._+-]+", "_", name)).strip("_") or "agent"
+
+
+def resolve_method(method: str, cwd: Path | None = None) -> str:
+    """A method as the harness runs it: a name as it is, an agent file as an absolute path (a relative one is read
+    from ``cwd``, default the working directory), loaded once here through the registry's loader so that a file
+    that is missing or registers nothing stops the run before anything starts. ``ValueError`` names the file."""
+    if not is_agent_file(method):
+        method_agent(method)  # an unknown name raises, listing the known ones
+        return method
+    target, sep, obj = method.partition(":")
+    path = Path(target).expanduser()
+    path = ((cwd or Path.cwd()) / path).resolve() if not path.is_absolute() else path.resolve()
+    if not path.is_file():
+        raise ValueError(f"method {method!r}: agent file not found: {path}")
+    spec = f"{path}{sep}{obj}"
+    try:
+        load_register(spec)
+    except Exception as err:  # whatever the file does wrong on import, named with the file
+        raise ValueError(
+            f"method {method!r}: agent file {path} registers no agent: {type(err).__name__}: {err}"
+        ) from err
+    name = method_name(spec)
+    if name in known_methods():
+        raise ValueError(
+            f"method {method!r}: agent file {path} would be named {name!r}, the name of a registered method: "
+            "rename the file (results files are named after it)"
+        )
+    return spec
 
 
 def known_methods() -> tuple[str, ...]:

@@ -42,7 +42,7 @@ from tqdm import tqdm
 from recurrent.agents.memory import MemoryConfig
 from recurrent.async_manager import cancel_and_wait
 from recurrent.client import OpenAIChatClient
-from recurrent.interface import Episode, load_register
+from recurrent.interface import Episode, is_agent_file, load_register
 from recurrent.models import ModelNotAvailableError, load_tokenizer
 from recurrent.options import parse_with_config
 from recurrent.sampling import argument as sampling_argument
@@ -117,9 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     sel.add_argument(
         "--method",
         type=parse_list,
-        help=f"comma list of {', '.join(cfg.known_methods())} (any registered agent by name); memory/direct use the "
-        "paper's 'the answer is' prompt and "
-        "the -boxed variants the training format (default: each model's method in the table)",
+        help=f"comma list of {', '.join(cfg.known_methods())} (any registered agent by name) or paths to agent "
+        "files (path/to/agent.py, relative to the working directory; results are named after the file's stem); "
+        "memory/direct use the paper's 'the answer is' prompt and the -boxed variants the training format "
+        "(default: each model's method in the table)",
     )
     sel.add_argument("--limit", type=positive_int, help="only the first N items of every eval set")
     io = parser.add_argument_group("data and results")
@@ -202,9 +203,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parse_with_config(parser, argv)  # a config file sets defaults; flags on the command line still win
     known = cfg.known_methods()
-    unknown = [m for m in args.method or [] if m not in known]
+    unknown = [m for m in args.method or [] if m not in known and not is_agent_file(m)]
     if unknown:
-        parser.error(f"unknown method(s) {unknown}; choose from {', '.join(known)}")
+        parser.error(f"unknown method(s) {unknown}; choose from {', '.join(known)}, or give the path of an agent file")
+    if args.method:
+        try:
+            args.method = [cfg.resolve_method(m) for m in args.method]
+        except ValueError as err:
+            parser.error(str(err))
+        names = [cfg.method_name(m) for m in args.method]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            parser.error(f"two methods would write the same results files (named {', '.join(twice)})")
     return args
 
 
@@ -212,7 +222,7 @@ def agent_options(entry: cfg.ModelEntry, method: str) -> dict[str, Any]:
     """The inference settings of a method's agent: the model table's section named after the agent (``memory``,
     ``direct``: its budgets), and the method's final prompt; an agent without a section runs on its defaults."""
     agent, final_prompt = cfg.method_agent(method)
-    section = getattr(entry, agent, None)
+    section = None if is_agent_file(agent) else getattr(entry, agent, None)
     options = asdict(section) if section is not None else {}
     if final_prompt is not None:
         options["final_prompt"] = final_prompt
@@ -220,7 +230,7 @@ def agent_options(entry: cfg.ModelEntry, method: str) -> dict[str, Any]:
 
 
 def make_workflow(entry: cfg.ModelEntry, method: str, tokenizer: Any) -> Callable[[dict[str, Any]], Episode]:
-    """The episode factory of one method: its agent, by name from the registry (recurrent/agents/)."""
+    """The episode factory of one method: its agent from the registry (recurrent/agents/), by name or file."""
     agent, _ = cfg.method_agent(method)
     workflow = load_register(agent).for_inference(tokenizer, **agent_options(entry, method))
 
@@ -242,14 +252,17 @@ def settings_of(entry: cfg.ModelEntry, method: str, sampling: dict[str, Any]) ->
     """What decides a file's results: resuming with other settings is refused."""
     options = agent_options(entry, method)
     final_prompt = options.pop("final_prompt", None)
-    return {
+    settings = {
         "checkpoint": entry.checkpoint,
         "tokenizer": entry.tokenizer or entry.checkpoint,
-        "method": method,
+        "method": cfg.method_name(method),
         "final_prompt": final_prompt,
         "budget": options,
         "sampling": sampling,
     }
+    if is_agent_file(method):  # another file of the same name is another method: its results are not resumed
+        settings["agent_file"] = method
+    return settings
 
 
 def sampling_note(entry: cfg.ModelEntry, args: argparse.Namespace) -> str:
@@ -279,7 +292,7 @@ def plan_jobs(
                 questions: dict[Any, tuple[str, str]] = {}
                 scanned[data] = (evalsets.scan(data, args.limit, pool, questions), questions)
             ids, questions = scanned[data]
-            out = results.results_path(args.results_dir, task, length, entry.name, method)
+            out = results.results_path(args.results_dir, task, length, entry.name, cfg.method_name(method))
             info = {
                 "expected": len(ids),
                 "data_file": str(data),
@@ -308,7 +321,7 @@ async def run_model(
     outcomes = []
     try:
         for job in jobs:
-            desc = f"{entry.name} {job.method} {job.task}_{job.length}"
+            desc = f"{entry.name} {cfg.method_name(job.method)} {job.task}_{job.length}"
             bar = tqdm(total=job.expected, initial=job.expected - len(job.pending), desc=desc, disable=args.quiet)
 
             def make_record(item, session, error, seconds, job=job):
@@ -323,7 +336,7 @@ async def run_model(
                     task=job.task,
                     length=job.length,
                     model=entry.name,
-                    method=job.method,
+                    method=cfg.method_name(job.method),
                     session=session,
                     error=error,
                     seconds=seconds,
@@ -508,8 +521,8 @@ def print_totals(rows: list[tuple[str, Job, FileOutcome]]) -> None:
     )
     for model, job, out in rows:
         print(
-            f"{model[:32]:32} {job.method:13} {f'{job.task}_{job.length}'[:28]:28} {out.done:6d} {out.failed:6d} "
-            f"{out.prompt_tokens:12,d} {out.completion_tokens:11,d}",
+            f"{model[:32]:32} {cfg.method_name(job.method):13} {f'{job.task}_{job.length}'[:28]:28} {out.done:6d} "
+            f"{out.failed:6d} {out.prompt_tokens:12,d} {out.completion_tokens:11,d}",
             file=sys.stderr,
         )
     prompt = sum(o.prompt_tokens for _, _, o in rows)
@@ -547,7 +560,8 @@ def unfinished(plans: list[tuple[cfg.ModelEntry, list[Job]]]) -> list[str]:
         for job in jobs:
             failed, not_run, first = results.unfinished(job.out, job.ids)
             if failed or not_run:
-                line = f"{entry.name} {job.method} {job.task}_{job.length}: {failed} failed, {not_run} not run"
+                name = cfg.method_name(job.method)
+                line = f"{entry.name} {name} {job.task}_{job.length}: {failed} failed, {not_run} not run"
                 lines.append(line + (f" (first error: {first})" if first else ""))
     return lines
 

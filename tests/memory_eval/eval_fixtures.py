@@ -75,3 +75,36 @@ def harness_argv(data: Path, results: Path, length: int, *options: str) -> list[
     without the final report, plus ``options`` (the model, the server, retries...)."""
     paths = ("--data-dir", str(data), "--results-dir", str(results))
     return ["--tasks", "hotpotqa", "--lengths", str(length), *paths, "--no-report", "--quiet", *options]
+
+
+# An agent of the user's own, outside the repository: it asks, runs the calculator the scripted model calls for
+# (the arithmetic of the toy task only), hands back the result, and returns the model's last reply.
+VERIFY_AGENT = """
+import json
+import re
+from dataclasses import dataclass
+
+from recurrent.functions import agent_function
+from recurrent.interface import WorkflowConfig
+
+
+@dataclass
+class VerifyConfig(WorkflowConfig):
+    max_tokens: int = 32
+
+
+async def verify(sample, client, config):
+    messages = [{"role": "user", "content": sample["input"]}]
+    reply = await client.chat(messages, config.max_tokens)
+    call = re.search(r"<tool_call>(.*)</tool_call>", reply.text)
+    if call:
+        a, op, b = json.loads(call.group(1))["arguments"]["expression"].split()
+        result = {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op]
+        messages += [{"role": "assistant", "content": reply.text},
+                     {"role": "user", "content": f"<tool_response>{result}</tool_response>"}]
+        reply = await client.chat(messages, config.max_tokens)
+    return reply.text
+
+
+REGISTER = agent_function("verify", VerifyConfig, verify, columns=("input",))
+"""

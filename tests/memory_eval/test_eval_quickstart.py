@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from eval_fixtures import VERIFY_AGENT
+from scripted_calculator import calculator_app
+from threaded_http import serve_in_a_thread
 
 from recurrent.serving import free_port
 
@@ -17,7 +20,9 @@ REPO = Path(__file__).resolve().parents[2]
 SECRET = "sk-quickstart-SECRET-91b2"
 
 
-def quickstart(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def quickstart(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 300, cwd: Path = REPO
+) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if k not in ("URL", "API_KEY")}
     return subprocess.run(
         [sys.executable, str(REPO / "quickstart.py"), *args],
@@ -25,7 +30,7 @@ def quickstart(*args: str, env: dict[str, str] | None = None, timeout: float = 3
         text=True,
         timeout=timeout,
         env={**environ, **(env or {})},
-        cwd=REPO,
+        cwd=cwd,
     )
 
 
@@ -74,6 +79,34 @@ def test_quickstart_errors_are_clear():
     assert "set URL" in missing.stderr
     no_model = quickstart(env={"URL": "http://127.0.0.1:9/v1"})
     assert no_model.returncode == 2 and "pass --model" in no_model.stderr
+
+
+def test_quickstart_runs_an_agent_file_from_anywhere(tmp_path):
+    """``--agent path/to/agent.py`` (relative to the caller's directory) runs that agent through the registry
+    against the endpoint: each model call printed, the boxed answer read."""
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "agents" / "verify_agent.py").write_text(VERIFY_AGENT)
+    seen: list[list[dict]] = []
+    with serve_in_a_thread(calculator_app(seen), wait_s=30) as url:
+        argv = (
+            "--agent",
+            "agents/verify_agent.py",
+            "--model",
+            "m",
+            "--tokenizer",
+            "tiny",
+            "--question",
+            "What is 6 * 7?",
+        )
+        run = quickstart(*argv, env={"URL": url}, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "agent: verify (agents/verify_agent.py)" in run.stdout and "question: What is 6 * 7?" in run.stdout
+    assert run.stdout.count("\n--- call (") == 2 and "\nAnswer: 42\n" in run.stdout
+    assert len(seen) == 2 and seen[1][-1]["content"] == "<tool_response>42</tool_response>"
+    missing = quickstart("--agent", "agents/nope.py", "--model", "m", env={"URL": url}, cwd=tmp_path)
+    assert missing.returncode == 2 and "agent file not found: agents/nope.py" in missing.stderr
+    memory_option = quickstart(*argv[:2], "--chunk", "100", "--model", "m", env={"URL": url}, cwd=tmp_path)
+    assert memory_option.returncode == 2 and "--chunk: options of the memory agent" in memory_option.stderr
 
 
 @pytest.mark.slow(seconds=70)  # with the file's other quickstart runs

@@ -245,6 +245,36 @@ def test_one_row_per_model_call_and_tool_results_only_in_prompts(run):
     print(f"\n[calculator trainer] trajectories by model calls: {dict(sorted(calls_seen.items()))}")
 
 
+def test_the_dump_holds_each_rows_token_ids_and_the_rows_tool_prints_them(run, capsys):
+    """The CPU platform dumps every row's ids as trained (recurrent.dump_token_ids): the first call's prompt ids
+    are the chat template's ids of the system prompt and question, and verl's text columns are their decoding."""
+    from transformers import AutoTokenizer
+
+    from verl_ext.rows import main as rows_main
+
+    tokenizer = AutoTokenizer.from_pretrained(run["model"])
+    rows = [row for row in dumped(run, 1) if not row["is_padding"]]
+    for row in rows:
+        assert tokenizer.decode(row["prompt_ids"], skip_special_tokens=True) == row["input"]
+        assert tokenizer.decode(row["response_ids"], skip_special_tokens=True) == row["output"]
+        assert len(row["response_ids"]) == row["response_length"]
+    templates = {}  # the first call's prompt ids of every training problem, by their text as verl dumps it
+    for prompt in pd.read_parquet(run["data"] / "train.parquet")["prompt"]:
+        messages = [
+            {"role": "system", "content": AGENT.system_prompt},
+            {"role": "user", "content": prompt[0]["content"]},
+        ]
+        ids = list(
+            tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        )
+        templates[tokenizer.decode(ids, skip_special_tokens=True)] = ids
+    first = next(row for row in rows if row["turn_index"] == 0)
+    assert first["prompt_ids"] == templates[first["input"]]
+    assert rows_main([str(run["out"] / "rollout"), "--step", "1", "--json"]) == 0
+    shown = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert sorted(r["uid"] for r in shown) == sorted(row["uid"] for row in rows)
+
+
 def test_every_row_of_a_trajectory_carries_its_grpo_advantage(run):
     nonzero = 0
     for step in range(1, STEPS + 1):
