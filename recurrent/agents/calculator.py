@@ -20,6 +20,7 @@ from typing import Any
 
 from recurrent.functions import CallRecorder, agent_function
 from recurrent.interface import RowWidths, WorkflowConfig
+from recurrent.templating import chat_prompt_ids
 
 SYSTEM_PROMPT = (
     "You solve arithmetic problems and may use a calculator. To use it, write exactly\n"
@@ -136,7 +137,7 @@ def row_widths(config: CalculatorConfig, tokenizer: Any) -> RowWidths:
         {"role": "assistant", "content": ""},
         {"role": "user", "content": "<tool_response></tool_response>"},
     ] * rounds
-    template = len(tokenizer.apply_chat_template(empty, add_generation_prompt=True, tokenize=True, return_dict=False))
+    template = len(chat_prompt_ids(tokenizer, empty))
     prompt = template + config.max_question_tokens + rounds * (config.max_tokens_per_turn + config.max_result_chars)
     return RowWidths(
         prompt=prompt,
