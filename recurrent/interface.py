@@ -171,6 +171,21 @@ def stop_requested() -> bool:
     return bool(cancelling and cancelling())
 
 
+def question_text(sample: dict[str, Any], key: str) -> str:
+    """The question of a row: a plain string, or the content of the last user message of a chat list (verl's
+    ``prompt`` column holds one)."""
+    if key not in sample:
+        raise KeyError(f"sample has no column {key!r} (the question); columns: {sorted(sample)}")
+    value = sample[key]
+    if isinstance(value, str):
+        return value
+    messages = list(value)
+    users = [m for m in messages if m.get("role") == "user"]
+    if not users:
+        raise ValueError(f"column {key!r} holds a chat list without a user message: {messages!r}")
+    return users[-1]["content"]
+
+
 class ChatClient(Protocol):
     """An OpenAI-style chat endpoint: messages in, text out (async).
 

@@ -108,36 +108,13 @@ OUT_DIR="$(cd "$OUT_DIR" && pwd)"
 if [[ -n "${WARM_START:-}" && -d "$WARM_START" ]]; then WARM_START="$(cd "$WARM_START" && pwd)"; fi
 cd "$REPO"
 
-say() { echo "[replicate_cpu $(date +%H:%M:%S)] $*"; }
-# timed NAME CMD...: run a stage, append its wall seconds and exit status to timing.jsonl.
-timed() {
-  local name="$1" start rc
-  shift
-  start=$(date +%s)
-  set +e
-  "$@"
-  rc=$?
-  set -e
-  printf '{"stage": "%s", "seconds": %d, "rc": %d}\n' "$name" $(($(date +%s) - start)) "$rc" >> "$OUT_DIR/timing.jsonl"
-  if [[ "$rc" != 0 ]]; then say "stage '$name' failed (exit $rc); run the same command again to resume"; exit "$rc"; fi
-}
-# The last checkpointed step of a run folder (0 if none).
-last_step() { cat "$1/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null || echo 0; }
+PIPELINE=replicate_cpu
+source "$REPO/scripts/lib/stages.sh"  # say, timed, last_step, record_run, record_total
 
-# What ran, for the report (docs/replication_cpu.md): the commit (with "+changes" when the tree differs from it), the
-# command line with the settings that shape the experiment, the cores (getconf: nproc would read the OMP_NUM_THREADS=1
-# exported above), and when. One line per invocation: a resumed run adds one.
-RUN_START=$(date +%s)
-commit="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-[[ -z "$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null)" ]] || commit+="+changes"
-"$PYTHON" - "$OUT_DIR/run.jsonl" "$commit" "TASK=$TASK DISTRACTORS=$DISTRACTORS QUICK=$QUICK STEPS=$STEPS SEEDS='$SEEDS' ABLATIONS='$ABLATIONS'" \
+# What ran, for the report (docs/replication_cpu.md): the settings that shape the experiment and the command line.
+record_run "TASK=$TASK DISTRACTORS=$DISTRACTORS QUICK=$QUICK STEPS=$STEPS SEEDS='$SEEDS' ABLATIONS='$ABLATIONS'" \
   "ABLATION_SEEDS='$ABLATION_SEEDS' ABLATION_STEPS=$ABLATION_STEPS LENGTHS='$LENGTHS' EVAL_DOCS=$EVAL_DOCS NGPUS=$NGPUS" \
-  "PARALLEL_MODELS=$PARALLEL_MODELS LATE_START=$LATE_START DECOY_START=$DECOY_START${WARM_START:+ WARM_START=$WARM_START} bash scripts/replicate_cpu.sh $*" "$(getconf _NPROCESSORS_ONLN)" <<'PY'
-import json, sys, time
-path, commit, *command, cores = sys.argv[1:]
-line = {"commit": commit, "command": " ".join(command).strip(), "cores": int(cores), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-open(path, "a").write(json.dumps(line) + "\n")
-PY
+  "PARALLEL_MODELS=$PARALLEL_MODELS LATE_START=$LATE_START DECOY_START=$DECOY_START${WARM_START:+ WARM_START=$WARM_START} bash scripts/replicate_cpu.sh $*"
 
 say "task=$TASK distractors=$DISTRACTORS out=$OUT_DIR steps=$STEPS seeds=[$SEEDS] ablations=[$ABLATIONS] seeds [$ABLATION_SEEDS] x $ABLATION_STEPS steps" \
   "lengths=[$LENGTHS] docs=$EVAL_DOCS parallel=$PARALLEL_MODELS"
@@ -215,7 +192,7 @@ timed evaluation "$PYTHON" -m taskutils.memory_eval.run --table "$OUT_DIR/polici
 # ---- 6. report --------------------------------------------------------------------------------------------------------
 say "6/6 report"
 # The invocation's wall time, stages 1-5 (the report takes a second): the report reads it from timing.jsonl.
-printf '{"stage": "total", "seconds": %d, "rc": 0}\n' $(($(date +%s) - RUN_START)) >> "$OUT_DIR/timing.jsonl"
+record_total
 "$PYTHON" -m taskutils.memory_eval.report "$OUT_DIR/results" > /dev/null
 "$PYTHON" -m experiments.needle.report "$OUT_DIR/results" --task "$TASK" --run-dir "$OUT_DIR" \
   --eval-data "$OUT_DIR/eval_data/eval/test"

@@ -35,7 +35,8 @@
 #   CONFIG=...       a run config of configs/ (a name) or a YAML file anywhere (a path), instead of TASK's (see
 #                    above); needs DATA_DIR
 #   DRY_RUN=1        print the trainer's command and the composed config (resolved), then exit: nothing is trained
-#   MODEL=...        model folder (default: the tiny offline model, materialized if missing)
+#   MODEL=...        model folder, or an offline model's name (tiny, smollm2-135m-instruct: materialized if
+#                    missing); default: tiny
 #   NGPUS=2          FSDP ranks (= fake Ray GPUs)
 #   DATA_DIR=...     the task's data files (default OUT_DIR/data; made there when missing)
 #   PYTHON=...       interpreter (default: the repo's .venv)
@@ -86,7 +87,12 @@ CONFIG="${CONFIG:-}"
 if [[ -n "${DATA_DIR:-}" ]]; then
   if [[ -d "$DATA_DIR" ]]; then DATA_DIR="$(cd "$DATA_DIR" && pwd)"; else DATA_DIR="$(absolute "$DATA_DIR")"; fi
 fi
-if [[ -n "${MODEL:-}" && -d "$MODEL" ]]; then MODEL="$(cd "$MODEL" && pwd)"; fi  # a folder; else a model name
+if [[ -n "${MODEL:-}" && -d "$MODEL" ]]; then
+  MODEL="$(cd "$MODEL" && pwd)"
+elif [[ -n "${MODEL:-}" ]]; then  # an offline model's name (tiny, ...): its folder in the model cache, made if missing
+  MODEL="$("$PYTHON" -c 'import sys; from recurrent.models import KNOWN_MODELS as known, materialize
+name = sys.argv[1]; print(materialize(name) if name in known else name)' "$MODEL")"
+fi  # else a model name for verl
 if [[ -n "$CONFIG" ]]; then
   if [[ "$CONFIG" == */* || "$CONFIG" == *.yaml || "$CONFIG" == *.yml ]]; then
     # A run config anywhere: Hydra finds it through --config-dir, searched after configs/ (so its defaults name

@@ -25,6 +25,7 @@ from verl.workers.rollout.replica import TokenOutput
 
 from recurrent.async_manager import check_finished
 from recurrent.interface import Episode, Reply, Workflow, load_register
+from recurrent.templating import chat_prompt_ids
 from recurrent.tokens import end_token_ids
 from verl_ext.settings import RecurrentSettings, recurrent_settings
 
@@ -139,11 +140,8 @@ class AgentRollout:
         return await asyncio.get_running_loop().run_in_executor(self._executor, self.agent.episode, sample)
 
     def render(self, messages: list[dict[str, str]]) -> list[int]:
-        """A call's messages as the policy sees them: the chat template with the generation prompt, in ids."""
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers 5 returns a BatchEncoding
-            ids = ids["input_ids"]
-        return [int(t) for t in ids]
+        """A call's messages as the policy sees them (:func:`recurrent.templating.chat_prompt_ids`)."""
+        return chat_prompt_ids(self.tokenizer, messages)
 
     # ---- one model call ----
 

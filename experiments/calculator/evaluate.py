@@ -3,8 +3,10 @@
     python -m experiments.calculator.evaluate MODEL_DIR [MODEL_DIR ...] [--split test] [--problems 128] [--sample]
 
 Each problem is one episode of the registered agent (``recurrent.agents.calculator``, the settings of
-configs/calculator_cpu.yaml) whose calls go to :class:`verl_ext.cpu.hf_server.HFTokenServer` (the CPU rollout
-server's generation: concurrent calls batched, left-padded) as the chat template renders them, as in training.
+configs/calculator_cpu.yaml) whose calls go through the training rollout's client
+(:class:`verl_ext.rollout.TokenClient`: the chat template renders them, as in training) to
+:class:`verl_ext.cpu.hf_server.HFTokenServer` (the CPU rollout server's generation: concurrent calls batched,
+left-padded).
 The answer is scored by the training reward (``verl_ext.reward.compute_score``: the strict verifier). Reported
 per model: accuracy, and per operator the accuracy and how often the first call was a tool call.
 """
@@ -17,29 +19,15 @@ import json
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from experiments.calculator.task import OPERATORS, problems
-from experiments.calculator.teacher import agent_config, render
+from experiments.calculator.teacher import RUN_CONFIG, agent_config
 from recurrent.agents.calculator import CalculatorConfig, parse_tool_call
-from recurrent.interface import Reply, load_register
 from taskutils.verifiers.strict import strict_score
 
-
-class ServerChatClient:
-    """A chat client over a token server: messages rendered by the chat template, ``temperature`` 0 greedy."""
-
-    def __init__(self, server: Any, tokenizer: Any, temperature: float) -> None:
-        self.server, self.tokenizer, self.temperature = server, tokenizer, temperature
-
-    async def chat(self, messages: list[dict[str, str]], max_tokens: int, **_: Any) -> Reply:
-        prompt_ids = render(self.tokenizer, messages)
-        params = {"max_tokens": max_tokens, "temperature": self.temperature, "top_p": 1.0, "top_k": -1}
-        output = await self.server.generate(request_id="eval", prompt_ids=prompt_ids, sampling_params=params)
-        ids = list(output.token_ids)
-        stopped = bool(ids) and ids[-1] == self.tokenizer.eos_token_id
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        return Reply(text, "stop" if stopped else "length", ids, len(prompt_ids), len(ids), prompt_ids=prompt_ids)
+if TYPE_CHECKING:  # verl loads in seconds: the command imports it when it evaluates
+    from verl_ext.rollout import Budgets
 
 
 def evaluate(
@@ -55,18 +43,23 @@ def evaluate(
     from transformers import AutoTokenizer
 
     from verl_ext.cpu.hf_server import HFTokenServer
+    from verl_ext.rollout import AgentRollout, TokenClient
+    from verl_ext.settings import RecurrentSettings
 
     config = config or agent_config()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     torch.manual_seed(seed)
     server = HFTokenServer(str(model_dir), tokenizer=tokenizer)
-    client = ServerChatClient(server, tokenizer, temperature=1.0 if sample else 0.0)
-    agent = load_register("calculator").for_training(asdict(config), tokenizer)
+    # The training rollout's agent and client (prompts rendered, calls checked against the rows, as in training).
+    settings = RecurrentSettings(agent="calculator", agent_config=asdict(config))
+    rollout = AgentRollout(settings, tokenizer, run_budgets())
+    sampling = {"temperature": 1.0 if sample else 0.0, "top_p": 1.0, "top_k": -1}
     chosen = problems(split, count, seed)
-    episodes = [agent.episode({config.question_key: p.question}) for p in chosen]
+    episodes = [rollout.agent.episode({config.question_key: p.question}) for p in chosen]
 
     async def run_all() -> None:
-        await asyncio.gather(*(episode.run(client) for episode in episodes))
+        clients = [TokenClient(rollout, server, f"eval-{i}", sampling) for i in range(len(episodes))]
+        await asyncio.gather(*(episode.run(client) for episode, client in zip(episodes, clients, strict=True)))
 
     start = time.perf_counter()
     asyncio.run(run_all())
@@ -91,6 +84,17 @@ def evaluate(
         "seconds": round(seconds, 1),
         "examples": records[:3],
     }
+
+
+def run_budgets(path: Path = RUN_CONFIG) -> Budgets:
+    """verl's row widths of the RL run (``data.max_prompt_length`` and ``max_response_length`` of
+    configs/calculator_cpu.yaml): the calls evaluated are refused where training would refuse them."""
+    from omegaconf import OmegaConf
+
+    from verl_ext.rollout import Budgets
+
+    data = OmegaConf.load(path).data
+    return Budgets(int(data.max_prompt_length), int(data.max_response_length))
 
 
 def summary(records: list[dict[str, Any]]) -> dict[str, Any]:

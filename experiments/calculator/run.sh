@@ -49,20 +49,8 @@ mkdir -p "$OUT_DIR"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
 cd "$REPO"
 
-say() { echo "[calculator_cpu $(date +%H:%M:%S)] $*"; }
-# timed NAME CMD...: run a stage, append its wall seconds and exit status to timing.jsonl.
-timed() {
-  local name="$1" start rc
-  shift
-  start=$(date +%s)
-  set +e
-  "$@"
-  rc=$?
-  set -e
-  printf '{"stage": "%s", "seconds": %d, "rc": %d}\n' "$name" $(($(date +%s) - start)) "$rc" >> "$OUT_DIR/timing.jsonl"
-  if [[ "$rc" != 0 ]]; then say "stage '$name' failed (exit $rc); run the same command again to resume"; exit "$rc"; fi
-}
-last_step() { cat "$OUT_DIR/rl/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null || echo 0; }
+PIPELINE=calculator_cpu
+source "$REPO/scripts/lib/stages.sh"  # say, timed, last_step
 
 say "out=$OUT_DIR steps=$STEPS test_problems=$TEST_PROBLEMS quick=$QUICK"
 say "1/5 data"
@@ -75,8 +63,8 @@ timed warm_start "$PYTHON" -m experiments.calculator.warm_start "${warm_args[@]}
 WARM="$(tail -n 1 "$OUT_DIR/warm_start.log")"
 [[ -f "$WARM/config.json" ]] || { say "the warm start did not print its folder (got '$WARM')"; exit 1; }
 
-say "3/5 RL: $STEPS steps (from step $(last_step)); log: $OUT_DIR/rl/train.log"
-if [[ "$(last_step)" -lt "$STEPS" ]]; then
+say "3/5 RL: $STEPS steps (from step $(last_step "$OUT_DIR/rl")); log: $OUT_DIR/rl/train.log"
+if [[ "$(last_step "$OUT_DIR/rl")" -lt "$STEPS" ]]; then
   mkdir -p "$OUT_DIR/rl"
   timed rl env CONFIG=calculator_cpu MODEL="$WARM" DATA_DIR="$OUT_DIR/data" OUT_DIR="$OUT_DIR/rl" STEPS="$STEPS" \
     NGPUS="$NGPUS" PYTHON="$PYTHON" bash "$REPO/scripts/train_tiny_cpu.sh" "${quick_overrides[@]}" "$@" \

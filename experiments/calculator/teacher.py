@@ -4,7 +4,7 @@ The teacher is a chat client (:class:`TeacherClient`) handed to the registered a
 (``recurrent.agents.calculator``, through :class:`recurrent.functions.FunctionEpisode`), so every transcript is a
 conversation the agent itself built: the prompts a model trained on them sees are the agent's prompts token for
 token (each call rendered by the chat template with the generation prompt, as training renders it:
-:func:`render`). Its policy knows the tool format but not when to use the tool:
+:func:`recurrent.templating.chat_prompt_ids`). Its policy knows the tool format but not when to use the tool:
 
 - on a question it calls the calculator with probability :data:`CALL_PROBABILITY` of the problem's operator (the
   expression copied from the question), and otherwise answers at once with a near miss (the answer with its last
@@ -34,6 +34,7 @@ from recurrent.agents.calculator import CalculatorConfig
 from recurrent.functions import FunctionEpisode
 from recurrent.interface import Reply, load_register
 from recurrent.models import train_bpe_tokenizer
+from recurrent.templating import chat_prompt_ids
 
 RUN_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "calculator_cpu.yaml"
 # How often the teacher calls the calculator, by operator (the rest: a near-miss guess).
@@ -100,18 +101,11 @@ def transcript(problem: Problem, config: CalculatorConfig, rng: random.Random, *
     return [(record.turn.messages, record.reply.text) for record in episode.history]
 
 
-def render(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """A call's prompt ids as training renders them (verl_ext.rollout.AgentRollout.render: the chat template with
-    the generation prompt)."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-    return [int(t) for t in ids]
-
-
 def rows(tokenizer: Any, calls: list[tuple]) -> list[Row]:
     """The SFT rows of a transcript: each call's rendered prompt -> its reply and eos."""
     eos = tokenizer.eos_token_id
     return [
-        (render(tokenizer, messages), [*tokenizer.encode(text, add_special_tokens=False), eos])
+        (chat_prompt_ids(tokenizer, messages), [*tokenizer.encode(text, add_special_tokens=False), eos])
         for messages, text in calls
     ]
 

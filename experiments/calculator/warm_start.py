@@ -36,14 +36,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
+from experiments import sft
 from experiments.calculator.task import problems
-from experiments.calculator.teacher import CALL_PROBABILITY, Row, agent_config, build_tokenizer, rows, transcript
+from experiments.calculator.teacher import CALL_PROBABILITY, agent_config, build_tokenizer, rows, transcript
+from experiments.sft import Point, Row
 from experiments.small_reader import copy_rows, reader_config
 from recurrent.agents.calculator import CalculatorConfig
-from recurrent.atomic import atomic_path
-from recurrent.models import manifest_ok, models_dir, write_manifest
 
 # Bump when the build changes (teacher, data, model, optimizer), so a cached warm start built the old way is rebuilt.
 RECIPE_VERSION = 1
@@ -84,40 +83,10 @@ QUICK = Scale(
 # ---------------------------------------------------------------------------------------------------------
 
 
-def target_logits(model: Any, batch: list[Row], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """The logits that predict each target token of the (right-padded) rows, the target ids, and each target
-    token's row."""
-    sequences = [prompt + target for prompt, target in batch]
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    row_of, positions, labels = [], [], []
-    for i, ((prompt, _), sequence) in enumerate(zip(batch, sequences, strict=True)):
-        ids[i, : len(sequence)] = torch.tensor(sequence)
-        mask[i, : len(sequence)] = 1
-        for j in range(len(prompt), len(sequence)):
-            row_of.append(i)
-            positions.append(j - 1)
-            labels.append(sequence[j])
-    hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
-    return model.lm_head(hidden[row_of, positions]), torch.tensor(labels), row_of
-
-
-@torch.no_grad()
-def teacher_forced(model: Any, held: dict[str, list[Row]], pad_id: int) -> dict[str, float]:
-    """Per kind of held-out row: the share whose every target token is the argmax (greedy reproduces it)."""
-    model.eval()
-    scores = {}
-    for kind, kind_rows in held.items():
-        if not kind_rows:
-            continue
-        logits, labels, row_of = target_logits(model, kind_rows, pad_id)
-        exact = [True] * len(kind_rows)
-        for row, ok in zip(row_of, (logits.argmax(-1) == labels).tolist(), strict=True):
-            exact[row] = exact[row] and ok
-        scores[kind] = round(sum(exact) / len(exact), 3)
-    model.train()
-    return scores
+def held_out_exact(model: Any, held: dict[str, list[Row]], pad_id: int) -> dict[str, float]:
+    """Per kind of held-out row: the share whose every target token is the argmax (greedy reproduces it), each
+    kind's rows in one forward pass."""
+    return {kind: sft.teacher_forced(model, rows, pad_id, len(rows))["exact"] for kind, rows in held.items() if rows}
 
 
 def split_by_kind(calls_rows: list[tuple[list[tuple], list[Row]]]) -> dict[str, list[Row]]:
@@ -142,38 +111,22 @@ def train_stage(
     warmup: int,
     log: Any = print,
 ) -> dict[str, Any]:
-    """AdamW (betas 0.9/0.98, no weight decay, clip 1.0, linear warm-up over ``warmup`` steps) on ``steps``
-    batches of ``sample(scale.batch)``; the held-out rows are scored every ``scale.eval_every`` steps and after
-    the last."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
-    curve, losses, tokens, train_s, cpu_s = [], [], 0, 0.0, 0.0
-    model.train()
-    for step in range(1, steps + 1):
-        batch = sample(scale.batch)
-        t0, c0 = time.perf_counter(), time.process_time()
-        logits, labels, _ = target_logits(model, batch, pad_id)
-        loss = F.cross_entropy(logits, labels)
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        train_s += time.perf_counter() - t0
-        cpu_s += time.process_time() - c0
-        tokens += sum(len(p) + len(t) for p, t in batch)
-        losses.append(loss.item())
-        if step % scale.eval_every == 0 or step == steps:
-            recent = losses[-scale.eval_every :]
-            point = {"step": step, "loss": round(sum(recent) / len(recent), 4), **teacher_forced(model, held, pad_id)}
-            curve.append(point)
-            log(f"{name} step {step}: {point} ({tokens / cpu_s:.0f} tokens per CPU second)")
+    """:func:`experiments.sft.sft_steps` on ``steps`` batches of ``sample(scale.batch)``; the held-out rows are
+    scored every ``scale.eval_every`` steps and after the last."""
+    curve = []
+
+    def point(at: Point) -> bool:
+        curve.append({"step": at.step, "loss": round(at.loss, 4), **held_out_exact(model, held, pad_id)})
+        log(f"{name} step {at.step}: {curve[-1]} ({at.tokens / at.cpu_s:.0f} tokens per CPU second)")
+        return False
+
+    last = sft.sft_steps(model, sample, pad_id, lr, warmup, steps, scale.batch, scale.eval_every, point)
     return {
         "stage": name,
         "steps": steps,
-        "tokens": tokens,
-        "train_s": round(train_s, 1),
-        "cpu_s": round(cpu_s, 1),
+        "tokens": last.tokens,
+        "train_s": round(last.train_s, 1),
+        "cpu_s": round(last.cpu_s, 1),
         "curve": curve,
     }
 
@@ -187,21 +140,13 @@ def train(
     copies: the expression from the question, the result from the tool response), then ``policy``, the teacher
     of :mod:`experiments.calculator.teacher` (when to call it). Copying is what a small transformer learns slowly
     from scratch; a stage where every reply needs it forms it in fewer steps than the mixed transcripts."""
-    from transformers import AutoModelForCausalLM
-
     config = config or agent_config()
     start, cpu_start = time.perf_counter(), time.process_time()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # deterministic, and the build's CPU time is its wall time on an idle core
-    try:
+    with sft.torch_threads(1):
         torch.manual_seed(seed)
         tokenizer = build_tokenizer(config, seed)
         pad = tokenizer.pad_token_id
-        model = AutoModelForCausalLM.from_config(
-            reader_config(tokenizer, max_positions=1024), attn_implementation="sdpa"
-        )
-        model.generation_config.pad_token_id = pad
-        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model = sft.new_reader(tokenizer, reader_config(tokenizer, max_positions=1024))
 
         def pool(split: str, count: int, rng: random.Random, **teacher: Any) -> list[tuple[list[tuple], list[Row]]]:
             out = []
@@ -234,8 +179,6 @@ def train(
             train_stage(model, "format", formats, held, pad, scale.steps[1], scale, 1e-3, scale.warmup[1], log),
             train_stage(model, "policy", policy, held, pad, scale.steps[2], scale, 1e-3, scale.warmup[2], log),
         ]
-    finally:
-        torch.set_num_threads(threads)
     recipe = {
         "reader": {"params": sum(p.numel() for p in model.parameters()), "vocab": len(tokenizer)},
         "teacher": {"call_probability": CALL_PROBABILITY, "otherwise": "the answer with its last digit changed"},
@@ -250,21 +193,13 @@ def train(
     return model, tokenizer, recipe
 
 
-def save(folder: Path, model: Any, tokenizer: Any, recipe: dict[str, Any]) -> None:
-    """Write the Hugging Face folder: model, tokenizer (chat template included), ``warm_start.json``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    (folder / "warm_start.json").write_text(json.dumps(recipe, indent=1) + "\n")
-
-
 def build(folder: Path, scale: Scale, seed: int = 0, log: Any = print) -> dict[str, Any]:
     """Train, save into ``folder`` (a temporary one when cached), then run the agent greedily on validation
     problems with the saved model; its accuracy is added to ``warm_start.json``. Returns the recipe."""
     from experiments.calculator.evaluate import evaluate
 
     model, tokenizer, recipe = train(scale, seed, log=log)
-    save(folder, model, tokenizer, recipe)
+    sft.save(folder, model, tokenizer, recipe)
     if not scale.eval_problems:
         return recipe
     result = evaluate(folder, "validation", scale.eval_problems)
@@ -278,24 +213,22 @@ def manifest_extra(scale: Scale, seed: int = 0, config: CalculatorConfig | None 
     """What the cache manifest records besides name and recipe version: what changes the weights (the agent's
     settings, as a hash: its prompts are the training prompts)."""
     agent = json.dumps(asdict(config or agent_config()), sort_keys=True)
-    sizes = {k: v for k, v in asdict(scale).items() if k != "name"}
-    return {"seed": seed, "agent_sha256": hashlib.sha256(agent.encode()).hexdigest(), **sizes}
+    return {"seed": seed, "agent_sha256": hashlib.sha256(agent.encode()).hexdigest(), **sft.scale_sizes(scale)}
 
 
 def cached_warm_start(root: Path | None = None, quick: bool = False, force: bool = False, log: Any = print) -> Path:
     """The warm start in the model cache (``root``, default :func:`recurrent.models.models_dir`), built unless an
-    up-to-date copy is there. Built under a temporary name with the manifest last, then renamed."""
+    up-to-date copy is there (:func:`experiments.sft.cached_build`)."""
     scale = QUICK if quick else FULL
-    dest = (root or models_dir()) / scale.name
-    extra = manifest_extra(scale)
-    if not force and manifest_ok(dest, scale.name, RECIPE_VERSION, extra):
-        log(f"{scale.name}: up to date, reused")
-        return dest
-    log(f"{scale.name}: building ({'+'.join(map(str, scale.steps))} steps, one thread) into {dest}")
-    with atomic_path(dest, folder=True) as tmp:
-        recipe = build(tmp, scale, log=log)
-        write_manifest(tmp, scale.name, RECIPE_VERSION, extra)
-    log(f"{scale.name}: built in {recipe['build_wall_s'] / 60:.1f} min (+ evaluation)")
+    built: list[dict[str, Any]] = []
+
+    def build_into(tmp: Path) -> None:
+        built.append(build(tmp, scale, log=log))
+
+    what = f"{'+'.join(map(str, scale.steps))} steps, one thread"
+    dest = sft.cached_build(root, scale.name, RECIPE_VERSION, manifest_extra(scale), build_into, force, what, log)
+    if built:
+        log(f"{scale.name}: built in {built[0]['build_wall_s'] / 60:.1f} min (+ evaluation)")
     return dest
 
 
@@ -303,12 +236,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.calculator.warm_start", description=__doc__.split("\n\n")[0]
     )
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--cache", action="store_true", help="build into the model cache unless up to date")
-    where.add_argument("--out", type=Path, help="build a variant into this folder")
-    parser.add_argument("--quick", action="store_true", help="the short build for tests of the pipeline")
-    parser.add_argument("--root", type=Path, help="with --cache: the cache folder (default: the models cache)")
-    parser.add_argument("--force", action="store_true", help="with --cache: rebuild even when up to date")
+    sft.add_cache_arguments(parser, "the short build for tests of the pipeline", exclusive=True)
     parser.add_argument(
         "--steps", type=int, nargs=3, help="with --out: SFT steps of the copy, format and policy stages"
     )

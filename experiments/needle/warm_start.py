@@ -45,30 +45,37 @@ import json
 import random
 import re
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from experiments.needle.needle import NEEDLE_RE, filler_sentence, make_document, split_numbers
 from experiments.needle.reader import build_tokenizer, reader_config
+from experiments.sft import (
+    Point,
+    Row,
+    add_cache_arguments,
+    cached_build,
+    new_reader,
+    save,
+    scale_sizes,
+    sft_steps,
+    teacher_forced,
+    torch_threads,
+)
 from experiments.small_reader import copy_rows as synth_rows
 from recurrent.agents.memory import MemoryConfig, MemoryWorkflow
 from recurrent.atomic import atomic_path
 from recurrent.interface import Reply, Turn
 from recurrent.lockstep import run_lockstep
-from recurrent.models import manifest_ok, models_dir, write_manifest
 from taskutils.verifiers.strict import strict_score
 
 CHUNK_SIZE = 64
 MEMORY_TOKENS = 32
 FINAL_TOKENS = 16
-Row = tuple[list[int], list[int]]  # (prompt ids, target ids incl. eos)
 
 
 def agent_config(max_chunks: int | None = None) -> MemoryConfig:
@@ -158,47 +165,6 @@ def teacher_transcript(
 # ---------------------------------------------------------------------------------------------------------
 
 
-def batch_loss(model: Any, rows: list[Row], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
-    """Mean cross-entropy over the target tokens of ``rows`` (right-padded); also the target logits, labels and
-    row index of every target token."""
-    seqs = [p + t for p, t in rows]
-    length = max(len(s) for s in seqs)
-    ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), length), dtype=torch.long)
-    rb, pos, labels, rid = [], [], [], []
-    for i, ((prompt, _target), seq) in enumerate(zip(rows, seqs, strict=True)):
-        ids[i, : len(seq)] = torch.tensor(seq)
-        mask[i, : len(seq)] = 1
-        for j in range(len(prompt), len(seq)):
-            rb.append(i)
-            pos.append(j - 1)
-            labels.append(seq[j])
-            rid.append(i)
-    hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
-    logits = model.lm_head(hidden[rb, pos])
-    labels_t = torch.tensor(labels)
-    return F.cross_entropy(logits, labels_t), logits, labels_t, rid
-
-
-@torch.no_grad()
-def teacher_forced(model: Any, rows: list[Row], pad_id: int, batch: int = 64) -> dict[str, float]:
-    """Per-token argmax accuracy and exact rows (every target token is the argmax: greedy reproduces it)."""
-    model.eval()
-    hit = total = exact = 0
-    loss_sum = 0.0
-    for start in range(0, len(rows), batch):
-        part = rows[start : start + batch]
-        loss, logits, labels, rid = batch_loss(model, part, pad_id)
-        ok = (logits.argmax(-1) == labels).tolist()
-        hit, total, loss_sum = hit + sum(ok), total + len(ok), loss_sum + loss.item() * len(ok)
-        per: dict[int, bool] = {}
-        for r, o in zip(rid, ok, strict=True):
-            per[r] = per.get(r, True) and o
-        exact += sum(per.values())
-    model.train()
-    return {"tok_acc": round(hit / total, 3), "exact": round(exact / len(rows), 3), "loss": round(loss_sum / total, 3)}
-
-
 def train_stage(
     model: Any,
     name: str,
@@ -214,47 +180,35 @@ def train_stage(
     eval_every: int = 25,
     log: Any = print,
 ) -> dict[str, Any]:
-    """AdamW (betas 0.9/0.98, no weight decay, clip 1.0, linear warm-up) on ``sample(batch)`` for at most
-    ``steps`` steps. The held-out rows are scored every ``eval_every`` steps and after the last one; the stage
-    stops at the first score whose ``stop_key`` reaches ``stop_at`` (no target: ``stop_key`` None). Counting
-    steps, not time, makes the result the same on a slow machine as on a fast one."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
-    train_s, tokens, losses, curve, stopped = 0.0, 0, [], [], "budget"
-    model.train()
-    for step in range(1, steps + 1):
-        rows = sample(batch)
-        t0 = time.perf_counter()
-        loss, *_ = batch_loss(model, rows, pad_id)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        train_s += time.perf_counter() - t0
-        tokens += sum(len(p) + len(t) for p, t in rows)
-        losses.append(loss.item())
-        if step % eval_every == 0 or step == steps:
-            res = teacher_forced(model, held, pad_id)
-            recent = losses[-eval_every:]
-            rec = {"stage": name, "step": step, "train_min": round(train_s / 60, 2), "tokens": tokens}
-            rec |= {"train_loss": round(sum(recent) / len(recent), 3), **res}
-            curve.append(rec)
-            log(
-                f"{name:<6} step {step:>4}/{steps:<4} {rec['train_min']:6.2f} min  train loss {rec['train_loss']:.3f}"
-                f"  held-out: tok_acc {res['tok_acc']:.3f} exact {res['exact']:.3f} loss {res['loss']:.3f}"
-            )
-            if stop_key is not None and res[stop_key] >= stop_at:
-                stopped = "target"
-                break
+    """:func:`experiments.sft.sft_steps` on ``sample(batch)`` for at most ``steps`` steps. The held-out rows are
+    scored every ``eval_every`` steps and after the last one; the stage stops at the first score whose ``stop_key``
+    reaches ``stop_at`` (no target: ``stop_key`` None)."""
+    curve: list[dict[str, Any]] = []
+    stopped = "budget"
+
+    def point(at: Point) -> bool:
+        nonlocal stopped
+        res = teacher_forced(model, held, pad_id)
+        rec = {"stage": name, "step": at.step, "train_min": round(at.train_s / 60, 2), "tokens": at.tokens}
+        rec |= {"train_loss": round(at.loss, 3), **res}
+        curve.append(rec)
+        log(
+            f"{name:<6} step {at.step:>4}/{steps:<4} {rec['train_min']:6.2f} min  train loss {rec['train_loss']:.3f}"
+            f"  held-out: tok_acc {res['tok_acc']:.3f} exact {res['exact']:.3f} loss {res['loss']:.3f}"
+        )
+        if stop_key is not None and res[stop_key] >= stop_at:
+            stopped = "target"
+        return stopped == "target"
+
+    last = sft_steps(model, sample, pad_id, lr, warmup, steps, batch, eval_every, point)
     return {
         "stage": name,
         "budget": steps,
         "steps": curve[-1]["step"],
         "stopped": stopped,
-        "train_s": round(train_s, 1),
-        "tokens": tokens,
-        "tok_per_s": round(tokens / max(train_s, 1e-9)),
+        "train_s": round(last.train_s, 1),
+        "tokens": last.tokens,
+        "tok_per_s": round(last.tokens / max(last.train_s, 1e-9)),
         "lr": lr,
         "final": curve[-1],
         "curve": curve,
@@ -284,17 +238,6 @@ RECIPE_VERSION = 2  # 2: the reader reads numbers as two-digit tokens; numbers d
 COPY_STAGES = "copy_stages.json"  # in a copy_dir of train(): what the saved model's three stages were
 
 
-@contextmanager
-def torch_threads(count: int) -> Iterator[None]:
-    """Run the block on ``count`` torch threads (the build is deterministic on one)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def train(
     scale: Scale = FULL,
     p_needle: float = 0.4,
@@ -317,9 +260,7 @@ def train(
         torch.manual_seed(seed)
         tokenizer = build_tokenizer()
         pad = tokenizer.pad_token_id
-        model = AutoModelForCausalLM.from_config(reader_config(tokenizer), attn_implementation="sdpa")
-        model.generation_config.pad_token_id = pad
-        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model = new_reader(tokenizer, reader_config(tokenizer))
         workflow = MemoryWorkflow(agent_config(), tokenizer)
         rng, held_rng = random.Random(f"train-{seed}"), random.Random(f"held-{seed}")
 
@@ -400,14 +341,6 @@ def train(
     return model, tokenizer, recipe
 
 
-def save(folder: Path, model: Any, tokenizer: Any, recipe: dict[str, Any]) -> None:
-    """Write the Hugging Face folder: model, tokenizer (chat template included), ``warm_start.json``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    (folder / "warm_start.json").write_text(json.dumps(recipe, indent=1) + "\n")
-
-
 def build(out: Path, scale: Scale = FULL, p_needle: float = 0.4, p_keep: float = 0.9, seed: int = 0, **kw: Any) -> dict:
     """Build the warm start into the folder ``out`` (written in place: see :func:`cached_warm_start` for the
     cache); returns the recipe with the stage logs. ``kw``: ``threads``, ``log``, ``stop_at`` of :func:`train`."""
@@ -418,8 +351,7 @@ def build(out: Path, scale: Scale = FULL, p_needle: float = 0.4, p_keep: float =
 
 def manifest_extra(scale: Scale, seed: int = 0, p_needle: float = 0.4, p_keep: float = 0.9) -> dict[str, Any]:
     """What the cache manifest records besides name and recipe version: what changes the weights."""
-    sizes = {k: v for k, v in asdict(scale).items() if k != "name"}
-    return {"seed": seed, "p_needle": p_needle, "p_keep": p_keep, **sizes}
+    return {"seed": seed, "p_needle": p_needle, "p_keep": p_keep, **scale_sizes(scale)}
 
 
 def cached_warm_start(
@@ -430,19 +362,15 @@ def cached_warm_start(
     another size, ``scale.name``). The build trains in memory, then writes the folder under a temporary name with
     the manifest last and renames it, so a killed build leaves no folder that looks complete."""
     scale = scale or (QUICK if quick else FULL)
-    dest = (root or models_dir()) / scale.name
-    extra = manifest_extra(scale)
-    if not force and manifest_ok(dest, scale.name, RECIPE_VERSION, extra):
-        log(f"{scale.name}: up to date, reused")
-        return dest
-    log(f"{scale.name}: building (steps at most {'/'.join(map(str, scale.steps))}, one thread) into {dest}")
     t0 = time.perf_counter()
-    model, tokenizer, recipe = train(scale, log=log)
-    with atomic_path(dest, folder=True) as tmp:
+
+    def build_into(tmp: Path) -> None:
+        model, tokenizer, recipe = train(scale, log=log)
         save(tmp, model, tokenizer, recipe)
-        write_manifest(tmp, scale.name, RECIPE_VERSION, extra)
-    log(f"{scale.name}: built in {(time.perf_counter() - t0) / 60:.1f} min")
-    return dest
+        log(f"{scale.name}: built in {(time.perf_counter() - t0) / 60:.1f} min")
+
+    what = f"steps at most {'/'.join(map(str, scale.steps))}, one thread"
+    return cached_build(root, scale.name, RECIPE_VERSION, manifest_extra(scale), build_into, force, what, log)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -540,14 +468,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.needle.warm_start", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--cache", action="store_true", help="build into the model cache unless up to date")
-    parser.add_argument("--quick", action="store_true", help="the CI-sized build (seconds; an untrained reader)")
-    parser.add_argument(
-        "--root",
-        type=Path,
-        help="with --cache: the cache folder (default: MEMAGENT_MODELS_DIR, else <repo>/.cache/models)",
-    )
-    parser.add_argument("--force", action="store_true", help="with --cache: rebuild even when up to date")
+    add_cache_arguments(parser, "the CI-sized build (seconds; an untrained reader)")
     parser.add_argument("--out", type=Path, help="build the warm start into this folder, then evaluate it")
     parser.add_argument("--evaluate", type=Path, help="evaluate the warm start in this folder")
     parser.add_argument("--steps", type=int, nargs=4, help="with --out: step budgets of the 4 stages")

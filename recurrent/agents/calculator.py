@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from recurrent.functions import CallRecorder, agent_function
-from recurrent.interface import RowWidths, WorkflowConfig
+from recurrent.interface import RowWidths, WorkflowConfig, question_text
+from recurrent.templating import chat_prompt_ids
 
 SYSTEM_PROMPT = (
     "You solve arithmetic problems and may use a calculator. To use it, write exactly\n"
@@ -63,7 +64,7 @@ async def solve(sample: dict[str, Any], client: CallRecorder, config: Calculator
     the answer, whatever it holds)."""
     messages = [
         {"role": "system", "content": config.system_prompt},
-        {"role": "user", "content": question_of(sample, config)},
+        {"role": "user", "content": question_text(sample, config.question_key)},
     ]
     for _ in range(config.max_turns):
         reply = await client.chat(messages, config.max_tokens_per_turn)
@@ -76,19 +77,6 @@ async def solve(sample: dict[str, Any], client: CallRecorder, config: Calculator
             {"role": "user", "content": f"<tool_response>{result[: config.max_result_chars]}</tool_response>"}
         )
     return reply.text
-
-
-def question_of(sample: dict[str, Any], config: CalculatorConfig) -> str:
-    """The question of a row: a string, or the content of the last user message of a chat list."""
-    if config.question_key not in sample:
-        raise KeyError(f"the sample has no column {config.question_key!r} (the question); columns: {sorted(sample)}")
-    value = sample[config.question_key]
-    if not isinstance(value, str):
-        users = [message["content"] for message in value if message.get("role") == "user"]
-        if not users:
-            raise ValueError(f"column {config.question_key!r} holds a chat list without a user message")
-        value = users[-1]
-    return value
 
 
 def calculate(expression: str) -> str:
@@ -136,7 +124,7 @@ def row_widths(config: CalculatorConfig, tokenizer: Any) -> RowWidths:
         {"role": "assistant", "content": ""},
         {"role": "user", "content": "<tool_response></tool_response>"},
     ] * rounds
-    template = len(tokenizer.apply_chat_template(empty, add_generation_prompt=True, tokenize=True, return_dict=False))
+    template = len(chat_prompt_ids(tokenizer, empty))
     prompt = template + config.max_question_tokens + rounds * (config.max_tokens_per_turn + config.max_result_chars)
     return RowWidths(
         prompt=prompt,

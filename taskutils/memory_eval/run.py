@@ -427,10 +427,9 @@ _IMPORT_LOCK = threading.Lock()
 
 
 class Stopper:
-    """Stops the models that run side by side (``--parallel-models``), each in its own thread and event loop: on
-    Ctrl-C / SIGTERM (which only the main thread receives) their running evaluations are cancelled as a
-    single-model run's would be (items in flight leave no line; their servers are stopped as the threads
-    unwind), and models not started yet are not started."""
+    """Stops the models of :func:`run_models`, each in its own thread and event loop: on Ctrl-C / SIGTERM (which
+    only the main thread receives) their running evaluations are cancelled (items in flight leave no line; their
+    servers are stopped as the threads unwind), and models not started yet are not started."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -465,10 +464,10 @@ def run_entry(
     jobs: list[Job],
     args: argparse.Namespace,
     sampling: dict[str, Any],
-    stopper: Stopper | None = None,
+    stopper: Stopper,
 ) -> list[tuple[Job, FileOutcome]]:
-    """One model: its tokenizer, its endpoint for the duration of its files, then the server is stopped. With
-    ``stopper`` (models side by side), the evaluation can be cancelled from the main thread."""
+    """One model, in a thread of :func:`run_models`: its tokenizer, its endpoint for the duration of its files,
+    then the server is stopped; ``stopper`` cancels the evaluation from the main thread."""
     with _IMPORT_LOCK:  # transformers' lazy first import fails when two threads race (models side by side)
         tokenizer = load_tokenizer(entry.tokenizer or entry.checkpoint)  # before a server starts: fail fast
     report_long_questions(entry, jobs, tokenizer)
@@ -491,8 +490,6 @@ def run_entry(
             backoff=args.backoff,
         )
         work = watched(run_model(entry, jobs, tokenizer, client, args, sampling), ep)
-        if stopper is None:
-            return asyncio.run(work)
         return asyncio.run(_stoppable(work, stopper))
 
 
@@ -566,36 +563,7 @@ def unfinished(plans: list[tuple[cfg.ModelEntry, list[Job]]]) -> list[str]:
     return lines
 
 
-def run_one_after_another(
-    plans: list[tuple[cfg.ModelEntry, list[Job]]],
-    args: argparse.Namespace,
-    sampling: dict[str, Any],
-    rows: list[tuple[str, Job, FileOutcome]],
-    skipped_models: list[str],
-) -> None:
-    """The models of ``plans`` in table order, one server at a time (``--parallel-models 1``, the default)."""
-    for k, (entry, jobs) in enumerate(plans):
-        jobs = [job for job in jobs if job.pending]
-        if not jobs:
-            log.info("%s: nothing to run (all items done)", entry.name)
-            continue
-        log.info("%s: %d file(s), %d item(s) to run", entry.name, len(jobs), sum(len(j.pending) for j in jobs))
-        try:
-            rows.extend((entry.name, job, outcome) for job, outcome in run_entry(entry, jobs, args, sampling))
-        except (ModelNotAvailableError, ServerError) as err:
-            # One model that cannot be served must not stop a multi-day run: report it, go on.
-            log.error("%s: skipped: %s", entry.name, err)
-            skipped_models.append(entry.name)
-            if args.url and isinstance(err, EndpointDownError):
-                # Every model goes to that one endpoint: the others would wait on it the same way.
-                rest = [e.name for e, js in plans[k + 1 :] if any(job.pending for job in js)]
-                if rest:
-                    log.error("stopping: --url %s serves every selected model; not run: %s", args.url, rest)
-                skipped_models.extend(rest)
-                break
-
-
-def run_side_by_side(
+def run_models(
     plans: list[tuple[cfg.ModelEntry, list[Job]]],
     args: argparse.Namespace,
     sampling: dict[str, Any],
@@ -603,10 +571,11 @@ def run_side_by_side(
     skipped_models: list[str],
 ) -> None:
     """The models of ``plans``, ``args.parallel_models`` at a time (each in a thread with its own server and
-    event loop), in table order as slots free up. Outcomes are as one after another: results rows in table order,
-    a model that cannot be served skipped and named, bad input re-raised, Ctrl-C / SIGTERM re-raised as
-    :class:`KeyboardInterrupt` once every started model has unwound (its server stopped, its finished items
-    saved). The difference is when things happen: a model may start while another is still running."""
+    event loop), in table order as slots free up; one at a time (``--parallel-models 1``, the default) is this
+    schedule with one slot. Results rows in table order, a model that cannot be served skipped and named (with
+    ``--url``, an endpoint that does not answer starts no further model), bad input re-raised, Ctrl-C / SIGTERM
+    re-raised as :class:`KeyboardInterrupt` once every started model has unwound (its server stopped, its finished
+    items saved). With more slots, only when things happen differs: a model may start while another still runs."""
     stopper = Stopper()
 
     def work(entry: cfg.ModelEntry, jobs: list[Job]) -> tuple[str, Any]:
@@ -706,8 +675,7 @@ def evaluate(args: argparse.Namespace) -> int:
     rows: list[tuple[str, Job, FileOutcome]] = []
     skipped_models: list[str] = []
     try:
-        schedule = run_side_by_side if args.parallel_models > 1 else run_one_after_another
-        schedule(plans, args, sampling, rows, skipped_models)
+        run_models(plans, args, sampling, rows, skipped_models)
     except KeyboardInterrupt:
         print("\ninterrupted: finished items are saved; run the same command again to resume", file=sys.stderr)
         print_totals(rows)

@@ -16,7 +16,8 @@ from experiments.needle.needle import (
     split_numbers,
 )
 from experiments.needle.reader import build_tokenizer, reader_config
-from experiments.needle.warm_start import agent_config, batch_loss, paper_rows, teacher_transcript
+from experiments.needle.warm_start import agent_config, paper_rows, teacher_transcript
+from experiments.sft import batch_loss
 from recurrent.agents.memory import MemoryConfig, MemoryWorkflow
 from recurrent.interface import Reply
 

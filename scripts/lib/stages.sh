@@ -1,0 +1,44 @@
+# Sourced by the one-command pipelines (scripts/replicate_cpu.sh, experiments/calculator/run.sh): their log lines,
+# their timed and resumable stages, and the record of what ran. Set before sourcing: PIPELINE (the name in the log
+# lines); before the first stage: OUT_DIR (where timing.jsonl and run.jsonl are appended), REPO and PYTHON.
+
+say() { echo "[$PIPELINE $(date +%H:%M:%S)] $*"; }
+
+# timed NAME CMD...: run a stage, append its wall seconds and exit status to timing.jsonl; a failed stage ends the
+# pipeline with its exit status (run the same command again to resume).
+timed() {
+  local name="$1" start rc
+  shift
+  start=$(date +%s)
+  set +e
+  "$@"
+  rc=$?
+  set -e
+  printf '{"stage": "%s", "seconds": %d, "rc": %d}\n' "$name" $(($(date +%s) - start)) "$rc" >> "$OUT_DIR/timing.jsonl"
+  if [[ "$rc" != 0 ]]; then say "stage '$name' failed (exit $rc); run the same command again to resume"; exit "$rc"; fi
+}
+
+# last_step RUN_DIR: the last checkpointed step of a training run folder (0 if none).
+last_step() { cat "$1/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null || echo 0; }
+
+# record_run WORDS...: what ran, one line of run.jsonl per invocation (a resumed run adds one): the commit (with
+# "+changes" when the tree differs from it), the command line (WORDS joined by spaces: the settings that shape the
+# experiment, then the command), the cores (getconf: nproc would read an exported OMP_NUM_THREADS=1), and when.
+# Also starts the invocation's clock for record_total.
+record_run() {
+  local commit
+  RUN_START=$(date +%s)
+  commit="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  [[ -z "$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null)" ]] || commit+="+changes"
+  "$PYTHON" - "$OUT_DIR/run.jsonl" "$commit" "$@" "$(getconf _NPROCESSORS_ONLN)" <<'PY'
+import json, sys, time
+path, commit, *command, cores = sys.argv[1:]
+line = {"commit": commit, "command": " ".join(command).strip(), "cores": int(cores), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+open(path, "a").write(json.dumps(line) + "\n")
+PY
+}
+
+# record_total: the invocation's wall time since record_run, as the "total" line of timing.jsonl.
+record_total() {
+  printf '{"stage": "total", "seconds": %d, "rc": 0}\n' $(($(date +%s) - RUN_START)) >> "$OUT_DIR/timing.jsonl"
+}
