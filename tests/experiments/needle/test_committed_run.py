@@ -1,7 +1,7 @@
-"""The full replication run committed in docs/replication_cpu/ (docs/replication_cpu.md, "The run from one
-command"): its table is the harness's results summary it was made from, recomputed here by an independent route
-(the summary's CSV read with the csv module, seeds averaged by hand), and its stage times add up to the wall time
-it states."""
+"""The replication runs committed in docs/replication_cpu/ (docs/replication_cpu.md, "The run from one command":
+the needle task; "The choosing task": docs/replication_cpu/choose/): each table is the harness's results summary it
+was made from, recomputed here by an independent route (the summary's CSV read with the csv module, seeds averaged
+by hand), and the needle run's stage times add up to the wall time it states."""
 
 from __future__ import annotations
 
@@ -17,12 +17,13 @@ import pytest
 from experiments.needle.report import POLICY_NAMES as NAMES
 
 RUN = Path(__file__).resolve().parents[3] / "docs" / "replication_cpu"
+RUNS = [RUN, RUN / "choose"]
 
 
-def summary_means(metric: str) -> dict[tuple[str, int], float]:
+def summary_means(metric: str, run: Path = RUN) -> dict[tuple[str, int], float]:
     """(policy name, length) -> the mean over the policy's seeds of the summary's per-file accuracy."""
     by_policy: dict[tuple[str, int], list[float]] = defaultdict(list)
-    with (RUN / "summary.csv").open() as f:
+    with (run / "summary.csv").open() as f:
         for row in csv.DictReader(f):
             assert int(row["n"]) == int(row["expected"]) and int(row["failed"]) == 0, row  # complete files only
             policy = (re.sub(r"-seed\d+$", "", row["model"]), row["method"])
@@ -30,9 +31,9 @@ def summary_means(metric: str) -> dict[tuple[str, int], float]:
     return {key: sum(values) / len(values) for key, values in by_policy.items()}
 
 
-def markdown_table(title: str) -> dict[tuple[str, int], float]:
+def markdown_table(title: str, run: Path = RUN) -> dict[tuple[str, int], float]:
     """(policy name, length) -> the value printed in replication.md's table under ``title``."""
-    lines = (RUN / "replication.md").read_text().splitlines()
+    lines = (run / "replication.md").read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(f"**{title}**"))
     header = [cell.strip() for cell in lines[start + 2].strip("|").split("|")]
     lengths = [int(cell.split()[0]) for cell in header[2:]]
@@ -46,20 +47,22 @@ def markdown_table(title: str) -> dict[tuple[str, int], float]:
     return table
 
 
+@pytest.mark.parametrize("run", RUNS, ids=lambda run: run.name)
 @pytest.mark.parametrize(
     ("metric", "title"), [("strict", "Strict accuracy (%)"), ("sub_em", "Lenient accuracy, sub_em (%)")]
 )
-def test_the_table_is_the_summary(metric, title):
-    expected = summary_means(metric)
-    table = markdown_table(title)
+def test_the_table_is_the_summary(metric, title, run):
+    expected = summary_means(metric, run)
+    table = markdown_table(title, run)
     assert set(table) == set(expected)
     for key, value in table.items():
         assert value == pytest.approx(expected[key], abs=0.051), key  # the table rounds to one decimal
 
 
-def test_the_csv_is_the_summary():
-    expected = summary_means("strict")
-    with (RUN / "replication.csv").open() as f:
+@pytest.mark.parametrize("run", RUNS, ids=lambda run: run.name)
+def test_the_csv_is_the_summary(run):
+    expected = summary_means("strict", run)
+    with (run / "replication.csv").open() as f:
         rows = list(csv.DictReader(f))
     means = {(r["policy"], int(r["length"])): float(r["strict"]) for r in rows if r["model"] in ("mean",)}
     singles = defaultdict(list)
