@@ -112,7 +112,7 @@ async def run_lockstep(episodes: list[Episode], generate: Generate) -> LockstepR
             rounds.append(active)
             calls = [barrier.pending.pop(i) for i in active]
             replies = await asyncio.gather(
-                *(generate(i, turn) for i, (turn, _) in zip(active, calls)), return_exceptions=True
+                *(generate(i, turn) for i, (turn, _) in zip(active, calls, strict=True)), return_exceptions=True
             )
             for reply in replies:  # cancellation and the like stop the whole batch
                 if isinstance(reply, BaseException) and not isinstance(reply, Exception):

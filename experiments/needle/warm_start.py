@@ -59,8 +59,8 @@ from experiments.needle.needle import NEEDLE_RE, filler_sentence, make_document,
 from experiments.needle.reader import build_tokenizer, reader_config
 from experiments.small_reader import copy_rows as synth_rows
 from recurrent.agents.memory import MemoryConfig, MemoryWorkflow
-from recurrent.atomic import atomic_path
 from recurrent.async_manager import run_session
+from recurrent.atomic import atomic_path
 from recurrent.interface import Reply, Turn
 from recurrent.lockstep import run_lockstep
 from recurrent.models import manifest_ok, models_dir, write_manifest
