@@ -194,10 +194,12 @@ class Reading:
         self.memory_trace: list[str] = []  # the memory after every chunk
 
     def chunks(self) -> Iterator[np.ndarray]:
-        """The context ids, ``chunk_size`` at a time (sliced as they are read: a context on disk stays there)."""
+        """The context ids, ``chunk_size`` at a time, each read when its turn comes (a context on disk stays there).
+        A copy, not a view: a failed call's traceback keeps the agent's frame, and with it the chunk, alive, and a
+        view would keep a document mapped from disk open (the endpoint's spooled documents, docs/serving.md)."""
         size = self.config.chunk_size
         for index in range(self.num_chunks):
-            yield self.context_ids[index * size : (index + 1) * size]
+            yield np.array(self.context_ids[index * size : (index + 1) * size])
 
     def remember(self, reply: Reply) -> Memory:
         """The reply overwrites the memory: :meth:`memory_of` it, kept in ``memory_trace``."""
