@@ -1,5 +1,5 @@
-"""The async manager: one coroutine per sample, each driving its episode (a :class:`Session` or an agent function's run)
-through a :class:`ChatClient`.
+"""The async manager: one coroutine per sample, each running its episode (an agent function's run) through a
+:class:`ChatClient`.
 
 Samples finish independently (no batch barrier): a sample with a short document is done while
 another is still reading. The client bounds in-flight requests; the manager may also bound how many samples
@@ -41,10 +41,10 @@ async def run_session(
     on_turn: Callable[[Turn, Reply], None] | None = None,
     final_sampling: dict[str, Any] | None = None,
 ) -> Episode:
-    """Drive one episode (a session or an agent function's run) to its end and return it: the one per-sample
-    driver of every asynchronous caller (training, the harness, the endpoint, the quickstart). ``on_turn`` is told
-    of every finished model call (the quickstart prints there). ``final_sampling`` is merged over ``sampling`` for
-    turns flagged final (the server's client-given stop strings shape the answer, not the memory)."""
+    """Run one episode to its end and return it: the one per-sample driver of every asynchronous caller
+    (training, the harness, the endpoint, the quickstart). ``on_turn`` is told of every finished model call (the
+    quickstart prints there). ``final_sampling`` is merged over ``sampling`` for calls flagged final (the server's
+    client-given stop strings shape the answer, not the memory)."""
     await session.run(client, sampling, final_sampling, on_turn)
     return session
 
@@ -72,8 +72,8 @@ def reduce_timings(timings: Sequence[dict[str, float]]) -> dict[str, float]:
 
 
 def check_finished(session: Episode) -> None:
-    """A finished session has at least one turn, no turn flagged final before its last one (its last turn is the
-    row the reward is computed on, flagged in advance or not), and its answer is that turn's reply
+    """A finished episode has at least one call, no call flagged final before its last one (its last call is the
+    row the reward is computed on, flagged in advance or not), and its answer is that call's reply
     (:func:`recurrent.functions.check_answer`). Training, the evaluation harness and the endpoint call it once an
     episode has run."""
     flagged = [i for i, rec in enumerate(session.history) if rec.turn.final]

@@ -15,14 +15,21 @@ as it likes with any control flow, and returns its answer::
 
 No tokenization, padding or state machine: the framework hands the function a :class:`CallRecorder` around
 whatever client the run uses (an OpenAI-compatible server for evaluation and serving, verl's rollout servers in
-training), and records every call as one :class:`~recurrent.interface.TurnRecord`. In training each call becomes
-one row holding the exact prompt ids the policy saw (the messages rendered by the tokenizer's chat template) and
-the ids it sampled, and the sample's one reward and advantage go on every row. The reward scores the *last* call's
-reply, so an agent returns that reply's text as its answer: :func:`check_answer` is that rule, checked wherever an
-episode finishes (training, the evaluation harness, the endpoint), so a mismatch fails the same way everywhere.
+training, the lockstep barrier of sync mode), and records every call as one :class:`~recurrent.interface.TurnRecord`.
+In training each call becomes one row holding the exact prompt ids the policy saw (the messages rendered by the
+tokenizer's chat template, or the ``prompt_ids`` the agent built itself) and the ids it sampled, and the sample's one
+reward and advantage go on every row. The reward scores the *last* call's reply, so an agent returns that reply's
+text as its answer: :func:`check_answer` is that rule, checked wherever an episode finishes (training, the evaluation
+harness, the endpoint), so a mismatch fails the same way everywhere.
 
-What an agent function cannot do that a :class:`~recurrent.interface.Session` can: run in lockstep rounds (sync
-mode), which needs to know the next call before it is made.
+A call may say more than its messages (:meth:`CallRecorder.chat`): ``prompt_ids``, the same prompt in token space
+(token-in backends send it as is); ``final=True``, that it is the answer, known before it is made (sync mode holds
+such calls until no agent of the batch has any other call left, and the client's answer-only sampling, such as a
+request's stop strings, applies to it); ``kind`` and ``meta``, facts about it for traces and training rows.
+
+An agent whose samples need work before it runs (a long document tokenized once, off the event loop) subclasses
+:class:`FunctionWorkflow` and overrides :meth:`~FunctionWorkflow.prepare`: its function then receives what
+``prepare`` returns as its sample (the memory agent: recurrent/agents/memory.py).
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ from recurrent.interface import (
     WorkflowRegistration,
     stop_requested,
 )
+
+ANSWER_KIND = "final"  # the kind of a call flagged final, unless it names its own
 
 
 class AnswerNotLastReplyError(RuntimeError):
@@ -72,36 +81,69 @@ def _excerpt(text: str, limit: int = 60) -> str:
     return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
 
 
-AgentFunction = Callable[[dict[str, Any], "CallRecorder", Any], Awaitable[str]]
+AgentFunction = Callable[[Any, "CallRecorder", Any], Awaitable[str]]  # (sample, client, config) -> the answer
 RowWidthsOf = Callable[[Any, Any], RowWidths]  # (config, tokenizer) -> the widest call
 
 
 class CallRecorder:
     """The client an agent function receives: each call goes to the run's client and is recorded, in the order the
-    calls finish. ``kind`` names a call in traces and training metrics (e.g. "tool_call"); the answer's call is
-    told apart afterwards, as the last one."""
+    calls finish. Without ``keep_prompts`` a record keeps the facts of a call (budget, kind, token counts), not its
+    prompt or ids: a pass over a document of any length then holds one chunk at a time (inference)."""
 
     def __init__(
         self,
         client: ChatClient,
         sampling: dict[str, Any] | None = None,
         on_turn: Callable[[Turn, Reply], None] | None = None,
+        final_sampling: dict[str, Any] | None = None,
+        keep_prompts: bool = True,
     ) -> None:
         self._client = client
         self._sampling = dict(sampling or {})
+        self._final_sampling = {**self._sampling, **(final_sampling or {})}
         self._on_turn = on_turn
+        self._keep_prompts = keep_prompts
+        self._send_turn = getattr(client, "send_turn", None)  # a TurnClient (the lockstep barrier)
         self.history: list[TurnRecord] = []
 
     async def chat(
-        self, messages: list[dict[str, str]], max_tokens: int, *, kind: str = "call", **sampling: Any
+        self,
+        messages: list[dict[str, str]],
+        max_tokens: int,
+        *,
+        kind: str | None = None,
+        final: bool = False,
+        prompt_ids: list[int] | None = None,
+        meta: dict[str, Any] | None = None,
+        **sampling: Any,
     ) -> Reply:
-        """One model call: ``messages`` (OpenAI chat format) in, a :class:`~recurrent.interface.Reply` out."""
+        """One model call: ``messages`` (OpenAI chat format) in, a :class:`~recurrent.interface.Reply` out.
+
+        ``prompt_ids``: the same prompt in token space, chat template included (a token-in backend sends it instead
+        of templating ``messages``; an HTTP endpoint never sees it). ``final``: this call is the answer, known in
+        advance (the agent returns its reply; sync mode holds it for the last round). ``kind`` names the call in
+        traces and training rows (default "call", "final" for a final one); ``meta``: more facts for them."""
         messages = [dict(message) for message in messages]  # the record keeps what was sent, not later edits
-        reply = await self._client.chat(messages, max_tokens, **{**self._sampling, **sampling})
+        kind = kind if kind is not None else ANSWER_KIND if final else "call"
+        turn = Turn(messages, max_tokens, prompt_ids, final=final, meta={"kind": kind, **(meta or {})})
+        sampling = {**(self._final_sampling if final else self._sampling), **sampling}
+        if self._send_turn is not None:
+            reply = await self._send_turn(turn, **sampling)
+        else:  # prompt_ids only when built: an OpenAI-style client that does not know the keyword never sees it
+            extra = {} if prompt_ids is None else {"prompt_ids": prompt_ids}
+            reply = await self._client.chat(messages, max_tokens, **extra, **sampling)
         if stop_requested():  # a cancellation that arrived together with the reply: stop here, not at the next call
             raise asyncio.CancelledError("cancelled between calls")
-        turn = Turn(messages=messages, max_tokens=max_tokens, prompt_ids=reply.prompt_ids, meta={"kind": kind})
-        self.history.append(TurnRecord(turn, reply))
+        if prompt_ids is None:
+            turn.prompt_ids = reply.prompt_ids  # what a token backend rendered from the messages
+        if self._keep_prompts:
+            self.history.append(TurnRecord(turn, reply))
+        else:
+            facts = Turn([], max_tokens, final=final, meta=turn.meta)
+            kept = Reply(
+                reply.text, reply.finish_reason, None, reply.prompt_tokens, reply.completion_tokens, reply.seconds
+            )
+            self.history.append(TurnRecord(facts, kept))
         if self._on_turn is not None:
             self._on_turn(turn, reply)
         return reply
@@ -110,11 +152,14 @@ class CallRecorder:
 class FunctionEpisode(Episode):
     """One sample's run of an agent function."""
 
-    def __init__(self, agent: AgentFunction, sample: dict[str, Any], config: WorkflowConfig, name: str) -> None:
+    def __init__(
+        self, agent: AgentFunction, sample: Any, config: WorkflowConfig, name: str, keep_prompts: bool = True
+    ) -> None:
         self.agent = agent
-        self.sample = sample
+        self.sample = sample  # what the function receives: the row, or what its workflow prepared from it
         self.config = config
         self.name = name
+        self.keep_prompts = keep_prompts
         self._recorder: CallRecorder | None = None
         self._answer: str | None = None
 
@@ -137,11 +182,10 @@ class FunctionEpisode(Episode):
         final_sampling: dict[str, Any] | None = None,
         on_turn: Callable[[Turn, Reply], None] | None = None,
     ) -> None:
-        """Call the agent function with a recording client. ``final_sampling`` does not apply: which call is the
-        answer is known only once the function returns."""
+        """Call the agent function with a recording client; ``final_sampling`` applies to calls flagged final."""
         if self._recorder is not None:
             raise RuntimeError(f"agent {self.name!r}: an episode runs once")
-        self._recorder = CallRecorder(client, sampling, on_turn)
+        self._recorder = CallRecorder(client, sampling, on_turn, final_sampling, self.keep_prompts)
         answer = await self.agent(self.sample, self._recorder, self.config)
         if not isinstance(answer, str):
             raise TypeError(f"agent {self.name!r} returned a {type(answer).__name__}, expected its answer as a str")
@@ -156,6 +200,8 @@ class FunctionEpisode(Episode):
 class FunctionWorkflow(Workflow):
     """An agent function with its config: one :class:`FunctionEpisode` per sample."""
 
+    episode_class: type[FunctionEpisode] = FunctionEpisode
+
     def __init__(
         self,
         config: WorkflowConfig,
@@ -165,18 +211,26 @@ class FunctionWorkflow(Workflow):
         agent: AgentFunction,
         columns: tuple[str, ...] = (),
         row_widths: RowWidthsOf | None = None,
+        keep_prompts: bool = True,
     ) -> None:
         super().__init__(config, tokenizer)
         self.name = name
         self.agent = agent
         self.columns = columns
         self._row_widths = row_widths
+        self.keep_prompts = keep_prompts
 
-    def episode(self, sample: dict[str, Any]) -> FunctionEpisode:
+    def prepare(self, sample: dict[str, Any]) -> Any:
+        """What the agent function receives as its sample: by default the row itself, checked for the columns the
+        agent reads. An agent that tokenizes a long document overrides it: episodes are built in a worker thread
+        where a caller has an event loop (verl_ext/rollout.py), so the work stays off the loop."""
         missing = [column for column in self.columns if column not in sample]
         if missing:
             raise KeyError(f"agent {self.name!r}: the sample has no column {missing[0]!r}; columns: {sorted(sample)}")
-        return FunctionEpisode(self.agent, sample, self.config, self.name)
+        return sample
+
+    def episode(self, sample: dict[str, Any]) -> FunctionEpisode:
+        return self.episode_class(self.agent, self.prepare(sample), self.config, self.name, self.keep_prompts)
 
     def row_widths(self) -> RowWidths | None:
         if self._row_widths is None:

@@ -1,22 +1,20 @@
-"""The contracts of the agent framework: what an agent is, what one model call is, how agents are registered.
+"""The contract of the agent framework: what an agent is, what one model call is, how agents are registered.
 
-An *agent* (a workflow: the memory agent, a tool agent, ...) is written once, in either of two forms, and then
-trains (verl_ext), evaluates (taskutils.memory_eval) and serves (recurrent.serve) through the same generic layers:
+An *agent* (the memory agent, a tool agent, ...) is one async function over a chat client (:mod:`recurrent.functions`):
+``async def agent(sample, client, config) -> answer``, plain code that calls the model through an OpenAI-style
+:class:`ChatClient` as often as it likes, with any control flow. It is written once, and then trains (verl_ext),
+evaluates (taskutils.memory_eval) and serves (recurrent.serve) through the same generic layers, in either rollout
+mode: one coroutine per sample (:func:`recurrent.async_manager.run_session`), or lockstep rounds
+(:mod:`recurrent.lockstep`, the schedule of the paper's released training runs), where a barrier holds each call
+until every agent of the batch is waiting on one.
 
-- **a function** (:mod:`recurrent.functions`): ``async def agent(sample, client, config) -> answer``, plain code
-  that calls the model through an OpenAI-style :class:`ChatClient` as often as it likes, with any control flow;
-- **a session** (:class:`Session`): a small state machine that says what the next model call is
-  (:meth:`Session.next_turn`) and consumes its reply (:meth:`Session.record`). Only this form can also run in
-  lockstep rounds (sync mode, :mod:`recurrent.lockstep`), the schedule of the paper's released training runs.
-
-Either way one sample's run is an :class:`Episode`: every model call in order (a :class:`TurnRecord`), each call
-one training row, the last call the answer that the reward scores. The drivers run episodes without knowing what
-they do: one coroutine per sample against a :class:`ChatClient` (:func:`recurrent.async_manager.run_session`), or
-lockstep rounds for sessions.
+One sample's run is an :class:`Episode`: every model call in order (a :class:`TurnRecord`), each call one training
+row, the last call the answer that the reward scores. A call may be flagged ``final`` in advance (the memory
+agent's answer): the lockstep barrier holds such calls until no agent has any other call left.
 
 A :class:`Turn` carries the prompt both as chat ``messages`` (for OpenAI-style endpoints that apply the chat
-template themselves) and, when the workflow can build it, as ``prompt_ids`` in token space (for token-in
-backends: no decode and re-encode of long chunks).
+template themselves) and, when the agent builds it, as ``prompt_ids`` in token space (for token-in backends: no
+decode and re-encode of long chunks).
 """
 
 from __future__ import annotations
@@ -44,13 +42,13 @@ class WorkflowConfig:
 
 @dataclass
 class Turn:
-    """One model call of a session: one conversation, one training row."""
+    """One model call of an episode: one conversation, one training row."""
 
     messages: list[dict[str, str]]  # the prompt as chat messages (user turn; system turn optional)
     max_tokens: int  # the cap on new tokens for this call
     prompt_ids: list[int] | None = None  # the same prompt in token space, chat template included, if built
-    # Known in advance to be the session's last turn (the lockstep driver holds such turns back so that all
-    # final turns form the last round). The reward always goes to a session's last turn, flagged or not.
+    # Known in advance to be the episode's last call (the lockstep barrier holds such calls back so that all
+    # final calls form the last round). The reward always goes to an episode's last call, flagged or not.
     final: bool = False
     meta: dict[str, Any] = field(default_factory=dict)  # workflow-specific facts for traces (chunk index, ...)
 
@@ -101,7 +99,7 @@ class Episode(ABC):
         on_turn: Callable[[Turn, Reply], None] | None = None,
     ) -> None:
         """Run the episode to its end against ``client``, calling ``on_turn`` after every model call.
-        ``final_sampling`` is merged over ``sampling`` for calls known in advance to be the answer (sessions)."""
+        ``final_sampling`` is merged over ``sampling`` for calls flagged final (known in advance to be the answer)."""
 
     @property
     def answer(self) -> str | None:
@@ -124,43 +122,6 @@ class Episode(ABC):
                 for rec in self.history
             ]
         }
-
-
-class Session(Episode):
-    """An episode written as a state machine: the one form that both the async and the lockstep driver run."""
-
-    @abstractmethod
-    def next_turn(self) -> Turn | None:
-        """The next model call, or ``None`` when the session is finished."""
-
-    @abstractmethod
-    def record(self, reply: Reply) -> None:
-        """Consume the reply to the turn last returned by :meth:`next_turn`."""
-
-    @property
-    def finished(self) -> bool:
-        return bool(self.history) and self.history[-1].turn.final
-
-    async def run(
-        self,
-        client: ChatClient,
-        sampling: dict[str, Any] | None = None,
-        final_sampling: dict[str, Any] | None = None,
-        on_turn: Callable[[Turn, Reply], None] | None = None,
-    ) -> None:
-        """The turn loop: ask for the next turn, call the model, hand the reply back. A session whose task was
-        cancelled stops between turns, even if the cancellation arrived together with a reply."""
-        sampling = sampling or {}
-        final = {**sampling, **(final_sampling or {})}
-        while (turn := self.next_turn()) is not None:
-            # prompt_ids only when built: an OpenAI-style client that does not know the keyword never sees it.
-            extra = {} if turn.prompt_ids is None else {"prompt_ids": turn.prompt_ids}
-            reply = await client.chat(turn.messages, turn.max_tokens, **extra, **(final if turn.final else sampling))
-            if stop_requested():
-                raise asyncio.CancelledError("cancelled between turns")
-            self.record(reply)
-            if on_turn is not None:
-                on_turn(turn, reply)
 
 
 def stop_requested() -> bool:
@@ -197,6 +158,15 @@ class ChatClient(Protocol):
     ) -> Reply: ...
 
 
+class TurnClient(Protocol):
+    """A client that takes the whole :class:`Turn` of a call (its ``final`` flag and ``meta`` included): the
+    lockstep barrier (recurrent/lockstep.py) and drivers that script replies by turn. An agent's recording client
+    (:class:`recurrent.functions.CallRecorder`) sends each call with :meth:`send_turn` where the client has it, else
+    with ``chat``."""
+
+    async def send_turn(self, turn: Turn, **sampling: Any) -> Reply: ...
+
+
 @dataclass(frozen=True)
 class RowWidths:
     """The longest prompt and the largest ``max_tokens`` of any model call of an agent, in tokens (chat template
@@ -227,17 +197,6 @@ class Workflow(ABC):
         """The widest model call this agent can make, or None when it cannot say (calls are then checked one by
         one, as they are made)."""
         return None
-
-
-class SessionWorkflow(Workflow):
-    """A workflow written as sessions (state machines), which the lockstep driver can also run."""
-
-    @abstractmethod
-    def session(self, sample: dict[str, Any]) -> Session:
-        """The session of one sample (a row: a dict of columns). Missing columns raise a KeyError naming them."""
-
-    def episode(self, sample: dict[str, Any]) -> Episode:
-        return self.session(sample)
 
 
 Columns = tuple[str, ...] | Callable[[Any], tuple[str, ...]]  # fixed, or read from the agent's config

@@ -12,16 +12,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from recurrent.interface import Session
+from recurrent.interface import Episode
 from recurrent.resume import read_jsonl, repair_jsonl
 
 read_trace = read_jsonl  # a trace is JSON lines under the resume rule: torn last line dropped, corruption raises
 
 
 def sample_record(
-    sample_id: Any, session: Session, error: BaseException | str | None = None, seconds: float = 0.0
+    sample_id: Any, session: Episode, error: BaseException | str | None = None, seconds: float = 0.0
 ) -> dict[str, Any]:
-    """The trace line of one sample: its id, the session's own trace, the error if it failed, its wall time and
+    """The trace line of one sample: its id, the episode's own trace, the error if it failed, its wall time and
     its token totals (every reply counted, a failed sample's partial turns too: they were paid for)."""
     history = session.history
     if isinstance(error, BaseException):
@@ -53,7 +53,7 @@ class TraceWriter:
             view = view[self._file.write(view) :]
 
     def write_sample(
-        self, sample_id: Any, session: Session, error: BaseException | str | None = None, seconds: float = 0.0
+        self, sample_id: Any, session: Episode, error: BaseException | str | None = None, seconds: float = 0.0
     ) -> None:
         self.write(sample_record(sample_id, session, error, seconds))
 

@@ -183,7 +183,7 @@ def harness_run(base_url: str, n: int, limit: int, tokenizer, out_dir: Path):
         async with client:
             await client.chat(MESSAGES, 16)
             with TraceWriter(path) as writer:
-                outcome = await run_items(items, workflow.session, make_record, client, writer, limit)
+                outcome = await run_items(items, workflow.episode, make_record, client, writer, limit)
         assert outcome.done == n and outcome.failed == 0, outcome
         lines = [json.loads(line) for line in path.read_text().splitlines()]
         assert len(lines) == n and all(r["sub_em"] == 1 for r in lines)

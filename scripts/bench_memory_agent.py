@@ -65,7 +65,7 @@ def one_pass(args: argparse.Namespace) -> dict:
         if trace_memory:  # tracemalloc slows Python down: memory is measured in a pass of its own
             tracemalloc.start()
         start = time.perf_counter()
-        session = workflow.session({"prompt": "What is the magic number?", "context": document})
+        session = workflow.episode({"prompt": "What is the magic number?", "context": document})
         rollout = run_sessions([session], client, {"temperature": 0.0}, progress=False)
         wall = time.perf_counter() - start
         peak = tracemalloc.get_traced_memory()[1] if trace_memory else 0

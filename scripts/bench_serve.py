@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             """(wall s, CPU s, answer, upstream calls, upstream s, document tokens) of one pass in this process."""
             calls, upstream = upstream_stats()
             wall, cpu = time.perf_counter(), time.process_time()
-            session = workflow.session({"input": QUESTION, "context": document})
+            session = workflow.episode({"input": QUESTION, "context": document})
             loop.run_until_complete(run_session(session, client, {"temperature": 0.0}))
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             calls_after, upstream_after = upstream_stats()

@@ -1,15 +1,15 @@
-"""Sync mode on verl: the trajectories of a batch run through ``recurrent``'s lockstep driver (session agents).
+"""Sync mode on verl: the trajectories of a batch run through ``recurrent``'s lockstep driver (any agent).
 
-:func:`recurrent.lockstep.run_lockstep` holds the schedule (each round holds the next memory turn of every
-session still reading, and the final answers of all sessions form the last round); this module builds one
-session per trajectory, sends each turn to verl's servers as a token-in/token-out request, and turns every
-finished session into its rows. verl's servers take one request per sequence, so a round is a set of
-concurrent requests and the batching happens inside the server.
+:func:`recurrent.lockstep.run_lockstep` holds the schedule (each round holds the next call of every agent that
+has one not flagged final, e.g. the memory agent's next memory update, and the calls flagged final, the answers,
+form the last round); this module builds one episode per trajectory, sends each call to verl's servers as a
+token-in/token-out request, and turns every finished episode into its rows. verl's servers take one request per
+sequence, so a round is a set of concurrent requests and the batching happens inside the server.
 
 A failed trajectory leaves the lockstep and the rest go on (:func:`run_trajectories`); its prompt group is then
 handled as in async mode.
 
-Trade-off against async mode: the same sessions, prompts and rows (the rollout distribution is identical);
+Trade-off against async mode: the same agents, prompts and rows (the rollout distribution is identical);
 async keeps the servers busy while long documents are still being read, lockstep idles them at every
 barrier, so it is slower and only worth it for a faithful replay of the released training schedule.
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
-from recurrent.interface import Reply, Session, Turn
+from recurrent.interface import Episode, Reply, Turn
 from recurrent.lockstep import run_lockstep
 from verl_ext.agent_loop import request_id_for
 from verl_ext.rollout import AgentRollout
@@ -39,25 +39,19 @@ class Trajectory:
 async def run_trajectories(
     rollout: AgentRollout, server: Any, trajectories: list[Trajectory]
 ) -> list[list[AgentLoopOutput] | Exception]:
-    """Run every trajectory to its end in lockstep rounds; returns each trajectory's rows (session order), or
+    """Run every trajectory to its end in lockstep rounds; returns each trajectory's rows (call order), or
     the exception that ended it.
 
-    A trajectory that fails (its session cannot be built, e.g. a question over budget, or one of its requests
+    A trajectory that fails (its episode cannot be built, e.g. a question over budget, or one of its requests
     fails) leaves the lockstep; the others go on. What happens to its prompt group is decided by the caller,
     as for async mode (verl_ext/agent_loop_manager.py).
     """
     results: list[list[AgentLoopOutput] | Exception | None] = [None] * len(trajectories)
-    sessions: list[Session] = []
+    episodes: list[Episode] = []
     running: list[int] = []  # lockstep index -> trajectory index
     for i, trajectory in enumerate(trajectories):
         try:
-            session = await rollout.episode(trajectory.sample)
-            if not isinstance(session, Session):
-                raise TypeError(
-                    f"recurrent.mode=sync runs session agents in lockstep rounds; agent {rollout.settings.agent!r} is "
-                    "an agent function (its next call is known only when it is made): use recurrent.mode=async"
-                )
-            sessions.append(session)
+            episodes.append(await rollout.episode(trajectory.sample))
             running.append(i)
         except Exception as err:
             results[i] = err
@@ -68,15 +62,15 @@ async def run_trajectories(
         prompt_ids = turn.prompt_ids if turn.prompt_ids is not None else rollout.render(turn.messages)
         return await rollout.call(server, request_id_for(sample), list(prompt_ids), turn.max_tokens, params)
 
-    run = await run_lockstep(sessions, generate)
-    for j, (session, error) in enumerate(zip(sessions, run.errors, strict=True)):
+    run = await run_lockstep(episodes, generate)
+    for j, (episode, error) in enumerate(zip(episodes, run.errors, strict=True)):
         i = running[j]
         if error is not None:
             results[i] = error
             continue
         want_logprobs = bool(trajectories[i].sampling_params.get("logprobs"))
         try:
-            results[i] = rollout.outputs(session, want_logprobs=want_logprobs)
+            results[i] = rollout.outputs(episode, want_logprobs=want_logprobs)
         except Exception as err:
             results[i] = err
     failed = sum(isinstance(result, Exception) for result in results)

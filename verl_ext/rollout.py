@@ -6,7 +6,7 @@ call against ``rollout.prompt_length`` / ``rollout.response_length``, hands each
 whose calls go to verl's token-in/token-out server (``server.generate(request_id, prompt_ids=...,
 sampling_params=...)``), and turns a finished episode into ``list[AgentLoopOutput]``: one output per model call, the
 answer last. Both rollout modes use it: :mod:`verl_ext.agent_loop` (async, one coroutine per trajectory) and
-:mod:`verl_ext.lockstep` (sync, all trajectories of a batch one call at a time; session agents only).
+:mod:`verl_ext.lockstep` (sync, all trajectories of a batch one call at a time, in lockstep rounds).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ tests of the pipeline). Step budgets, not time caps, so the weights do not depen
    the row is supervised copy (lr 3e-3, 100 warm-up steps, batch 32; stop at per-token accuracy 0.9). A dense
    copy signal forms copying in ~250 steps; spans of 4-12 tokens stall (docs/replication_probes.md).
 2. ``needle``: a 1-chunk train document + "\\nmemory:" -> " " + needle sentence (stop at 0.9 exact).
-3. ``paper``: the paper's memory prompt of a 1-chunk train document, built by
-   :class:`recurrent.agents.memory.MemoryWorkflow` -> needle sentence (lr 1e-3, 20 warm-up; stop at 0.9 exact).
+3. ``paper``: the paper's memory prompt of a 1-chunk train document, built by the memory agent
+   (:class:`recurrent.agents.memory.MemoryWorkflow`) -> needle sentence (lr 1e-3, 20 warm-up; stop at 0.9 exact).
 4. ``naive``: every turn of naive-teacher transcripts of train documents of 1-4 chunks (no target).
 
 The naive teacher (:func:`teacher_transcript`) knows the format, not a good reading policy: on a chunk holding
@@ -23,8 +23,8 @@ filler sentence; on a chunk without it, it keeps a needle already in memory with
 writes the chunk's first complete sentence. Final turn: ``\\boxed{number in memory}``, or a random 4-digit
 guess. Its filler choice is positional (the first sentence), not random: a student of a teacher that writes the
 needle with p = 0.5 and otherwise one of ~5 sentences at random decodes the needle greedily (the needle is the
-mode), so greedy accuracy would far exceed the teacher's. Transcripts are sessions of the real workflow
-(``chunk_size`` 64, ``max_memorization_length`` 32) fed the teacher's replies, so the training prompts are the
+mode), so greedy accuracy would far exceed the teacher's. Transcripts are episodes of the real memory agent
+(``chunk_size`` 64, ``max_memorization_length`` 32) answered by the teacher, so the training prompts are the
 evaluation prompts token for token.
 
 Saves a Hugging Face Qwen2 folder (model, tokenizer with chat template, generation config) with
@@ -32,7 +32,7 @@ Saves a Hugging Face Qwen2 folder (model, tokenizer with chat template, generati
 :func:`cached_warm_start` keeps it in the offline model cache of :mod:`recurrent.models`
 (``replication-reader``, ``replication-reader-quick``) with that module's manifest, written last.
 
-Evaluation drives :class:`~recurrent.agents.memory.MemoryWorkflow` sessions with
+Evaluation drives memory-agent episodes (:class:`~recurrent.agents.memory.MemoryWorkflow`) with
 :func:`recurrent.lockstep.run_lockstep` and a Hugging Face ``generate`` callable over validation documents, and
 scores the final answers with ``taskutils.verifiers.strict``.
 """
@@ -68,6 +68,7 @@ from experiments.sft import (
 )
 from experiments.small_reader import copy_rows as synth_rows
 from recurrent.agents.memory import MemoryConfig, MemoryWorkflow
+from recurrent.async_manager import run_session
 from recurrent.atomic import atomic_path
 from recurrent.interface import Reply, Turn
 from recurrent.lockstep import run_lockstep
@@ -117,10 +118,9 @@ def paper_rows(workflow: MemoryWorkflow, rng: random.Random, count: int) -> list
     rows = []
     for _ in range(count):
         doc = make_document(rng, tokenizer, 1, "train")
-        turn = workflow.session(sample_of(doc)).next_turn()
-        rows.append(
-            (turn.prompt_ids, tokenizer.encode(doc["needle"], add_special_tokens=False) + [tokenizer.eos_token_id])
-        )
+        reading = workflow.prepare(sample_of(doc))
+        prompt = reading.memory_prompt(reading.initial_memory, next(reading.chunks()))  # the first call's prompt
+        rows.append((prompt.ids, tokenizer.encode(doc["needle"], add_special_tokens=False) + [tokenizer.eos_token_id]))
     return rows
 
 
@@ -134,29 +134,33 @@ def teacher_transcript(
     workflow: MemoryWorkflow, doc: dict[str, Any], rng: random.Random, p_needle: float = 0.4, p_keep: float = 0.9
 ) -> list[tuple[str, Row, str]]:
     """The naive teacher's turns on one document, as (kind, (prompt ids, target ids), target text), built by
-    running a real session on the teacher's replies (see the module docstring for the policy)."""
+    running the real agent with the teacher as its model (see the module docstring for the policy)."""
     tokenizer = workflow.tokenizer
-    session = workflow.session(sample_of(doc))
+    episode = workflow.episode(sample_of(doc))
     numbers = split_numbers("train")
     out = []
-    while (turn := session.next_turn()) is not None:
-        if turn.final:
-            match = NEEDLE_RE.search(session.memory_text or "")
-            text = f"\\boxed{{{match.group(2) if match else rng.choice(numbers)}}}"
-        else:
-            chunk = tokenizer.decode(session.context_ids[turn.meta["chunk"] * CHUNK_SIZE :][:CHUNK_SIZE])
-            sentences = complete_sentences(chunk, doc["context"])
-            fillers = [s for s in sentences if s != doc["needle"]] or [filler_sentence(rng)]
-            memory = session.memory_text or ""
-            if doc["needle"] in sentences:
-                text = doc["needle"] if rng.random() < p_needle else fillers[0]
-            elif doc["needle"] == memory and rng.random() < p_keep:
-                text = memory
+
+    class Teacher:  # answers each call as its whole Turn, to see whether it is the answer and which chunk it reads
+        async def send_turn(self, turn: Turn, **_: Any) -> Reply:
+            memory = episode.reading.memory_text or ""
+            if turn.final:
+                match = NEEDLE_RE.search(memory)
+                text = f"\\boxed{{{match.group(2) if match else rng.choice(numbers)}}}"
             else:
-                text = fillers[0]
-        ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
-        out.append(("final" if turn.final else "memory", (list(turn.prompt_ids), ids), text))
-        session.record(Reply(text, "stop", ids))
+                chunk = tokenizer.decode(episode.context_ids[turn.meta["chunk"] * CHUNK_SIZE :][:CHUNK_SIZE])
+                sentences = complete_sentences(chunk, doc["context"])
+                fillers = [s for s in sentences if s != doc["needle"]] or [filler_sentence(rng)]
+                if doc["needle"] in sentences:
+                    text = doc["needle"] if rng.random() < p_needle else fillers[0]
+                elif doc["needle"] == memory and rng.random() < p_keep:
+                    text = memory
+                else:
+                    text = fillers[0]
+            ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+            out.append(("final" if turn.final else "memory", (list(turn.prompt_ids), ids), text))
+            return Reply(text, "stop", ids)
+
+    asyncio.run(run_session(episode, Teacher()))
     return out
 
 
@@ -428,7 +432,7 @@ def evaluate(
     results = {}
     for n in chunks:
         documents = [make_document(random.Random(f"eval-{split}-{n}-{k}"), tokenizer, n, split) for k in range(docs)]
-        sessions = [workflow.session(sample_of(d)) for d in documents]
+        sessions = [workflow.episode(sample_of(d)) for d in documents]
         generate = HFGenerate(model, tokenizer, sample=sample, seed=n)
         t0 = time.perf_counter()
         run = asyncio.run(run_lockstep(sessions, generate))

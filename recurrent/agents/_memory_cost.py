@@ -98,7 +98,7 @@ def read_documents(
     path: Path, config: MemoryConfig, tokenizer: Any, first: int, count: int
 ) -> tuple[list[int], list[int]]:
     """Each of the step's rows' context and question lengths, through the agent's own tokenization and centre
-    truncation (``MemoryWorkflow.session``)."""
+    truncation (``MemoryWorkflow.prepare``)."""
     import pyarrow.parquet as pq
 
     table = pq.read_table(path)
@@ -108,11 +108,11 @@ def read_documents(
     contexts, questions = [], []
     for index, sample in enumerate(table.slice(first, count).to_pylist(), start=first):
         try:
-            session = workflow.session(sample)
+            reading = workflow.prepare(sample)
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{path}, row {index}: {err}") from err
-        contexts.append(len(session.context_ids))
-        questions.append(len(session.question_ids))
+        contexts.append(len(reading.context_ids))
+        questions.append(len(reading.question_ids))
     return contexts, questions
 
 

@@ -12,15 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from recurrent.interface import (
-    Reply,
-    Session,
-    SessionWorkflow,
-    Turn,
-    TurnRecord,
-    WorkflowConfig,
-    WorkflowRegistration,
-)
+from recurrent.functions import CallRecorder, FunctionEpisode, FunctionWorkflow
+from recurrent.interface import WorkflowConfig, WorkflowRegistration
 from recurrent.templating import render
 from recurrent.tokens import centre_truncate, encode_long
 
@@ -67,11 +60,44 @@ class DirectConfig(WorkflowConfig):
             raise ValueError(f"final_prompt must be one of {sorted(DIRECT_TEMPLATES)}, got {self.final_prompt!r}")
 
 
-class DirectWorkflow(SessionWorkflow):
-    """Builds one :class:`DirectSession` per sample: ``max_input`` prompt tokens at most, ``max_output`` new."""
+@dataclass(frozen=True)
+class DirectPrompt:
+    """One sample's prompt (after middle truncation) and its token counts, whole and sent."""
+
+    text: str
+    tokens_full: int
+    tokens_sent: int
+
+
+async def answer_directly(prompt: DirectPrompt, client: CallRecorder, config: DirectConfig) -> str:
+    """The whole (possibly truncated) document in one prompt; the reply is the answer."""
+    meta = {"prompt_tokens_full": prompt.tokens_full, "prompt_tokens_sent": prompt.tokens_sent}
+    messages = [{"role": "user", "content": prompt.text}]
+    reply = await client.chat(messages, config.max_output, kind="direct", final=True, meta=meta)
+    return reply.text
+
+
+class DirectEpisode(FunctionEpisode):
+    """One sample's run of the direct baseline: one call, its prompt not kept (document-sized)."""
+
+    sample: DirectPrompt
+
+    def trace(self) -> dict[str, Any]:
+        out = super().trace()
+        truncated = self.sample.tokens_sent < self.sample.tokens_full
+        out.update(prompt_tokens_full=self.sample.tokens_full, truncated=truncated, answer=self.answer)
+        return out
+
+
+class DirectWorkflow(FunctionWorkflow):
+    """The direct baseline: ``max_input`` prompt tokens at most, ``max_output`` new; the prompt is built (and
+    middle-truncated) when the episode is made, off the event loop where the caller has one."""
+
+    episode_class = DirectEpisode
 
     def __init__(self, config: DirectConfig, tokenizer: Any) -> None:
-        super().__init__(config, tokenizer)
+        columns = (config.question_key, config.context_key)
+        super().__init__(config, tokenizer, name="direct", agent=answer_directly, columns=columns, keep_prompts=False)
         self.max_input = config.max_input
         self.max_output = config.max_output
         self.template = DIRECT_TEMPLATES[config.final_prompt]
@@ -87,58 +113,11 @@ class DirectWorkflow(SessionWorkflow):
         kept = centre_truncate(ids, self.max_input)
         return self.tokenizer.decode(kept.tolist(), skip_special_tokens=True), len(ids), len(kept)
 
-    def session(self, sample: dict[str, Any]) -> DirectSession:
+    def prepare(self, sample: dict[str, Any]) -> DirectPrompt:
         for key in (self.question_key, self.context_key):
             if key not in sample:
                 raise KeyError(f"sample has no column {key!r}; columns: {sorted(sample)}")
-        text, full, sent = self.prompt(sample[self.question_key], sample[self.context_key] or "")
-        return DirectSession(text, self.max_output, prompt_tokens_full=full, prompt_tokens_sent=sent)
-
-
-class DirectSession(Session):
-    """One final turn: the (possibly truncated) full-document prompt, then the answer."""
-
-    def __init__(self, prompt: str, max_tokens: int, prompt_tokens_full: int, prompt_tokens_sent: int) -> None:
-        self._turn: Turn | None = Turn(
-            messages=[{"role": "user", "content": prompt}],
-            max_tokens=max_tokens,
-            final=True,
-            meta={"kind": "direct", "prompt_tokens_full": prompt_tokens_full, "prompt_tokens_sent": prompt_tokens_sent},
-        )
-        self.prompt_tokens_full = prompt_tokens_full
-        self.truncated = prompt_tokens_sent < prompt_tokens_full
-        self._history: list[TurnRecord] = []
-        self._pending = False
-
-    def next_turn(self) -> Turn | None:
-        if self._pending:
-            raise RuntimeError("next_turn called twice without record")
-        if self._history:
-            return None
-        self._pending = True
-        return self._turn
-
-    def record(self, reply: Reply) -> None:
-        if not self._pending:
-            raise RuntimeError("record called without a pending turn")
-        self._pending = False
-        turn = self._turn
-        # Keep the facts of the turn, not its (document-sized) prompt.
-        self._history.append(TurnRecord(Turn([], turn.max_tokens, final=True, meta=turn.meta), reply))
-        self._turn = None
-
-    @property
-    def history(self) -> list[TurnRecord]:
-        return self._history
-
-    @property
-    def answer(self) -> str | None:
-        return self._history[-1].reply.text if self._history else None
-
-    def trace(self) -> dict[str, Any]:
-        out = super().trace()
-        out.update(prompt_tokens_full=self.prompt_tokens_full, truncated=self.truncated, answer=self.answer)
-        return out
+        return DirectPrompt(*self.prompt(sample[self.question_key], sample[self.context_key] or ""))
 
 
 REGISTER = WorkflowRegistration(

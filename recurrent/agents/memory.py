@@ -1,16 +1,17 @@
-"""The MemAgent memory agent: the one definition used by training, evaluation and the quickstart.
+"""The MemAgent memory agent: the one definition used by training, evaluation, serving and the quickstart.
 
 A sample is a question and a long context. The context is tokenized once, centre-truncated to
-``max_chunks * chunk_size`` tokens, and split into chunks of ``chunk_size`` tokens. For each chunk one fresh
-conversation sees the question, the current memory and the chunk; its response *overwrites* the memory
-(capped at ``max_memorization_length`` new tokens). The memory starts as "No previous memory" (or, with
-``MemoryConfig.memory_key``, as a row's own initial memory: a departure for training, off by default). A final
-conversation sees only the question and the memory, and answers in ``\\boxed{}`` (or, for the paper's
-evaluation protocol, "Therefore, the answer is ...").
+``max_chunks * chunk_size`` tokens, and split into chunks of ``chunk_size`` tokens. The agent is one async function
+over the chat client, :func:`read_and_answer`: for each chunk one fresh conversation sees the question, the current
+memory and the chunk, and its reply *overwrites* the memory (capped at ``max_memorization_length`` new tokens); a
+final conversation sees only the question and the memory, and answers in ``\\boxed{}`` (or, for the paper's
+evaluation protocol, "Therefore, the answer is ..."). The memory starts as "No previous memory" (or, with
+``MemoryConfig.memory_key``, as a row's own initial memory: a departure for training, off by default).
 
-Every turn is available both as chat messages (for OpenAI-compatible endpoints) and, with
+Every call carries its prompt both as chat messages (for OpenAI-compatible endpoints) and, with
 ``token_prompts=True``, as token ids built in token space (chunks are sliced from the context ids, never
-decoded and re-encoded; the memory is the generated ids themselves when the backend returns them).
+decoded and re-encoded; the memory is the generated ids themselves when the backend returns them). The answer's
+call is flagged final, so sync mode (recurrent/lockstep.py) holds every answer for the batch's last round.
 """
 
 from __future__ import annotations
@@ -18,21 +19,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
-from recurrent.interface import (
-    Reply,
-    RowWidths,
-    Session,
-    SessionWorkflow,
-    Turn,
-    TurnRecord,
-    WorkflowConfig,
-    WorkflowRegistration,
-)
+from recurrent.functions import CallRecorder, FunctionEpisode, FunctionWorkflow
+from recurrent.interface import Reply, RowWidths, WorkflowConfig, WorkflowRegistration
 from recurrent.step_shapes import StepShapes, StepShapesRequest
 from recurrent.templating import chat_token_template, render
 from recurrent.tokens import centre_truncate, encode_long, end_token_ids, num_chunks
@@ -108,7 +102,7 @@ class MemoryConfig(WorkflowConfig):
     question_overflow: Literal["error", "truncate"] = "error"  # a question over budget: raise, or keep its head
     strip_context: bool = False  # the paper's evaluation strips the context before tokenizing
     strip_think: bool = False  # the paper's evaluation keeps only the text after "</think>" as memory
-    # A column holding the memory a session starts from (empty or None: the paper's "No previous memory"). The paper
+    # A column holding the memory an episode starts from (empty or None: the paper's "No previous memory"). The paper
     # always starts empty; None (the default) reads no column. docs/replication_cpu.md, "Episodes that start late".
     memory_key: str | None = None
 
@@ -142,11 +136,164 @@ def question_text(sample: dict[str, Any], key: str) -> str:
     return users[-1]["content"]
 
 
-CONTEXT_CACHE_SIZE = 256  # tokenized training contexts kept (the n sessions of a prompt tokenize it once)
+CONTEXT_CACHE_SIZE = 256  # tokenized training contexts kept (the n episodes of a prompt tokenize it once)
 
 
-class MemoryWorkflow(SessionWorkflow):
-    """Builds a :class:`MemorySession` per sample; templates are built once per tokenizer."""
+@dataclass(frozen=True)
+class Memory:
+    """The memory as text and, when prompts are built in token space, as ids (None: encoded from the text)."""
+
+    text: str
+    ids: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One call's prompt: chat messages, and the same prompt in token space when built (else None)."""
+
+    messages: list[dict[str, str]]
+    ids: list[int] | None
+
+
+async def read_and_answer(doc: Reading, client: CallRecorder, config: MemoryConfig) -> str:
+    """The memory agent: the paper's loop over the chunks of one document, then the answer."""
+    memory = doc.initial_memory
+    for index, chunk in enumerate(doc.chunks()):
+        prompt = doc.memory_prompt(memory, chunk)  # question + memory + chunk
+        meta = {"chunk": index, "chunk_tokens": len(chunk)}
+        reply = await client.chat(
+            prompt.messages, config.max_memorization_length, prompt_ids=prompt.ids, kind="memory", meta=meta
+        )
+        memory = doc.remember(reply)  # the reply overwrites the memory
+    prompt = doc.final_prompt(memory)  # question + memory
+    reply = await client.chat(prompt.messages, config.max_final_response_length, prompt_ids=prompt.ids, final=True)
+    return reply.text
+
+
+class Reading:
+    """One sample as the memory agent reads it: the question, the (centre-truncated) context ids, the prompts of
+    its calls, and the memory after every chunk (``memory_trace``)."""
+
+    def __init__(
+        self,
+        agent: MemoryWorkflow,
+        question: str,
+        question_ids: list[int],
+        context_ids: np.ndarray,
+        original_context_tokens: int | None = None,
+        memory: str | None = None,
+    ) -> None:
+        self.agent = agent
+        self.config: MemoryConfig = agent.config
+        self.question = question
+        self.question_ids = question_ids
+        self.context_ids = context_ids
+        self.original_context_tokens = len(context_ids) if original_context_tokens is None else original_context_tokens
+        self.num_chunks = num_chunks(len(context_ids), self.config.chunk_size)
+        self.initial_memory = Memory(memory) if memory else None  # None: "No previous memory"
+        self.memory_trace: list[str] = []  # the memory after every chunk
+
+    def chunks(self) -> Iterator[np.ndarray]:
+        """The context ids, ``chunk_size`` at a time, each read when its turn comes (a context on disk stays there).
+        A copy, not a view: a failed call's traceback keeps the agent's frame, and with it the chunk, alive, and a
+        view would keep a document mapped from disk open (the endpoint's spooled documents, docs/serving.md)."""
+        size = self.config.chunk_size
+        for index in range(self.num_chunks):
+            yield np.array(self.context_ids[index * size : (index + 1) * size])
+
+    def remember(self, reply: Reply) -> Memory:
+        """The reply overwrites the memory: :meth:`memory_of` it, kept in ``memory_trace``."""
+        memory = self.memory_of(reply)
+        self.memory_trace.append(memory.text)
+        return memory
+
+    def memory_of(self, reply: Reply) -> Memory:
+        """The memory a reply makes: its text and, unless the memory is re-encoded, its generated ids without the
+        end tokens (what the paper's sync training fed back); a reasoning model's conclusion with ``strip_think``."""
+        if self.config.strip_think and THINK_END in reply.text:
+            return Memory(reply.text.rsplit(THINK_END, 1)[1].strip())
+        if reply.token_ids is not None and not self.agent.reencode_memory:
+            return Memory(reply.text, [t for t in reply.token_ids if t not in self.agent.end_ids])
+        return Memory(reply.text)
+
+    @property
+    def memory_text(self) -> str | None:
+        """The memory now (None before any: "No previous memory")."""
+        if self.memory_trace:
+            return self.memory_trace[-1]
+        return self.initial_memory.text if self.initial_memory else None
+
+    def _memory(self, memory: Memory | None) -> tuple[str, list[int] | None]:
+        """The memory as text and (token mode) ids; an empty or absent memory reads "No previous memory"."""
+        if memory is None or (not memory.text and not memory.ids):
+            return NO_MEMORY, self.agent.no_memory_ids
+        ids = memory.ids
+        if ids is None and self.agent.token_prompts:
+            ids = self.agent.tokenizer.encode(memory.text, add_special_tokens=False)
+        return memory.text, ids
+
+    def memory_prompt(self, memory: Memory | None, chunk_ids: np.ndarray) -> Prompt:
+        text, ids = self._memory(memory)
+        chunk = self.agent.tokenizer.decode(chunk_ids, skip_special_tokens=True)
+        content = render(MEMORY_TEMPLATE, prompt=self.question, memory=text, chunk=chunk)
+        prompt_ids = None
+        if self.agent.token_prompts:
+            prompt_ids = self.agent.memory_ids_template.format(prompt=self.question_ids, memory=ids, chunk=chunk_ids)
+        return Prompt([{"role": "user", "content": content}], prompt_ids)
+
+    def final_prompt(self, memory: Memory | None) -> Prompt:
+        text, ids = self._memory(memory)
+        content = render(self.agent.final_template, prompt=self.question, memory=text)
+        prompt_ids = None
+        if self.agent.token_prompts:
+            prompt_ids = self.agent.final_ids_template.format(prompt=self.question_ids, memory=ids)
+        return Prompt([{"role": "user", "content": content}], prompt_ids)
+
+
+class MemoryEpisode(FunctionEpisode):
+    """One sample's run of the memory agent: :func:`read_and_answer` over its :class:`Reading`."""
+
+    sample: Reading
+
+    @property
+    def reading(self) -> Reading:
+        return self.sample
+
+    @property
+    def num_chunks(self) -> int:
+        return self.sample.num_chunks
+
+    @property
+    def context_ids(self) -> np.ndarray:
+        return self.sample.context_ids
+
+    @property
+    def original_context_tokens(self) -> int:
+        return self.sample.original_context_tokens
+
+    @property
+    def memory_trace(self) -> list[str]:
+        return self.sample.memory_trace
+
+    def trace(self) -> dict[str, Any]:
+        out = super().trace()
+        out.update(
+            question=self.sample.question,
+            context_tokens=self.original_context_tokens,
+            context_tokens_read=len(self.context_ids),
+            num_chunks=self.num_chunks,
+            memories=list(self.memory_trace),
+            answer=self.answer,
+            memory_truncated=[rec.reply.finish_reason == "length" for rec in self.history if not rec.turn.final],
+        )
+        return out
+
+
+class MemoryWorkflow(FunctionWorkflow):
+    """The memory agent built for a config and tokenizer: :func:`read_and_answer` on one :class:`Reading` per
+    sample. Templates are built once per tokenizer."""
+
+    episode_class = MemoryEpisode
 
     def __init__(
         self,
@@ -156,16 +303,18 @@ class MemoryWorkflow(SessionWorkflow):
         keep_prompts: bool = True,
         reencode_memory: bool = False,
     ) -> None:
-        """``token_prompts``: build each turn's prompt in token space (token-in backends, training).
-        ``keep_prompts``: keep every turn's prompt in the session history (training rows need them); without
-        it a session holds only the current chunk and the memory, so a pass over a document of any length
+        """``token_prompts``: build each call's prompt in token space (token-in backends, training).
+        ``keep_prompts``: keep every call's prompt in the episode's history (training rows need them); without
+        it an episode holds only the current chunk and the memory, so a pass over a document of any length
         needs memory for its token ids and nothing more (inference).
         ``reencode_memory``: in token space, put the memory into the next prompt as ``encode(text)`` (what an
         OpenAI-style endpoint sees) instead of the generated ids themselves (which the paper's sync training put
         there)."""
-        super().__init__(config, tokenizer)
+        columns = (config.question_key, config.context_key)
+        super().__init__(
+            config, tokenizer, name="memory", agent=read_and_answer, columns=columns, keep_prompts=keep_prompts
+        )
         self.token_prompts = token_prompts
-        self.keep_prompts = keep_prompts
         self.reencode_memory = reencode_memory
         self.final_template = FINAL_TEMPLATES[config.final_prompt]
         self.memory_ids_template = chat_token_template(tokenizer, MEMORY_TEMPLATE) if token_prompts else None
@@ -187,17 +336,22 @@ class MemoryWorkflow(SessionWorkflow):
             raise TypeError(f"column {config.context_key!r} must hold a string, got {type(context).__name__}")
         return context.strip() if config.strip_context else context
 
-    def session(self, sample: dict[str, Any], context_ids: np.ndarray | None = None) -> MemorySession:
-        """The session of one row; ``context_ids`` lets a caller that already tokenized the context reuse it. A row
-        with a ``uid`` (training) has its context tokenized once for all rows of that uid."""
+    def prepare(self, sample: dict[str, Any]) -> Reading:
+        """The reading of one row: its context tokenized (once for all rows of a ``uid``: training), truncated."""
         context = self.context_text(sample)
         question = question_text(sample, self.config.question_key)
-        if context_ids is None:
-            context_ids = self._tokenize_context(context, sample.get("uid"))
-        return self.session_from_ids(question, context_ids, self.initial_memory(sample))
+        context_ids = self._tokenize_context(context, sample.get("uid"))
+        return self.reading(question, context_ids, self.initial_memory(sample))
+
+    def episode_from_ids(self, question: str, context_ids: np.ndarray, memory: str | None = None) -> MemoryEpisode:
+        """The episode of an already tokenized context (the endpoint tokenizes a document on disk itself),
+        starting from ``memory`` (None: "No previous memory")."""
+        return self.episode_class(
+            self.agent, self.reading(question, context_ids, memory), self.config, self.name, self.keep_prompts
+        )
 
     def initial_memory(self, sample: dict[str, Any]) -> str | None:
-        """The memory a row's session starts from: its ``memory_key`` column (None without one, or when empty)."""
+        """The memory a row's episode starts from: its ``memory_key`` column (None without one, or when empty)."""
         key = self.config.memory_key
         if key is None:
             return None
@@ -220,10 +374,10 @@ class MemoryWorkflow(SessionWorkflow):
         return ids
 
     def row_widths(self) -> RowWidths:
-        """The longest prompt and largest ``max_tokens`` of any turn, when prompts are built in token space.
+        """The longest prompt and largest ``max_tokens`` of any call, when prompts are built in token space.
 
-        A memory turn holds the template, the question (<= max_prompt_length), a chunk (<= chunk_size) and
-        the memory (the previous response, <= max_memorization_length tokens); the final turn holds the
+        A memory call holds the template, the question (<= max_prompt_length), a chunk (<= chunk_size) and
+        the memory (the previous response, <= max_memorization_length tokens); the final call holds the
         template, the question and the memory."""
         if not self.token_prompts:
             raise ValueError("row_widths needs token_prompts=True (the template lengths are in tokens)")
@@ -241,9 +395,9 @@ class MemoryWorkflow(SessionWorkflow):
             ),
         )
 
-    def session_from_ids(self, question: str, context_ids: np.ndarray, memory: str | None = None) -> MemorySession:
-        """A session over an already tokenized context (the training path tokenizes once, upstream), starting from
-        ``memory`` (None: "No previous memory")."""
+    def reading(self, question: str, context_ids: np.ndarray, memory: str | None = None) -> Reading:
+        """The reading of a question over tokenized context ids, starting from ``memory`` (None: "No previous
+        memory"): the question checked against its budget, the context centre-truncated."""
         config: MemoryConfig = self.config
         question_ids = self.tokenizer.encode(question, add_special_tokens=False)
         if len(question_ids) > config.max_prompt_length:
@@ -260,144 +414,14 @@ class MemoryWorkflow(SessionWorkflow):
             if memory_tokens > config.max_memorization_length:
                 raise ValueError(
                     f"the initial memory has {memory_tokens} tokens, over max_memorization_length="
-                    f"{config.max_memorization_length} (a turn holding it could exceed the rollout's widths): "
+                    f"{config.max_memorization_length} (a call holding it could exceed the rollout's widths): "
                     f"{memory!r:.80}"
                 )
         original = len(context_ids)
         context_ids = centre_truncate(np.asarray(context_ids), config.max_context_tokens)
         if len(context_ids) < original:
             logger.info("context centre-truncated from %d to %d tokens", original, len(context_ids))
-        return MemorySession(self, question, question_ids, context_ids, original_context_tokens=original, memory=memory)
-
-
-class MemorySession(Session):
-    """One sample: a memory turn per chunk, then the final answer turn."""
-
-    def __init__(
-        self,
-        workflow: MemoryWorkflow,
-        question: str,
-        question_ids: list[int],
-        context_ids: np.ndarray,
-        original_context_tokens: int | None = None,
-        memory: str | None = None,
-    ) -> None:
-        self.workflow = workflow
-        self.config: MemoryConfig = workflow.config
-        self.question = question
-        self.question_ids = question_ids
-        self.context_ids = context_ids
-        self.original_context_tokens = len(context_ids) if original_context_tokens is None else original_context_tokens
-        self.num_chunks = num_chunks(len(context_ids), self.config.chunk_size)
-        self.memory_text: str | None = memory  # None until the first update: "No previous memory"
-        self.memory_ids: list[int] | None = None
-        self.memory_trace: list[str] = []  # the memory after every chunk
-        self._history: list[TurnRecord] = []
-        self._pending: Turn | None = None
-        self._step = 0  # chunks read so far
-
-    # ---- the workflow ----
-
-    def next_turn(self) -> Turn | None:
-        if self._pending is not None:
-            raise RuntimeError("next_turn called twice without record")
-        if self._step < self.num_chunks:
-            turn = self._memory_turn(self._step)
-        elif not self._history or not self._history[-1].turn.final:
-            turn = self._final_turn()
-        else:
-            return None
-        self._pending = turn
-        return turn
-
-    def record(self, reply: Reply) -> None:
-        turn, self._pending = self._pending, None
-        if turn is None:
-            raise RuntimeError("record called without a pending turn")
-        if not turn.final:
-            # Overwrite the memory with the response: the raw generated ids when the backend returned them.
-            self.memory_text = reply.text
-            self.memory_ids = None  # re-encoded from the text when the next prompt is built in token space
-            if self.config.strip_think and THINK_END in reply.text:  # a reasoning model's memory: its conclusion
-                self.memory_text = reply.text.rsplit(THINK_END, 1)[1].strip()
-            elif reply.token_ids is not None and not self.workflow.reencode_memory:
-                self.memory_ids = [t for t in reply.token_ids if t not in self.workflow.end_ids]
-            self.memory_trace.append(self.memory_text)
-            self._step += 1
-        if not self.workflow.keep_prompts:  # keep the facts of the turn, not its (chunk-sized) prompt
-            turn = Turn(messages=[], max_tokens=turn.max_tokens, final=turn.final, meta=turn.meta)
-            reply = Reply(
-                reply.text, reply.finish_reason, None, reply.prompt_tokens, reply.completion_tokens, reply.seconds
-            )
-        self._history.append(TurnRecord(turn, reply))
-
-    @property
-    def history(self) -> list[TurnRecord]:
-        return self._history
-
-    # ---- prompts ----
-
-    def _memory_for_prompt(self) -> tuple[str, list[int] | None]:
-        """The memory as text and (token mode) ids; an empty or absent memory reads "No previous memory"."""
-        if not self.memory_text and not self.memory_ids:
-            return NO_MEMORY, self.workflow.no_memory_ids
-        ids = self.memory_ids
-        if ids is None and self.workflow.token_prompts:
-            ids = self.workflow.tokenizer.encode(self.memory_text, add_special_tokens=False)
-        return self.memory_text, ids
-
-    def _memory_turn(self, index: int) -> Turn:
-        size = self.config.chunk_size
-        chunk_ids = self.context_ids[index * size : (index + 1) * size]
-        memory_text, memory_ids = self._memory_for_prompt()
-        chunk_text = self.workflow.tokenizer.decode(chunk_ids, skip_special_tokens=True)
-        prompt_ids = None
-        if self.workflow.token_prompts:
-            prompt_ids = self.workflow.memory_ids_template.format(
-                prompt=self.question_ids, memory=memory_ids, chunk=chunk_ids
-            )
-        return Turn(
-            messages=[
-                {
-                    "role": "user",
-                    "content": render(MEMORY_TEMPLATE, prompt=self.question, memory=memory_text, chunk=chunk_text),
-                }
-            ],
-            max_tokens=self.config.max_memorization_length,
-            prompt_ids=prompt_ids,
-            meta={"kind": "memory", "chunk": index, "chunk_tokens": len(chunk_ids)},
-        )
-
-    def _final_turn(self) -> Turn:
-        memory_text, memory_ids = self._memory_for_prompt()
-        prompt_ids = None
-        if self.workflow.token_prompts:
-            prompt_ids = self.workflow.final_ids_template.format(prompt=self.question_ids, memory=memory_ids)
-        return Turn(
-            messages=[
-                {
-                    "role": "user",
-                    "content": render(self.workflow.final_template, prompt=self.question, memory=memory_text),
-                }
-            ],
-            max_tokens=self.config.max_final_response_length,
-            prompt_ids=prompt_ids,
-            final=True,
-            meta={"kind": "final"},
-        )
-
-    def trace(self) -> dict[str, Any]:
-        out = super().trace()
-        out.update(
-            question=self.question,
-            context_tokens=self.original_context_tokens,
-            context_tokens_read=len(self.context_ids),
-            num_chunks=self.num_chunks,
-            memories=list(self.memory_trace),
-            answer=self.answer,
-            memory_truncated=[rec.reply.finish_reason == "length" for rec in self._history if not rec.turn.final],
-        )
-        return out
+        return Reading(self, question, question_ids, context_ids, original_context_tokens=original, memory=memory)
 
 
 UNCAPPED_QUESTION = 10**9  # the paper's evaluation never caps the question (training's budget is 1024 tokens)

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from recurrent.agents.memory import FINAL_TEMPLATES, MemorySession, MemoryWorkflow
+from recurrent.agents.memory import FINAL_TEMPLATES, MemoryEpisode, MemoryWorkflow
 from recurrent.async_manager import check_finished, run_session
 from recurrent.client import ChatRequestError, OpenAIChatClient
 from recurrent.functions import AnswerNotLastReplyError
@@ -123,7 +123,7 @@ class Document:
     task: asyncio.Task | None = None
     found: Found | None = None
     passthrough: bool = False  # the request goes upstream as it is
-    session: MemorySession | None = None  # the memory agent's reading
+    session: MemoryEpisode | None = None  # the memory agent's reading
     episode: Episode | None = None  # any other agent's run
     state: str = "new"  # new, queued, running, done
     # Why the service cancelled it: "client disconnected", "shutdown", "stream failed" (counted failed).
@@ -448,7 +448,7 @@ class MemAgentService:
                 }
                 doc.events.put_nowait(("progress", progress, f"call {calls} ({kind}) answered"))
 
-        final = {"stop": request.stop} if request.stop else None  # a call known to be the answer (sessions)
+        final = {"stop": request.stop} if request.stop else None  # for a call flagged final (known to be the answer)
         await run_session(doc.episode, self.client, self._sampling(request), on_turn, final)
         check_finished(doc.episode)
         history = doc.episode.history
@@ -469,8 +469,8 @@ class MemAgentService:
 
     def _spooled_session(
         self, workflow: MemoryWorkflow, question: str, document: LongText, spools: Spools
-    ) -> MemorySession:
-        """The session of a document held on disk: ``workflow.session({"input": question, "context": document})``
+    ) -> MemoryEpisode:
+        """The episode of a document held on disk: ``workflow.episode({"input": question, "context": document})``
         with the ids written to a file window by window (exactly ``encode_long``'s ids) and mapped, not held."""
         context = document.strip()  # what the workflow's context_text does (strip_context)
         ids = spools.new_ids()
@@ -495,14 +495,15 @@ class MemAgentService:
             ids = spools.new_ids()
             ids.write(encode_long(str(context), self.tokenizer))
         spools.text.close()  # the text is read: its file goes
-        return workflow.session_from_ids(question, ids.array())
+        return workflow.episode_from_ids(question, ids.array())
 
     def _close_spools(self, doc: Document) -> None:
-        """A long request's files close with its task; the session's ids, mapped from one of them, go first."""
+        """A long request's files close with its task; the episode's ids, mapped from one of them, go first."""
         if doc.spools is None:
             return
         if doc.session is not None and doc.spools.ids is not None:
-            doc.session.context_ids = doc.session.context_ids[:0].copy()  # nothing reads them after the task
+            reading = doc.session.reading
+            reading.context_ids = reading.context_ids[:0].copy()  # nothing reads them after the task
         doc.spools.close()
 
     def _counted(self, doc: Document, counter: str) -> None:
@@ -544,9 +545,9 @@ class MemAgentService:
                 sample = {"input": question, "context": document.strip()}  # as the harness builds its items
                 del document
                 if len(sample["context"]) <= INLINE_TOKENIZE_CHARS:
-                    doc.session = workflow.session(sample)
+                    doc.session = workflow.episode(sample)
                 else:
-                    doc.session = await asyncio.to_thread(workflow.session, sample)
+                    doc.session = await asyncio.to_thread(workflow.episode, sample)
                 del sample
         except ValueError as err:
             raise bad_request(f"cannot read this document: {err}") from None
@@ -566,7 +567,7 @@ class MemAgentService:
             chunk = turn.meta["chunk"] + 1
             progress: dict[str, Any] = {"chunk": chunk, "chunks": doc.session.num_chunks}
             if request.ext.return_memories:
-                progress["memory"] = doc.session.memory_trace[chunk - 1]
+                progress["memory"] = doc.session.reading.memory_of(reply).text  # the agent keeps it once resumed
             doc.events.put_nowait(("progress", progress, f"read chunk {chunk} of {doc.session.num_chunks}"))
 
         final = {"stop": request.stop} if request.stop else None

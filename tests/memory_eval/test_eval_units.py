@@ -3,6 +3,7 @@ model table and task plans, resumable results files, and the report's arithmetic
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import json
 
@@ -11,6 +12,7 @@ from eval_fixtures import hotpotqa_set, read_lines
 from transformers import AutoTokenizer
 
 from recurrent.agents.direct import TEMPLATE_0SHOT, DirectConfig, DirectWorkflow
+from recurrent.async_manager import run_session
 from recurrent.interface import Reply
 from taskutils.memory_eval import config as cfg
 from taskutils.memory_eval import evalsets, results, scoring
@@ -26,10 +28,29 @@ def tokenizer(tiny_model_dir):
 # ---- the direct baseline ----
 
 
+class Answers:
+    """A model that answers every call with ``reply``, keeping each call whole (its prompt included)."""
+
+    def __init__(self, reply: Reply = Reply("Therefore, the answer is c.", "stop")) -> None:
+        self.reply, self.turns = reply, []
+
+    async def send_turn(self, turn, **_) -> Reply:
+        self.turns.append(turn)
+        return self.reply
+
+
+def sent_turn(episode):
+    """The one call of a direct episode, as sent (its record keeps no prompt)."""
+    model = Answers()
+    asyncio.run(run_session(episode, model))
+    (turn,) = model.turns
+    return turn
+
+
 def test_direct_prompt_is_the_paper_template_when_it_fits(tokenizer):
     workflow = DirectWorkflow(DirectConfig(max_input=10_000, max_output=7), tokenizer)
-    session = workflow.session({"input": " Who? ", "context": "  some text  "})
-    turn = session.next_turn()
+    session = workflow.episode({"input": " Who? ", "context": "  some text  "})
+    turn = sent_turn(session)
     # The paper's 0-shot layout written out by hand, with the context and question stripped.
     expected = (
         "Please read the following text and answer the question below.\n\n<text>\nsome text\n</text>\n\nWho?\n\n"
@@ -37,16 +58,17 @@ def test_direct_prompt_is_the_paper_template_when_it_fits(tokenizer):
     )
     assert turn.messages == [{"role": "user", "content": expected}]
     assert turn.max_tokens == 7 and turn.final
-    assert not session.truncated
+    assert not session.trace()["truncated"]
 
 
 def test_direct_prompt_is_middle_truncated_in_token_space(tokenizer):
     context = " ".join(f"word{i}" for i in range(3000))
     workflow = DirectWorkflow(DirectConfig(max_input=200, max_output=5, final_prompt="boxed"), tokenizer)
-    session = workflow.session({"input": "Which word comes first?", "context": context})
-    text = session.next_turn().messages[0]["content"]
+    session = workflow.episode({"input": "Which word comes first?", "context": context})
+    text = sent_turn(session).messages[0]["content"]
     full = tokenizer.encode(TEMPLATE_0SHOT.format(context=context, question="x"), add_special_tokens=False)
-    assert session.truncated and session.prompt_tokens_full > len(full) - 50
+    trace = session.trace()
+    assert trace["truncated"] and trace["prompt_tokens_full"] > len(full) - 50
     sent = tokenizer.encode(text, add_special_tokens=False)
     assert abs(len(sent) - 200) <= 4  # 100 head + 100 tail tokens, re-encoded at the seam
     # Head and tail survive (instruction and question), the middle of the document is gone.
@@ -54,15 +76,16 @@ def test_direct_prompt_is_middle_truncated_in_token_space(tokenizer):
     assert "Which word comes first?" in text and "word1500" not in text
 
 
-def test_direct_session_is_one_final_turn(tokenizer):
-    session = DirectWorkflow(DirectConfig(100, 5), tokenizer).session({"input": "q", "context": "c"})
-    turn = session.next_turn()
-    with pytest.raises(RuntimeError):
-        session.next_turn()
-    session.record(Reply("Therefore, the answer is c.", "stop", prompt_tokens=9, completion_tokens=4))
-    assert session.next_turn() is None and session.answer == "Therefore, the answer is c."
+def test_direct_episode_is_one_final_call(tokenizer):
+    session = DirectWorkflow(DirectConfig(100, 5), tokenizer).episode({"input": "q", "context": "c"})
+    model = Answers(Reply("Therefore, the answer is c.", "stop", prompt_tokens=9, completion_tokens=4))
+    asyncio.run(run_session(session, model))
+    assert len(model.turns) == 1 and model.turns[0].final and model.turns[0].meta["kind"] == "direct"
+    assert session.answer == "Therefore, the answer is c." and len(session.history) == 1
     assert session.history[0].turn.final and session.history[0].turn.messages == []  # prompt not kept
-    assert session.trace()["turns"][0]["prompt_tokens"] == 9 and turn.final
+    assert session.trace()["turns"][0]["prompt_tokens"] == 9
+    with pytest.raises(RuntimeError, match="an episode runs once"):
+        asyncio.run(run_session(session, model))
 
 
 # ---- scoring ----

@@ -2,6 +2,7 @@
 session concurrency, traces, and failures recorded per sample; the turn loop's hook with a scripted client."""
 
 import asyncio
+from dataclasses import dataclass
 
 import pytest
 
@@ -13,50 +14,43 @@ from recurrent.async_manager import (
     run_sessions,
 )
 from recurrent.client import ChatRequestError, OpenAIChatClient
-from recurrent.interface import Reply, Session, Turn, TurnRecord
+from recurrent.functions import FunctionEpisode
+from recurrent.interface import Reply, Turn, WorkflowConfig
 from recurrent.serving import free_port, transformers_serve
 from recurrent.trace import finished_ids, read_trace
 
 GREEDY = {"temperature": 0}
 
 
-class RelaySession(Session):
-    """``k`` non-final turns then a final one; each prompt is one user message quoting the previous reply.
-    ``fail_at`` makes the session raise when it records that turn's reply (a workflow bug in mid-run)."""
-
-    def __init__(self, name: str, k: int, max_tokens: int = 4, fail_at: int | None = None) -> None:
-        self.name, self.k, self.max_tokens, self.fail_at = name, k, max_tokens, fail_at
-        self._history: list[TurnRecord] = []
-        self._pending: Turn | None = None
-
-    def next_turn(self) -> Turn | None:
-        step = len(self._history)
-        if step > self.k:
-            return None
-        previous = self._history[-1].reply.text if self._history else "nothing yet"
-        content = f"{self.name}, step {step}. Previous reply: {previous}"
-        self._pending = Turn([{"role": "user", "content": content}], self.max_tokens, final=step == self.k)
-        self._pending.meta["step"] = step
-        return self._pending
-
-    def record(self, reply: Reply) -> None:
-        if len(self._history) == self.fail_at:
-            raise RuntimeError(f"{self.name} broke at step {self.fail_at}")
-        self._history.append(TurnRecord(self._pending, reply))
-
-    @property
-    def history(self) -> list[TurnRecord]:
-        return self._history
+@dataclass
+class RelayConfig(WorkflowConfig):
+    k: int = 0  # calls before the answer
+    max_tokens: int = 4
+    fail_at: int | None = None  # the agent raises on this call's reply (an agent bug in mid-run)
+    early_final: bool = False  # a buggy agent: it flags its first call final, then goes on calling
 
 
-class EarlyFinalSession(RelaySession):
-    """A buggy workflow: it flags its first turn final, then goes on asking more turns."""
+async def relay(sample: dict, client, config: RelayConfig) -> str:
+    """``k`` calls then the answer (flagged final); each prompt is one user message quoting the previous reply."""
+    previous = "nothing yet"
+    for step in range(config.k + 1):
+        content = f"{sample['name']}, step {step}. Previous reply: {previous}"
+        final = step == config.k or (config.early_final and step == 0)
+        reply = await client.chat(
+            [{"role": "user", "content": content}], config.max_tokens, final=final, meta={"step": step}
+        )
+        if step == config.fail_at:
+            raise RuntimeError(f"{sample['name']} broke at step {step}")
+        previous = reply.text
+    return reply.text
 
-    def next_turn(self) -> Turn | None:
-        turn = super().next_turn()
-        if turn is not None and turn.meta["step"] == 0:
-            turn.final = True
-        return turn
+
+def relay_episode(name: str, k: int, **config) -> FunctionEpisode:
+    return FunctionEpisode(relay, {"name": name}, RelayConfig(k=k, **config), "relay")
+
+
+def early_final_episode(name: str, k: int) -> FunctionEpisode:
+    return relay_episode(name, k, early_final=True)
 
 
 class InFlight:
@@ -100,9 +94,9 @@ def test_reduce_timings_averages_async_keys_and_sums_the_rest():
 
 
 async def test_run_session_drives_one_session_to_the_end(client):
-    session = await run_session(RelaySession("solo", k=2), client, GREEDY)
+    session = await run_session(relay_episode("solo", k=2), client, GREEDY)
     assert [rec.turn.final for rec in session.history] == [False, False, True]
-    assert session.next_turn() is None
+    assert session.finished and session.answer == session.history[-1].reply.text
     # each prompt quotes the previous reply: the loop hands replies back in order
     assert session.history[1].turn.messages[0]["content"].endswith(session.history[0].reply.text)
 
@@ -119,7 +113,7 @@ class EchoClient:
 
 
 async def test_on_turn_sees_each_turn_after_the_session_recorded_it():
-    session, client, seen = RelaySession("s", k=1), EchoClient(), []
+    session, client, seen = relay_episode("s", k=1), EchoClient(), []
 
     def on_turn(turn: Turn, reply: Reply) -> None:
         seen.append((turn.meta["step"], turn.final, reply.text, len(session.history)))
@@ -138,7 +132,7 @@ async def test_cancel_and_wait_stops_running_tasks_and_keeps_finished_results():
 
 
 async def test_rows_masks_usage_and_length(client):
-    sessions = [RelaySession("a", k=0), RelaySession("b", k=1), RelaySession("c", k=3)]
+    sessions = [relay_episode("a", k=0), relay_episode("b", k=1), relay_episode("c", k=3)]
     rollout = await AsyncGenerationManager(client, progress=False).run(sessions, GREEDY)
     assert rollout.errors == [None, None, None] and rollout.ok == [True, True, True]
     assert rollout.sample_index.tolist() == [0, 1, 1, 2, 2, 2, 2]
@@ -158,7 +152,7 @@ def test_greedy_runs_are_deterministic_and_traced(server, tmp_path):
     client = OpenAIChatClient(server.base_url, server.model)  # one client, two event loops (two asyncio.run)
 
     def run():
-        sessions = [RelaySession(f"s{i}", k=i % 3, max_tokens=6) for i in range(5)]
+        sessions = [relay_episode(f"s{i}", k=i % 3, max_tokens=6) for i in range(5)]
         return run_sessions(sessions, client, GREEDY, ids=[f"q{i}" for i in range(5)], trace_path=trace, progress=False)
 
     first, second = run(), run()
@@ -173,7 +167,7 @@ def test_greedy_runs_are_deterministic_and_traced(server, tmp_path):
 
 async def test_manager_bounds_concurrent_sessions(client):
     counted = InFlight(client)
-    sessions = [RelaySession(f"s{i}", k=1) for i in range(6)]
+    sessions = [relay_episode(f"s{i}", k=1) for i in range(6)]
     rollout = await AsyncGenerationManager(counted, max_concurrency=2, progress=False).run(sessions, GREEDY)
     assert rollout.num_failed == 0
     assert counted.peak == 2  # each session has one call in flight at a time
@@ -182,10 +176,10 @@ async def test_manager_bounds_concurrent_sessions(client):
 async def test_failing_session_is_recorded_and_the_others_finish(client, tmp_path):
     trace = tmp_path / "trace.jsonl"
     sessions = [
-        RelaySession("ok1", k=2),
-        RelaySession("broken", k=3, fail_at=1),
-        EarlyFinalSession("early-final", k=1),
-        RelaySession("ok2", k=1),
+        relay_episode("ok1", k=2),
+        relay_episode("broken", k=3, fail_at=1),
+        early_final_episode("early-final", k=1),
+        relay_episode("ok2", k=1),
     ]
     manager = AsyncGenerationManager(client, trace_path=trace, progress=False)
     rollout = await manager.run(sessions, GREEDY, ids=["a", "b", "c", "d"])
@@ -195,17 +189,17 @@ async def test_failing_session_is_recorded_and_the_others_finish(client, tmp_pat
     # failed samples contribute no training rows; the sample indices still name the original positions
     assert rollout.sample_index.tolist() == [0, 0, 0, 3, 3]
     assert rollout.final_mask.tolist() == [False, False, True, False, True]
-    # their partial turns were paid for: counted in the token totals and kept in the trace
-    assert rollout.completion_tokens == 4 * (3 + 1 + 2 + 2)
+    # their partial calls were paid for (the broken one's reply too): counted in the token totals, in the trace
+    assert rollout.completion_tokens == 4 * (3 + 2 + 2 + 2)
     by_id = {r["id"]: r for r in read_trace(trace)}
     assert set(by_id) == {"a", "b", "c", "d"}
-    assert by_id["b"]["error"] == "RuntimeError: broken broke at step 1" and len(by_id["b"]["turns"]) == 1
+    assert by_id["b"]["error"] == "RuntimeError: broken broke at step 1" and len(by_id["b"]["turns"]) == 2
     assert finished_ids(trace) == {"a", "d"}  # a resumed run redoes b and c
 
 
 async def test_unreachable_server_errors_surface_per_sample():
     client = OpenAIChatClient(f"http://127.0.0.1:{free_port()}/v1", "m", max_retries=1, backoff=0.01)
-    rollout = await AsyncGenerationManager(client, progress=False).run([RelaySession(f"s{i}", k=1) for i in range(3)])
+    rollout = await AsyncGenerationManager(client, progress=False).run([relay_episode(f"s{i}", k=1) for i in range(3)])
     assert rollout.num_failed == 3
     assert all(isinstance(e, ChatRequestError) and e.attempts == 2 for e in rollout.errors)
     assert len(rollout.records) == 0 and rollout.sample_index.tolist() == []
@@ -240,11 +234,11 @@ class ScriptedClient:
 async def test_fail_fast_raises_and_cancels_the_rest(tmp_path):
     trace = tmp_path / "trace.jsonl"
     client = ScriptedClient()
-    sessions = [RelaySession("broken", k=1, fail_at=0)] + [RelaySession(f"long{i}", k=50) for i in range(3)]
+    sessions = [relay_episode("broken", k=1, fail_at=0)] + [relay_episode(f"long{i}", k=50) for i in range(3)]
     manager = AsyncGenerationManager(client, trace_path=trace, progress=False)
     run = asyncio.create_task(manager.run(sessions, GREEDY, fail_fast=True))
     await client.wait_for_calls(4)  # every session waits on its first reply
-    client.gates["broken"].set()  # only the broken session gets a reply: recording it raises
+    client.gates["broken"].set()  # only the broken agent gets a reply: it raises on it
     with pytest.raises(RuntimeError, match="broke at step 0"):
         await run
     assert len(client.calls) == 4  # nobody asked again
@@ -264,7 +258,7 @@ class CancelledWithReply(ScriptedClient):
 
 async def test_a_session_cancelled_with_its_reply_stops_between_turns():
     client = CancelledWithReply()
-    session = RelaySession("s", k=5)
+    session = relay_episode("s", k=5)
     with pytest.raises(asyncio.CancelledError):
         await asyncio.create_task(run_session(session, client))  # its own task: the one that gets cancelled
     assert len(client.calls) == 1 and session.history == []  # it did not read on

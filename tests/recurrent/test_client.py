@@ -15,7 +15,8 @@ from threaded_http import serve_in_a_thread
 
 from recurrent.async_manager import run_session
 from recurrent.client import ChatRequestError, OpenAIChatClient
-from recurrent.interface import Session, Turn
+from recurrent.functions import FunctionEpisode
+from recurrent.interface import WorkflowConfig
 from recurrent.serving import free_port, transformers_serve
 
 SECRET = "sk-test-SECRET-7f3a9c"
@@ -274,23 +275,11 @@ def test_client_survives_successive_event_loops(fake):
     assert client.stats.requests == 2
 
 
-class TwoTurns(Session):
-    """A minimal session: two non-final turns then a final one."""
-
-    def __init__(self) -> None:
-        self._records: list = []
-
-    @property
-    def history(self) -> list:
-        return self._records
-
-    def next_turn(self):
-        if len(self.history) == 3:
-            return None
-        return Turn([{"role": "user", "content": f"turn {len(self.history)}"}], 4, final=len(self.history) == 2)
-
-    def record(self, reply) -> None:
-        self._records.append(reply)
+async def two_calls(sample, client, config) -> str:
+    """A minimal agent: two calls, then the answer flagged final."""
+    for step in range(3):
+        reply = await client.chat([{"role": "user", "content": f"turn {step}"}], 4, final=step == 2)
+    return reply.text
 
 
 async def test_a_stop_that_arrives_with_the_reply_is_not_swallowed(fake, make_client):
@@ -306,7 +295,7 @@ async def test_a_stop_that_arrives_with_the_reply_is_not_swallowed(fake, make_cl
         return response
 
     http.post = post_then_stop
-    session = TwoTurns()
+    session = FunctionEpisode(two_calls, {}, WorkflowConfig(), "two_calls")
     caller = asyncio.create_task(run_session(session, client))
     with pytest.raises(asyncio.CancelledError):
         await caller

@@ -1,5 +1,6 @@
 """The memory agent's definition: prompts, chunking, truncation, memory overwrite, bad input."""
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +10,8 @@ from transformers import AutoTokenizer
 
 from recurrent.agents import memory
 from recurrent.agents.memory import MemoryConfig, MemoryWorkflow
-from recurrent.interface import Reply, load_register
+from recurrent.async_manager import run_session
+from recurrent.interface import Reply, Turn, load_register
 
 # The fork's two prompts, written out line by line (an independent route to the same bytes).
 INSTRUCTION = (
@@ -55,6 +57,27 @@ def reply(text: str, tokenizer=None, finish: str = "stop") -> Reply:
     return Reply(text=text, finish_reason=finish, token_ids=ids, completion_tokens=len(ids or []))
 
 
+class Script:
+    """A model that answers the ``n``-th call (from 0) with ``answer(n, turn)``: the agent's calls seen whole."""
+
+    def __init__(self, answer) -> None:
+        self.answer, self.turns = answer, []
+
+    async def send_turn(self, turn: Turn, **_) -> Reply:
+        self.turns.append(turn)
+        return self.answer(len(self.turns) - 1, turn)
+
+
+def run(episode, answer=lambda n, turn: Reply("m", "stop")):
+    """Run ``episode`` to its end against a :class:`Script` model; returns the episode."""
+    asyncio.run(run_session(episode, Script(answer)))
+    return episode
+
+
+def first_turn(workflow, sample) -> Turn:
+    return run(workflow.episode(sample)).history[0].turn
+
+
 def test_prompts_match_the_spec_byte_for_byte():
     assert memory.MEMORY_TEMPLATE == "\n".join(SPEC_MEMORY_LINES)
     assert memory.FINAL_TEMPLATE_BOXED == "\n".join(SPEC_FINAL_LINES)
@@ -94,8 +117,7 @@ def final_prompt_by_hand(tokenizer, instruction: str, question_ids: list[int], m
 def test_training_final_prompt_is_what_the_released_checkpoints_saw(tokenizer):
     assert memory.FINAL_TEMPLATE_BOXED_RELEASED == "\n".join([RELEASED_FINAL_INSTRUCTION, *SPEC_FINAL_LINES[1:]])
     workflow = MemoryWorkflow(MemoryConfig(chunk_size=8, final_prompt="boxed_released"), tokenizer)
-    session = workflow.session({"prompt": "Who won?", "context": ""})  # no chunk: the final turn comes first
-    turn = session.next_turn()
+    turn = first_turn(workflow, {"prompt": "Who won?", "context": ""})  # no chunk: the final call comes first
     assert turn.final
     # The fork's token template: the chat template around the message, cut at the slots; every literal piece
     # is tokenized on its own and the question and memory ids are put in between.
@@ -129,10 +151,9 @@ def test_paper_budgets_are_the_defaults():
 def test_rendered_turns_fill_the_spec_prompt(tokenizer):
     workflow = MemoryWorkflow(MemoryConfig(chunk_size=50), tokenizer)
     context = "The magic number is 42. " * 20
-    session = workflow.session(
-        {"prompt": [{"role": "user", "content": "What is {the} magic number?"}], "context": context}
+    turn = first_turn(
+        workflow, {"prompt": [{"role": "user", "content": "What is {the} magic number?"}], "context": context}
     )
-    turn = session.next_turn()
     chunk_text = tokenizer.decode(tokenizer.encode(context, add_special_tokens=False)[:50])
     expected = "\n".join(SPEC_MEMORY_LINES)
     expected = expected.replace("{prompt}", "What is {the} magic number?").replace("{memory}", "No previous memory")
@@ -146,21 +167,20 @@ def test_rendered_turns_fill_the_spec_prompt(tokenizer):
 def test_chunk_boundaries_and_centre_truncation_by_hand(tokenizer):
     # 10 context tokens, ids 100..109; chunk 3, at most 2 chunks -> keep the first 3 and the last 3.
     workflow = MemoryWorkflow(MemoryConfig(chunk_size=3, max_chunks=2), tokenizer)
-    session = workflow.session_from_ids("q?", np.arange(100, 110))
-    assert session.context_ids.tolist() == [100, 101, 102, 107, 108, 109]
-    assert session.num_chunks == 2 and session.original_context_tokens == 10
+    episode = workflow.episode_from_ids("q?", np.arange(100, 110))
+    assert episode.context_ids.tolist() == [100, 101, 102, 107, 108, 109]
+    assert episode.num_chunks == 2 and episode.original_context_tokens == 10
+    run(episode, lambda n, turn: reply(f"memory after {n + 1}", tokenizer))
     seen = []
-    while (turn := session.next_turn()) is not None:
-        if not turn.final:
-            seen.append(turn.meta["chunk"])
-            ids = turn.prompt_ids
-            chunk = [100, 101, 102] if turn.meta["chunk"] == 0 else [107, 108, 109]
-            starts = [i for i in range(len(ids) - 2) if ids[i : i + 3] == chunk]
-            assert len(starts) == 1, "the chunk's token ids appear verbatim, once"
-        session.record(reply(f"memory after {len(seen)}", tokenizer))
-    assert seen == [0, 1]
-    # Unlimited context (inference): 10 tokens in chunks of 3 -> 4 turns, the last holding one token.
-    unlimited = MemoryWorkflow(MemoryConfig(chunk_size=3, max_chunks=None), tokenizer).session_from_ids(
+    for turn in [rec.turn for rec in episode.history if not rec.turn.final]:
+        seen.append(turn.meta["chunk"])
+        ids = turn.prompt_ids
+        chunk = [100, 101, 102] if turn.meta["chunk"] == 0 else [107, 108, 109]
+        starts = [i for i in range(len(ids) - 2) if ids[i : i + 3] == chunk]
+        assert len(starts) == 1, "the chunk's token ids appear verbatim, once"
+    assert seen == [0, 1] and episode.memory_trace == ["memory after 1", "memory after 2"]
+    # Unlimited context (inference): 10 tokens in chunks of 3 -> 4 calls, the last holding one token.
+    unlimited = MemoryWorkflow(MemoryConfig(chunk_size=3, max_chunks=None), tokenizer).episode_from_ids(
         "q?", np.arange(100, 110)
     )
     assert unlimited.num_chunks == 4 and unlimited.context_ids.tolist() == list(range(100, 110))
@@ -168,26 +188,31 @@ def test_chunk_boundaries_and_centre_truncation_by_hand(tokenizer):
 
 def test_memory_is_overwritten_and_final_sees_only_question_and_memory(tokenizer):
     workflow = MemoryWorkflow(MemoryConfig(chunk_size=4), tokenizer)
-    session = workflow.session({"prompt": "Who?", "context": "alpha beta gamma delta epsilon zeta eta theta"})
-    assert session.num_chunks >= 2
-    first = session.next_turn()
+    episode = workflow.episode({"prompt": "Who?", "context": "alpha beta gamma delta epsilon zeta eta theta"})
+    assert episode.num_chunks >= 2
+
+    def answer(n: int, turn: Turn) -> Reply:
+        if turn.final:
+            return reply("\\boxed{Paris}")
+        if n == 0:
+            return reply("MEMORY-ONE", tokenizer)
+        return reply("MEMORY-TWO", tokenizer, finish="length" if n == 1 else "stop")  # the second memory: cut
+
+    run(episode, answer)
+    first, second, turn = episode.history[0].turn, episode.history[1].turn, episode.history[-1].turn
     assert "No previous memory" in first.messages[0]["content"]
-    session.record(reply("MEMORY-ONE", tokenizer))
-    second = session.next_turn()
     assert "MEMORY-ONE" in second.messages[0]["content"] and "No previous memory" not in second.messages[0]["content"]
-    session.record(reply("MEMORY-TWO", tokenizer, finish="length"))
-    while not (turn := session.next_turn()).final:
-        session.record(reply("MEMORY-TWO", tokenizer))
-    assert turn.max_tokens == 1024
+    assert turn.final and turn.max_tokens == 1024
     content = turn.messages[0]["content"]
     assert "MEMORY-TWO" in content and "MEMORY-ONE" not in content and "alpha" not in content
     assert "\\boxed{}" in content
     # The memory ids are the generated ids without eos (the fork fed the raw ids back), inside the final prompt.
     memory_ids = tokenizer.encode("MEMORY-TWO", add_special_tokens=False)
-    assert memory_ids == session.memory_ids
-    session.record(reply("\\boxed{Paris}"))
-    assert session.next_turn() is None and session.answer == "\\boxed{Paris}"
-    trace = session.trace()
+    assert memory_ids == episode.reading.memory_of(episode.history[-2].reply).ids
+    ids = turn.prompt_ids
+    assert any(ids[i : i + len(memory_ids)] == memory_ids for i in range(len(ids))), "in the final prompt, verbatim"
+    assert episode.answer == "\\boxed{Paris}"
+    trace = episode.trace()
     assert trace["memories"][:2] == ["MEMORY-ONE", "MEMORY-TWO"]
     assert trace["memory_truncated"][:2] == [False, True]  # a memory cut at its token limit is kept and flagged
     assert trace["turns"][-1]["final"] and trace["answer"] == "\\boxed{Paris}"
@@ -200,98 +225,107 @@ def test_reencoded_memory_uses_the_canonical_ids(tokenizer):
     assert raw != canonical
     for reencode, expected in ((False, raw), (True, canonical)):
         workflow = MemoryWorkflow(MemoryConfig(chunk_size=64), tokenizer, reencode_memory=reencode)
-        session = workflow.session({"prompt": "Q?", "context": "one two three"})  # one chunk
-        assert not session.next_turn().final
-        session.record(Reply("ou", "stop", token_ids=raw + [tokenizer.eos_token_id]))
-        final = session.next_turn()
+        episode = workflow.episode({"prompt": "Q?", "context": "one two three"})  # one chunk
+        run(episode, lambda n, turn: Reply("ou", "stop", token_ids=raw + [tokenizer.eos_token_id]))
+        assert [rec.turn.final for rec in episode.history] == [False, True]
+        final = episode.history[-1].turn
         question = tokenizer.encode("Q?", add_special_tokens=False)
         assert final.prompt_ids == final_prompt_by_hand(tokenizer, SPEC_FINAL_LINES[0], question, expected)
 
 
 def test_strip_think_keeps_the_conclusion_as_memory(tokenizer):
     for strip, expected in ((False, "<think>hmm</think> The number is 7."), (True, "The number is 7.")):
-        session = MemoryWorkflow(MemoryConfig(chunk_size=64, strip_think=strip), tokenizer).session(
+        episode = MemoryWorkflow(MemoryConfig(chunk_size=64, strip_think=strip), tokenizer).episode(
             {"prompt": "Q?", "context": "one two three"}
         )
-        session.next_turn()
-        session.record(reply("<think>hmm</think> The number is 7.", tokenizer))
-        assert session.memory_trace == [expected]
-        assert f"<memory>\n{expected}\n</memory>" in session.next_turn().messages[0]["content"]
+        run(episode, lambda n, turn: reply("<think>hmm</think> The number is 7.", tokenizer))
+        assert episode.memory_trace == [expected]
+        assert f"<memory>\n{expected}\n</memory>" in episode.history[1].turn.messages[0]["content"]
 
 
 def test_empty_context_answers_from_no_previous_memory(tokenizer):
     for context in ("", None):
-        session = MemoryWorkflow(MemoryConfig(), tokenizer).session({"prompt": "Q?", "context": context})
-        turn = session.next_turn()
-        assert turn.final and session.num_chunks == 0
+        episode = run(MemoryWorkflow(MemoryConfig(), tokenizer).episode({"prompt": "Q?", "context": context}))
+        turn = episode.history[0].turn
+        assert turn.final and episode.num_chunks == 0 and len(episode.history) == 1
         assert "<memory>\nNo previous memory\n</memory>" in turn.messages[0]["content"]
 
 
 def test_answer_is_variant_and_text_only_mode(tokenizer):
     workflow = MemoryWorkflow(MemoryConfig(final_prompt="answer_is"), tokenizer, token_prompts=False)
-    turn = workflow.session({"prompt": "Q?", "context": ""}).next_turn()
+    turn = first_turn(workflow, {"prompt": "Q?", "context": ""})
     assert turn.prompt_ids is None and "Therefore, the answer is" in turn.messages[0]["content"]
 
 
 def test_question_over_budget_errors_or_truncates(tokenizer):
     question = "word " * 50
     with pytest.raises(ValueError, match="max_prompt_length=8"):
-        MemoryWorkflow(MemoryConfig(max_prompt_length=8), tokenizer).session({"prompt": question, "context": "x"})
-    session = MemoryWorkflow(MemoryConfig(max_prompt_length=8, question_overflow="truncate"), tokenizer).session(
+        MemoryWorkflow(MemoryConfig(max_prompt_length=8), tokenizer).episode({"prompt": question, "context": "x"})
+    episode = MemoryWorkflow(MemoryConfig(max_prompt_length=8, question_overflow="truncate"), tokenizer).episode(
         {"prompt": question, "context": "x"}
     )
-    assert len(session.question_ids) == 8
+    assert len(episode.reading.question_ids) == 8
 
 
 def test_missing_columns_are_named(tokenizer):
     workflow = MemoryWorkflow(MemoryConfig(), tokenizer)
     with pytest.raises(KeyError, match="'context'"):
-        workflow.session({"prompt": "Q?"})
+        workflow.episode({"prompt": "Q?"})
     with pytest.raises(KeyError, match="'prompt'"):
-        workflow.session({"context": "text"})
+        workflow.episode({"context": "text"})
     with pytest.raises(ValueError, match="chunk_size"):
         MemoryConfig(chunk_size=0)
 
 
 def test_an_initial_memory_column_starts_the_session_from_it(tokenizer):
-    """memory_key: the first memory turn and, with no chunk, the answer turn read the row's memory in place of "No
+    """memory_key: the first memory call and, with no chunk, the answer call read the row's memory in place of "No
     previous memory", in text and in token ids; an empty value, or no memory_key (the paper), starts empty."""
     held = "The special magic number for calm-otter is 4711."
     workflow = MemoryWorkflow(MemoryConfig(chunk_size=64, memory_key="memory"), tokenizer)
-    session = workflow.session({"prompt": "Q?", "context": "one two three", "memory": held})
-    turn = session.next_turn()
+    turn = first_turn(workflow, {"prompt": "Q?", "context": "one two three", "memory": held})
     assert f"<memory>\n{held}\n</memory>" in turn.messages[0]["content"]
     assert tokenizer.decode(turn.prompt_ids) == tokenizer.apply_chat_template(
         turn.messages, tokenize=False, add_generation_prompt=True
     )
-    final = workflow.session({"prompt": "Q?", "context": "", "memory": held}).next_turn()
+    final = first_turn(workflow, {"prompt": "Q?", "context": "", "memory": held})
     assert final.final and f"<memory>\n{held}\n</memory>" in final.messages[0]["content"]
     for row, config in (
         ({"prompt": "Q?", "context": "one", "memory": ""}, MemoryConfig(memory_key="memory")),
         ({"prompt": "Q?", "context": "one", "memory": held}, MemoryConfig()),  # the column is not read
     ):
-        first = MemoryWorkflow(config, tokenizer).session(row).next_turn()
+        first = first_turn(MemoryWorkflow(config, tokenizer), row)
         assert "<memory>\nNo previous memory\n</memory>" in first.messages[0]["content"]
 
 
 def test_a_bad_initial_memory_is_named(tokenizer):
     workflow = MemoryWorkflow(MemoryConfig(memory_key="memory", max_memorization_length=4), tokenizer)
     with pytest.raises(KeyError, match="'memory' \\(the initial memory\\)"):
-        workflow.session({"prompt": "Q?", "context": "x"})
+        workflow.episode({"prompt": "Q?", "context": "x"})
     with pytest.raises(TypeError, match="must hold a string, got int"):
-        workflow.session({"prompt": "Q?", "context": "x", "memory": 7})
+        workflow.episode({"prompt": "Q?", "context": "x", "memory": 7})
     with pytest.raises(ValueError, match="over max_memorization_length=4"):
-        workflow.session({"prompt": "Q?", "context": "x", "memory": "one two three four five six"})
+        workflow.episode({"prompt": "Q?", "context": "x", "memory": "one two three four five six"})
 
 
-def test_without_kept_prompts_a_session_holds_no_past_chunks(tokenizer):
+def test_without_kept_prompts_an_episode_holds_no_past_chunks(tokenizer):
     workflow = MemoryWorkflow(MemoryConfig(chunk_size=5, max_chunks=None), tokenizer, keep_prompts=False)
-    session = workflow.session({"prompt": "Q?", "context": "one two three four five six seven eight nine ten " * 5})
-    while session.next_turn() is not None:
-        session.record(reply("m", tokenizer))
-    assert all(rec.turn.messages == [] and rec.turn.prompt_ids is None for rec in session.history)
-    assert all(rec.reply.token_ids is None for rec in session.history)
-    assert len(session.history) == session.num_chunks + 1
+    episode = workflow.episode({"prompt": "Q?", "context": "one two three four five six seven eight nine ten " * 5})
+    run(episode, lambda n, turn: reply("m", tokenizer))
+    assert all(rec.turn.messages == [] and rec.turn.prompt_ids is None for rec in episode.history)
+    assert all(rec.reply.token_ids is None for rec in episode.history)
+    assert len(episode.history) == episode.num_chunks + 1
+    assert [rec.turn.meta["chunk"] for rec in episode.history[:-1]] == list(range(episode.num_chunks))
+
+
+def test_the_agent_is_one_function_over_the_client(tokenizer):
+    """The registered agent is an agent function like any other: its rows come from the calls it makes, the
+    memory calls kind "memory" with their chunk, the answer flagged final and returned as the answer."""
+    workflow = load_register("memory").for_training({"chunk_size": 4}, tokenizer)
+    assert workflow.agent is memory.read_and_answer
+    episode = run(workflow.episode({"prompt": "Q?", "context": "alpha beta gamma delta epsilon"}))
+    kinds = [(rec.turn.meta["kind"], rec.turn.meta.get("chunk"), rec.turn.final) for rec in episode.history]
+    assert kinds == [("memory", i, False) for i in range(episode.num_chunks)] + [("final", None, True)]
+    assert episode.answer == "m" and episode.trace()["answer"] == "m"
 
 
 def test_register_loads_by_module_and_by_file(tmp_path):

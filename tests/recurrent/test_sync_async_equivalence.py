@@ -76,7 +76,7 @@ def greedy_ids(model, tokenizer, prompt_ids: list[int], max_tokens: int) -> list
 
 
 def run_sync(workflow, batch, model, tokenizer):
-    """The sessions through the lockstep driver, each turn generated from its token-space prompt."""
+    """The episodes through the lockstep driver, each call generated from its token-space prompt."""
 
     async def generate(i: int, turn: Turn) -> Reply:
         ids = greedy_ids(model, tokenizer, turn.prompt_ids, turn.max_tokens)
@@ -89,14 +89,14 @@ def run_sync(workflow, batch, model, tokenizer):
             completion_tokens=len(ids),
         )
 
-    sessions = [workflow.session(sample) for sample in batch]
+    sessions = [workflow.episode(sample) for sample in batch]
     run = asyncio.run(run_lockstep(sessions, generate))
     assert run.num_failed == 0, run.errors
     return sessions
 
 
 def run_async(workflow, batch, server, trace_path=None):
-    sessions = [workflow.session(sample) for sample in batch]
+    sessions = [workflow.episode(sample) for sample in batch]
     client = OpenAIChatClient(server.base_url, server.model)
     rollout = run_sessions(sessions, client, GREEDY, progress=False, trace_path=trace_path)
     assert rollout.num_failed == 0, rollout.errors
@@ -154,9 +154,10 @@ def test_a_chunk_cut_inside_a_character_reencodes_differently(tokenizer):
     size = 2  # the first chunk is " " + the first byte of "東"
     assert "\ufffd" in tokenizer.decode(ids[:size]) and "\ufffd" in tokenizer.decode(ids[size : 2 * size])
     workflow = MemoryWorkflow(MemoryConfig(chunk_size=size, max_chunks=None), tokenizer, reencode_memory=True)
-    session = workflow.session({"prompt": "Q?", "context": text})
-    turn = session.next_turn()
-    assert session.context_ids[:size].tolist() == ids[:size]  # sync: the exact slice, in the prompt
+    reading = workflow.prepare({"prompt": "Q?", "context": text})
+    turn = reading.memory_prompt(reading.initial_memory, next(reading.chunks()))  # the first call's prompt
+    turn = Turn(turn.messages, CONFIG.max_memorization_length, turn.ids)
+    assert reading.context_ids[:size].tolist() == ids[:size]  # sync: the exact slice, in the prompt
     assert turn.prompt_ids != canonical_ids(tokenizer, turn)  # async: the server re-encodes "\ufffd" text
     assert tokenizer.encode(tokenizer.decode(ids[:size]), add_special_tokens=False) != ids[:size]
     # Cuts between whole characters round-trip (this tokenizer's suffixes re-encode to themselves).

@@ -8,41 +8,32 @@ from pathlib import Path
 
 import pytest
 
-from recurrent.interface import Reply, Session, Turn, TurnRecord
+from recurrent.interface import Episode, Reply, Turn, TurnRecord
 from recurrent.trace import TraceWriter, finished_ids, read_trace, sample_record
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository, so the child process imports recurrent
 
 
-class ScriptedSession(Session):
-    """Replays fixed replies: turn i asks for step i; the last one is final."""
+class Replayed(Episode):
+    """An episode already run on fixed replies: call i asked for step i; the last one is flagged final."""
 
     def __init__(self, replies: list[Reply]) -> None:
-        self.replies = replies
-        self._history: list[TurnRecord] = []
-        self._pending: Turn | None = None
-
-    def next_turn(self) -> Turn | None:
-        step = len(self._history)
-        if step == len(self.replies):
-            return None
-        final = step == len(self.replies) - 1
-        self._pending = Turn([{"role": "user", "content": f"step {step}"}], 8, final=final, meta={"step": step})
-        return self._pending
-
-    def record(self, reply: Reply) -> None:
-        self._history.append(TurnRecord(self._pending, reply))
+        last = len(replies) - 1
+        self._history = [
+            TurnRecord(Turn([{"role": "user", "content": f"step {i}"}], 8, final=i == last, meta={"step": i}), reply)
+            for i, reply in enumerate(replies)
+        ]
 
     @property
     def history(self) -> list[TurnRecord]:
         return self._history
 
+    async def run(self, client, sampling=None, final_sampling=None, on_turn=None) -> None:
+        raise NotImplementedError("already run")
 
-def finished(*replies: Reply) -> ScriptedSession:
-    session = ScriptedSession(list(replies))
-    while session.next_turn() is not None:
-        session.record(session.replies[len(session.history)])
-    return session
+
+def finished(*replies: Reply) -> Replayed:
+    return Replayed(list(replies))
 
 
 MEMO = Reply("memory: Paris", "length", prompt_tokens=100, completion_tokens=8, seconds=0.25)

@@ -5,6 +5,7 @@ cutter, the tokenizer); an agent of a test's own through its registration alone,
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,8 +14,9 @@ import torch
 
 from recurrent.agents._memory_cost import Generated, TemplateLengths, memory_agent_turns, template_lengths
 from recurrent.agents.memory import MemoryConfig, MemoryWorkflow
+from recurrent.async_manager import run_session
 from recurrent.flops import ModelShape
-from recurrent.interface import Reply
+from recurrent.interface import Reply, Turn
 from recurrent.step_shapes import CallShape
 from verl_ext import cost_report
 from verl_ext.cost import PHASES, Cluster, Device, micro_batches, step_cost
@@ -44,21 +46,25 @@ def test_memory_agent_turns_by_hand():
 
 @pytest.mark.parametrize("context_tokens", [40, 60])  # 3 chunks of 16, 16, 8; 60 is centre-truncated to 48
 def test_the_turns_are_the_memory_agents_own(tiny_tokenizer, context_tokens):
-    """The memory agent's session, fed scripted replies of the modelled lengths, builds prompts of exactly the
+    """The memory agent, answered with scripted replies of the modelled lengths, builds prompts of exactly the
     modelled lengths."""
     config = MemoryConfig(
         chunk_size=16, max_chunks=3, max_memorization_length=5, max_final_response_length=4, max_prompt_length=32
     )
-    session = MemoryWorkflow(config, tiny_tokenizer).session_from_ids(
+    episode = MemoryWorkflow(config, tiny_tokenizer).episode_from_ids(
         "What is the key?", np.arange(100, 100 + context_tokens)
     )
     seen = []
-    while (turn := session.next_turn()) is not None:
-        size = config.max_final_response_length if turn.final else config.max_memorization_length
-        seen.append(CallShape(len(turn.prompt_ids), size))
-        session.record(Reply("x", "length", token_ids=list(range(20, 20 + size))))  # no end token: cut at the cap
+
+    class Capped:  # every reply its call's whole budget, no end token: cut at the cap
+        async def send_turn(self, turn: Turn, **_) -> Reply:
+            seen.append(CallShape(len(turn.prompt_ids), turn.max_tokens))
+            return Reply("x", "length", token_ids=list(range(20, 20 + turn.max_tokens)))
+
+    asyncio.run(run_session(episode, Capped()))
     templates = template_lengths(config, tiny_tokenizer)
-    modelled = memory_agent_turns(context_tokens, len(session.question_ids), config, templates, Generated(5, 4, ""))
+    question_tokens = len(episode.reading.question_ids)
+    modelled = memory_agent_turns(context_tokens, question_tokens, config, templates, Generated(5, 4, ""))
     assert seen == modelled and len(seen) == 4
 
 

@@ -1,8 +1,8 @@
 """An agent function's training rows, from verl's agent loop: the calculator agent against a token server that
 calls the tool and then answers. One row per model call; each row's prompt is exactly the conversation so far
 rendered by the chat template (tool results there, never in a response); each response is the server's ids.
-What a function may not do in training (its own sampling, an answer other than its last reply, lockstep rounds)
-is refused."""
+What a function may not do in training (its own sampling, an answer other than its last reply) is refused; in sync
+mode (lockstep rounds) the same function gives the same rows."""
 
 from __future__ import annotations
 
@@ -117,12 +117,27 @@ async def test_what_a_function_may_not_do_in_training_is_refused(tiny_model_dir,
         await loop.run(dict(SAMPLING), **sample("What is 1 + 1?"))
 
 
-async def test_lockstep_rounds_refuse_an_agent_function(tiny_model_dir, tiny_tokenizer):
+async def test_lockstep_rounds_run_an_agent_function_with_the_same_rows(tiny_model_dir, tiny_tokenizer):
     from verl_ext.lockstep import Trajectory, run_trajectories
     from verl_ext.rollout import AgentRollout
 
-    config = calculator_config(tiny_model_dir, "recurrent.mode=sync")
+    wide = ("recurrent.config.max_tokens_per_turn=96", "data.max_response_length=96", "data.max_prompt_length=640")
+    overrides = (*wide, "actor_rollout_ref.rollout.max_model_len=736")
+    questions = ["What is 37 * 48?", "What is 1 + 1?"]
+    loop = recurrent_agent_loop(
+        calculator_config(tiny_model_dir, *overrides), tiny_tokenizer, CalculatorTokenServer(tiny_tokenizer)
+    )
+    in_async = [await loop.run(dict(SAMPLING), **sample(q)) for q in questions]
+    config = calculator_config(tiny_model_dir, *overrides, "recurrent.mode=sync")
     rollout = AgentRollout.get(config, tiny_tokenizer)
-    trajectories = [Trajectory(sample("What is 1 + 1?"), 0, dict(SAMPLING))]
-    (result,) = await run_trajectories(rollout, CalculatorTokenServer(tiny_tokenizer), trajectories)
-    assert isinstance(result, TypeError) and "use recurrent.mode=async" in str(result)
+    server = CalculatorTokenServer(tiny_tokenizer)
+    trajectories = [Trajectory(sample(q), 0, dict(SAMPLING)) for q in questions]
+    in_sync = await run_trajectories(rollout, server, trajectories)
+    assert not [r for r in in_sync if isinstance(r, Exception)], in_sync
+    for sync_rows, async_rows in zip(in_sync, in_async, strict=True):
+        assert len(sync_rows) == 2  # the tool call, then the answer
+        for ours, theirs in zip(sync_rows, async_rows, strict=True):
+            assert (ours.prompt_ids, ours.response_ids) == (theirs.prompt_ids, theirs.response_ids)
+            assert ours.extra_fields == theirs.extra_fields and ours.num_turns == theirs.num_turns
+    # Lockstep: both tool calls went out in the first round, both answers in the second.
+    assert ["<tool_response>" in tiny_tokenizer.decode(p) for p in server.prompts] == [False, False, True, True]

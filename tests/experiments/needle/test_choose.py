@@ -32,7 +32,7 @@ def test_every_needle_lies_whole_in_one_chunk_and_the_question_asks_the_first(to
     for k in range(4):
         doc = make_choice_document(random.Random(f"{n}-{k}"), tokenizer, n, "test", distractors=3)
         # the agent's own chunking, decoded independently of the generator
-        session = workflow.session({"context": doc["context"], "prompt": doc["question"]})
+        session = workflow.episode({"context": doc["context"], "prompt": doc["question"]})
         assert session.num_chunks == n
         texts = [tokenizer.decode(session.context_ids[i * 64 : (i + 1) * 64]) for i in range(n)]
         found = {

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from scripted_turns import run_scripted
 
 from experiments.needle import eval_models
 from experiments.needle.needle import make_document
@@ -124,19 +125,22 @@ def test_the_harness_sends_the_training_prompts(tokenizer):
     harness = make_workflow(reader_entry(), "memory-boxed", tokenizer)(
         {"input": doc["question"], "context": doc["context"]}
     )
-    training = MemoryWorkflow(agent_config(), tokenizer).session({"context": doc["context"], "prompt": doc["question"]})
-    memories = ["The farmer painted a tall tree.", doc["needle"], doc["needle"]]
-    budgets = []
-    for memory in [*memories, None]:
-        sent, trained = harness.next_turn(), training.next_turn()
-        ids = tokenizer.apply_chat_template(sent.messages, add_generation_prompt=True, return_dict=True)["input_ids"]
-        assert ids == trained.prompt_ids
-        budgets.append((sent.max_tokens, trained.max_tokens))
-        text = memory or "\\boxed{4711}"
-        harness.record(Reply(text, "stop", None))
-        training.record(Reply(text, "stop", tokenizer.encode(text, add_special_tokens=False)))
-    assert budgets == [(32, 32), (32, 32), (32, 32), (16, 16)]
-    assert harness.next_turn() is None and training.next_turn() is None
+    training = MemoryWorkflow(agent_config(), tokenizer).episode({"context": doc["context"], "prompt": doc["question"]})
+    texts = ["The farmer painted a tall tree.", doc["needle"], doc["needle"], "\\boxed{4711}"]
+    sent = run_scripted(harness, lambda n, turn: Reply(texts[n], "stop", None))
+    trained = run_scripted(
+        training, lambda n, turn: Reply(texts[n], "stop", tokenizer.encode(texts[n], add_special_tokens=False))
+    )
+    for ours, theirs in zip(sent, trained, strict=True):
+        ids = tokenizer.apply_chat_template(ours.messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+        assert ids == theirs.prompt_ids
+    assert [(ours.max_tokens, theirs.max_tokens) for ours, theirs in zip(sent, trained, strict=True)] == [
+        (32, 32),
+        (32, 32),
+        (32, 32),
+        (16, 16),
+    ]
+    assert harness.answer == training.answer == "\\boxed{4711}"
 
 
 def test_the_direct_baseline_fits_the_readers_window(tokenizer):
@@ -144,11 +148,11 @@ def test_the_direct_baseline_fits_the_readers_window(tokenizer):
     long_context = " ".join(["The baker painted a tall tree after lunch."] * 300 + [NEEDLE])  # ~3,000 tokens
     for context, truncated in ((f"A dog ran. {NEEDLE}", False), (long_context, True)):
         session = session_of({"input": QUESTION, "context": context})
-        turn = session.next_turn()
+        (turn,) = run_scripted(session, lambda n, turn: Reply("\\boxed{4711}", "stop"))
         ids = tokenizer.apply_chat_template(turn.messages, add_generation_prompt=True, return_dict=True)["input_ids"]
-        assert session.truncated is truncated and turn.max_tokens == 16
+        assert session.trace()["truncated"] is truncated and turn.max_tokens == 16
         assert len(ids) + turn.max_tokens <= 416  # the reader's training context
-    assert session.prompt_tokens_full > 2000 and len(ids) >= 380  # the long one is cut to the window, not below
+    assert session.trace()["prompt_tokens_full"] > 2000 and len(ids) >= 380  # the long one is cut to the window
 
 
 def greedy_reply(model, tokenizer, messages: list[dict], max_tokens: int) -> str:
@@ -200,16 +204,19 @@ def test_a_reader_through_transformers_serve_with_batching_answers_as_greedy_gen
         direct = {r["id"]: r for r in map(json.loads, (results / f"needle_{n}/tiny-reader__direct-boxed.jsonl").open())}
         assert sorted(memory) == sorted(direct) == [0, 1]
         for i, doc in enumerate(items):
-            session = MemoryWorkflow(agent_config(), tokenizer, token_prompts=False).session(
+            session = MemoryWorkflow(agent_config(), tokenizer, token_prompts=False).episode(
                 {"context": doc["context"], "prompt": doc["question"]}
             )
-            expected = []
-            while (turn := session.next_turn()) is not None:
-                expected.append(greedy_reply(model, tokenizer, turn.messages, turn.max_tokens))
-                session.record(Reply(expected[-1], "stop", None))
+            run_scripted(
+                session, lambda n, turn: Reply(greedy_reply(model, tokenizer, turn.messages, turn.max_tokens), "stop")
+            )
+            expected = [rec.reply.text for rec in session.history]
             assert len(expected) == n + 1 and memory[i]["turns"] == n + 1
             assert [t["response"] for t in memory[i]["trace"]] == expected
-            turn = make_workflow(reader_entry(), "direct-boxed", tokenizer)(
-                {"input": doc["question"], "context": doc["context"]}
-            ).next_turn()
+            (turn,) = run_scripted(
+                make_workflow(reader_entry(), "direct-boxed", tokenizer)(
+                    {"input": doc["question"], "context": doc["context"]}
+                ),
+                lambda n, turn: Reply("x", "stop"),
+            )
             assert direct[i]["response"] == greedy_reply(model, tokenizer, turn.messages, 16)

@@ -4,6 +4,7 @@ import random
 
 import pytest
 import torch
+from scripted_turns import run_scripted
 
 from experiments.needle.needle import (
     NEEDLE,
@@ -71,7 +72,7 @@ def test_a_document_of_n_chunks_has_n_chunks(tokenizer, n):
     rng = random.Random(n)
     for _ in range(3):
         doc = make_document(rng, tokenizer, n, "validation")
-        session = workflow.session({"context": doc["context"], "prompt": doc["question"]})
+        session = workflow.episode({"context": doc["context"], "prompt": doc["question"]})
         assert session.num_chunks == n
         texts = [tokenizer.decode(session.context_ids[i * 64 : (i + 1) * 64]) for i in range(n)]
         assert [doc["needle"] in t for t in texts] == [i == doc["needle_chunk"] for i in range(n)]
@@ -83,9 +84,10 @@ def test_an_episode_that_starts_late_holds_the_needle_in_memory_and_only_filler_
     doc = make_late_start(random.Random(n), tokenizer, n, "train")
     assert doc["memory"] == doc["needle"] == NEEDLE.format(key=doc["key"], value=doc["value"])
     assert doc["needle_chunk"] == -1 and doc["value"] not in doc["context"] and "magic" not in doc["context"]
-    session = workflow.session({"context": doc["context"], "prompt": doc["question"], "memory": doc["memory"]})
+    session = workflow.episode({"context": doc["context"], "prompt": doc["question"], "memory": doc["memory"]})
     assert session.num_chunks == n
-    assert f"<memory>\n{doc['needle']}\n</memory>" in session.next_turn().messages[0]["content"]
+    first = run_scripted(session, lambda k, turn: Reply("m", "stop"))[0]
+    assert f"<memory>\n{doc['needle']}\n</memory>" in first.messages[0]["content"]
     # the needle sentence fits the memory the agent writes (32 tokens)
     assert len(tokenizer.encode(doc["memory"], add_special_tokens=False)) <= 32
 
@@ -142,12 +144,10 @@ def test_numbers_are_two_digit_tokens_and_prompts_round_trip(tokenizer):
 def test_a_memory_turn_with_a_full_chunk_and_memory_is_200_to_340_tokens(tokenizer):
     workflow = MemoryWorkflow(agent_config(), tokenizer)
     doc = make_document(random.Random(0), tokenizer, 3, "train")
-    session = workflow.session({"context": doc["context"], "prompt": doc["question"]})
-    session.next_turn()
-
+    session = workflow.episode({"context": doc["context"], "prompt": doc["question"]})
     memory = tokenizer.encode(" ".join([doc["needle"]] * 3), add_special_tokens=False)[:32]
-    session.record(Reply(tokenizer.decode(memory), "length", memory))
-    turn = session.next_turn()  # the middle chunk of 3 has exactly 64 tokens; the memory has 32
+    turns = run_scripted(session, lambda k, turn: Reply(tokenizer.decode(memory), "length", memory))
+    turn = turns[1]  # the middle chunk of 3 has exactly 64 tokens; the memory has 32
     assert turn.meta["chunk_tokens"] == 64 and len(memory) == 32
     assert 200 <= len(turn.prompt_ids) <= 340
 
