@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 
 from recurrent.functions import CallRecorder, FunctionEpisode, FunctionWorkflow
-from recurrent.interface import Reply, RowWidths, WorkflowConfig, WorkflowRegistration
+from recurrent.interface import Reply, RowWidths, WorkflowConfig, WorkflowRegistration, question_text
 from recurrent.step_shapes import StepShapes, StepShapesRequest
 from recurrent.templating import chat_token_template, render
 from recurrent.tokens import centre_truncate, encode_long, end_token_ids, num_chunks
@@ -120,20 +120,6 @@ class MemoryConfig(WorkflowConfig):
     @property
     def max_context_tokens(self) -> int | None:
         return None if self.max_chunks is None else self.max_chunks * self.chunk_size
-
-
-def question_text(sample: dict[str, Any], key: str) -> str:
-    """The question of a row: a plain string, or the content of the last user message of a chat list."""
-    if key not in sample:
-        raise KeyError(f"sample has no column {key!r} (the question); columns: {sorted(sample)}")
-    value = sample[key]
-    if isinstance(value, str):
-        return value
-    messages = list(value)
-    users = [m for m in messages if m.get("role") == "user"]
-    if not users:
-        raise ValueError(f"column {key!r} holds a chat list without a user message: {messages!r}")
-    return users[-1]["content"]
 
 
 CONTEXT_CACHE_SIZE = 256  # tokenized training contexts kept (the n episodes of a prompt tokenize it once)

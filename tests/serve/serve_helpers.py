@@ -31,6 +31,11 @@ from recurrent.serving import free_port, wait_ready
 REPO = Path(__file__).resolve().parents[2]
 WAIT = 60.0  # seconds any awaited event may take before a test fails (a bound, never a pause)
 UPSTREAM_PROMPT_TOKENS, UPSTREAM_COMPLETION_TOKENS = 10, 3  # the scripted upstream's usage of every reply
+QUESTION = "Which river runs past the stone village?"
+# Seven sentences of plain words: with 16-token chunks the tiny tokenizer cuts it into several chunks.
+DOCUMENT = " ".join(
+    f"Sentence number {i} tells of the river, the stone and the village by the quiet meadow." for i in range(7)
+)
 
 
 class ScriptedUpstream:

@@ -22,6 +22,8 @@ import yaml
 from openai import OpenAI
 from scripted_calculator import calculator_app
 from serve_helpers import (
+    DOCUMENT,
+    QUESTION,
     REPO,
     UPSTREAM_COMPLETION_TOKENS,
     UPSTREAM_PROMPT_TOKENS,
@@ -40,10 +42,6 @@ from threaded_http import serve_in_a_thread
 from recurrent.functions import agent_function
 from recurrent.interface import WorkflowConfig
 
-QUESTION = "Which river runs past the stone village?"
-DOCUMENT = " ".join(
-    f"Sentence number {i} tells of the river, the stone and the village by the quiet meadow." for i in range(7)
-)
 TOOL_CALL = '<tool_call>{"name": "calculate", "arguments": {"expression": "2 + 2"}}</tool_call>'
 ANSWER_1776 = "The result is \\boxed{1776}"
 

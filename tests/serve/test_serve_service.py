@@ -16,6 +16,8 @@ import openai
 import pytest
 from openai import OpenAI
 from serve_helpers import (
+    DOCUMENT,
+    QUESTION,
     UPSTREAM_COMPLETION_TOKENS,
     UPSTREAM_PROMPT_TOKENS,
     WAIT,
@@ -29,11 +31,6 @@ from serve_helpers import (
 
 from recurrent.serving import free_port
 
-QUESTION = "Which river runs past the stone village?"
-# Seven sentences of plain words: with 16-token chunks the tiny tokenizer cuts it into several chunks.
-DOCUMENT = " ".join(
-    f"Sentence number {i} tells of the river, the stone and the village by the quiet meadow." for i in range(7)
-)
 UPSTREAM_KEY = "sk-upstream-SECRET-41d7"
 SERVER_KEY = "sk-server-SECRET-9c2e"
 
