@@ -147,7 +147,7 @@ def plot(table: dict[tuple[str, str], dict[int, Cell]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    fig, ax = plt.subplots(figsize=(9.6, 4.0), dpi=100)
     for policy, by_length in table.items():
         points = [(n, cell.mean("strict")) for n, cell in sorted(by_length.items())]
         points = [(n, v) for n, v in points if v is not None]
@@ -161,7 +161,7 @@ def plot(table: dict[tuple[str, str], dict[int, Cell]], path: Path) -> None:
     ax.set_ylabel("strict accuracy (%)")
     ax.set_ylim(-2, 102)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: no curve hidden
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
