@@ -29,30 +29,16 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import re
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.needle.policies import POLICY_NAMES, policy_name, policy_of_model
 from taskutils.memory_eval.report import Row, collect
 
 TASK = "needle"
 CHUNK_TOKENS = 64
-_SEED = re.compile(r"-seed(\d+)$")
-# Display order and names of the policies the replication script evaluates; others follow in name order.
-POLICY_NAMES = {
-    ("warm-start", "memory-boxed"): "warm start (SFT)",
-    ("rl", "memory-boxed"): "RL",
-    ("ablation-same-step", "memory-boxed"): "ablation: answer credit only, RL's step",
-    ("ablation-token-mean", "memory-boxed"): "ablation: answer credit only, answer token-mean",
-    ("ablation", "memory-boxed"): "ablation: final-answer credit only",
-    ("warm-start", "direct-boxed"): "warm start, full context",
-    ("rl", "direct-boxed"): "RL, full context",
-    ("ablation-same-step", "direct-boxed"): "ablation (RL's step), full context",
-    ("ablation-token-mean", "direct-boxed"): "ablation (answer token-mean), full context",
-    ("ablation", "direct-boxed"): "ablation, full context",
-}
 
 
 @dataclass
@@ -74,17 +60,8 @@ class Cell:
         return all(not row.incomplete and not row.failed for row in self.seeds.values())
 
 
-def policy_of_model(model: str, method: str) -> tuple[str, str]:
-    """The policy of a model's results: the model without its ``-seed<k>``, with the method."""
-    return _SEED.sub("", model), method
-
-
 def policy_of(row: Row) -> tuple[str, str]:
     return policy_of_model(row.model, row.method)
-
-
-def policy_name(policy: tuple[str, str]) -> str:
-    return POLICY_NAMES.get(policy, f"{policy[0]} ({policy[1]})")
 
 
 def cells(rows: list[Row], task: str = TASK) -> dict[tuple[str, str], dict[int, Cell]]:

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from experiments.needle.misses import miss_kind
-from experiments.needle.report import POLICY_NAMES, policy_name, policy_of_model
+from experiments.needle.policies import POLICY_NAMES, policy_name, policy_of_model
 from recurrent.resume import read_jsonl
 from taskutils.memory_eval.report import results_files
 

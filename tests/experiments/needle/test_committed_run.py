@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 # The table's names of the policies (model without its -seed<k>, method) are the report's own; its numbers are not.
-from experiments.needle.report import POLICY_NAMES as NAMES
+from experiments.needle.policies import POLICY_NAMES as NAMES
 
 RUN = Path(__file__).resolve().parents[3] / "docs" / "replication_cpu"
 RUNS = [RUN, RUN / "choose"]
