@@ -10,12 +10,15 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
 from recurrent.options import ConfigError, agent_config, non_negative_int, parse_with_config, positive_int, seconds
 from recurrent.sampling import argument as sampling_argument
+
+if TYPE_CHECKING:
+    from recurrent.serve.service import ServeSettings
 
 DESCRIPTION = """\
 Serve a memory agent behind an OpenAI-compatible API. Any OpenAI client (a chat UI, an application, another lab's
@@ -225,11 +228,43 @@ class _Stop:
         raise KeyboardInterrupt(f"signal {signum}")
 
 
+def serve_settings(args: argparse.Namespace) -> ServeSettings:
+    """The :class:`~recurrent.serve.service.ServeSettings` of parsed flags: a flag's 0 that means "no limit" (see
+    its help) becomes None, which the settings take for no limit (they refuse a limit of 0)."""
+    from recurrent.serve.service import ServeSettings
+
+    return ServeSettings(
+        model=args.served_model_name or args.model,
+        agent=args.agent,
+        agent_config=args.agent_values,
+        chunk_size=args.chunk_size,
+        max_new=args.max_new,
+        final_max_new=args.final_max_new,
+        max_context=args.max_context or None,
+        final_prompt=args.final_prompt,
+        question_mode=args.question_mode,
+        split_marker=args.split_marker,
+        passthrough=args.passthrough,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_documents=args.max_documents,
+        max_queue=args.max_queue,
+        queue_timeout=args.queue_timeout or None,
+        document_timeout=args.document_timeout or None,
+        shutdown_grace=args.shutdown_grace,
+        keepalive=args.keepalive or None,
+        spool_bytes=args.spool_bytes,
+        spool_dir=args.spool_dir,
+        max_request_bytes=args.max_request_bytes or None,
+        server_key=os.environ[args.server_key_env] if args.server_key_env else None,
+    )
+
+
 def serve(args: argparse.Namespace, stop: _Stop) -> int:
     from recurrent.client import OpenAIChatClient
     from recurrent.models import ModelNotAvailableError, resolve_model_path
     from recurrent.serve.app import build_app
-    from recurrent.serve.service import MemAgentService, ServeSettings
+    from recurrent.serve.service import MemAgentService
     from recurrent.serving import ServerError, transformers_serve
 
     log = logging.getLogger("recurrent.serve")
@@ -255,31 +290,7 @@ def serve(args: argparse.Namespace, stop: _Stop) -> int:
                 return 1
             upstream, upstream_model = local.base_url, local.model
         api_key = os.environ[args.api_key_env] if args.api_key_env else None
-        settings = ServeSettings(
-            model=args.served_model_name or args.model,
-            agent=args.agent,
-            agent_config=args.agent_values,
-            chunk_size=args.chunk_size,
-            max_new=args.max_new,
-            final_max_new=args.final_max_new,
-            max_context=args.max_context or None,
-            final_prompt=args.final_prompt,
-            question_mode=args.question_mode,
-            split_marker=args.split_marker,
-            passthrough=args.passthrough,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            max_documents=args.max_documents,
-            max_queue=args.max_queue,
-            queue_timeout=args.queue_timeout or None,
-            document_timeout=args.document_timeout or None,
-            shutdown_grace=args.shutdown_grace,
-            keepalive=args.keepalive or None,
-            spool_bytes=args.spool_bytes,
-            spool_dir=args.spool_dir,
-            max_request_bytes=args.max_request_bytes or None,
-            server_key=os.environ[args.server_key_env] if args.server_key_env else None,
-        )
+        settings = serve_settings(args)
         client = OpenAIChatClient(
             upstream,
             upstream_model,
