@@ -14,7 +14,16 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
-from recurrent.options import ConfigError, agent_config, non_negative_int, parse_with_config, positive_int, seconds
+from recurrent.options import (
+    ConfigError,
+    agent_config,
+    non_negative_int,
+    parse_with_config,
+    port,
+    positive_int,
+    positive_seconds,
+    seconds,
+)
 from recurrent.sampling import argument as sampling_argument
 
 if TYPE_CHECKING:
@@ -133,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     svc = parser.add_argument_group("service")
     svc.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
-    svc.add_argument("--port", type=non_negative_int, default=8000, help="port (default 8000)")
+    svc.add_argument("--port", type=port, default=8000, help="port, 1-65535 (default 8000)")
     svc.add_argument("--max-documents", type=positive_int, default=4, help="documents in flight at once (default 4)")
     svc.add_argument(
         "--max-queue", type=non_negative_int, default=64, help="documents waiting beyond those (64); more: 503"
@@ -141,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     svc.add_argument("--queue-timeout", type=seconds, default=0.0, help="seconds a document may wait (0: no limit)")
     svc.add_argument("--document-timeout", type=seconds, default=0.0, help="seconds a document may run (0: no limit)")
     svc.add_argument(
-        "--timeout", type=seconds, default=600.0, help="seconds per upstream request attempt (default 600)"
+        "--timeout", type=positive_seconds, default=600.0, help="seconds per upstream request attempt (default 600)"
     )
     svc.add_argument(
         "--timeout-per-token",

@@ -48,7 +48,7 @@ from recurrent.options import parse_with_config
 from recurrent.sampling import argument as sampling_argument
 from recurrent.serving import log_tail
 from recurrent.trace import TraceWriter
-from taskutils.cli import non_negative_int, positive_int
+from taskutils.cli import non_negative_int, positive_int, positive_seconds, seconds
 
 from . import config as cfg
 from . import evalsets, results, scoring
@@ -166,13 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     srv.add_argument(
         "--timeout",
-        type=float,
+        type=positive_seconds,
         default=300.0,
         help="seconds per request attempt, plus --timeout-per-token for every prompt and new token (default 300)",
     )
     srv.add_argument(
         "--timeout-per-token",
-        type=float,
+        type=seconds,
         default=0.1,
         help="seconds added to an attempt's timeout per token of its prompt (estimated) and of its max_tokens "
         "(default 0.1: a 5000-token chunk with a 1024-token memory gets ~15 minutes)",
