@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -46,6 +47,26 @@ def seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
     if not value >= 0:  # NaN too
         raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {text}")
+    return value
+
+
+def port(text: str) -> int:
+    """A TCP port to listen on, 1-65535 (past that the server would stop at start-up, after loading its model)."""
+    value = _int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port in 1-65535, got {text}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """A time limit in seconds that has no 'no limit' value: finite and > 0 (a request timeout of 0 or NaN would
+    fail every request, after the run had started)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text}")
     return value
 
 

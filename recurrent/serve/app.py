@@ -14,6 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from recurrent.serve.protocol import LONG_TEXT_FIELDS, ApiError, bad_request, parse_request
 from recurrent.serve.service import Document, MemAgentService, Outcome, ServeSettings
@@ -21,6 +22,7 @@ from recurrent.serve.spool import Spools, parse_spooled
 
 log = logging.getLogger("recurrent.serve")
 
+ROUTES = ("GET /health", "GET /v1/models", "GET /v1/models/{model}", "POST /v1/chat/completions")
 CLIENT_CLOSED = 499  # the status logged for a request whose client went away (nginx's convention)
 
 
@@ -43,17 +45,21 @@ async def _read_json(request: Request) -> Any:
 def _loads(buffer: bytearray) -> Any:
     text = buffer.decode(json.detect_encoding(buffer), "surrogatepass")  # as json.loads decodes bytes
     del buffer[:]
-    return json.loads(text)
+    try:
+        return json.loads(text)
+    except RecursionError:  # arrays or objects nested past Python's recursion limit: the client's 400, not a 500
+        raise ValueError("the JSON nests too deep") from None
 
 
-def _too_large(settings: ServeSettings, size: int | None = None) -> ApiError:
-    said = f"{size:,} bytes" if size is not None else "more"
-    return ApiError(
-        413,
-        f"the request body is {said}, over this server's limit of {settings.max_request_bytes:,} bytes "
-        "(--max-request-bytes)",
-        code="request_too_large",
-    )
+def _too_large(settings: ServeSettings, size: int | None = None, received: int | None = None) -> ApiError:
+    """The 413 of a body over the limit: by its Content-Length ``size``, or (a body sent without one) once
+    ``received`` bytes of it have arrived."""
+    limit = f"this server's limit of {settings.max_request_bytes:,} bytes (--max-request-bytes)"
+    if size is not None:
+        message = f"the request body is {size:,} bytes, over {limit}"
+    else:
+        message = f"the request body is over {limit}: it was refused when {received:,} bytes of it had arrived"
+    return ApiError(413, message, code="request_too_large")
 
 
 async def _read_body(request: Request, settings: ServeSettings) -> tuple[Any, Spools | None]:
@@ -75,7 +81,7 @@ async def _read_body(request: Request, settings: ServeSettings) -> tuple[Any, Sp
         async for part in request.stream():
             received += len(part)
             if limit is not None and received > limit:
-                raise _too_large(settings)
+                raise _too_large(settings, received=received)
             if spools is not None:
                 spools.body.write(part)
                 continue
@@ -191,6 +197,21 @@ def build_app(service: MemAgentService) -> FastAPI:
             message = f"model {model!r} is not served here; this server serves {settings.model!r}"
             return ApiError(404, message, code="model_not_found", param="model").response()
         return JSONResponse(entry)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException) -> Response:
+        # Starlette's own answers (404 unknown route, 405 wrong method) in OpenAI's error shape, as every other
+        # error here (docs/serving.md, "Errors"); its headers (Allow on a 405) kept.
+        if err.status_code == 404:
+            message = f"no route {request.url.path}; this server answers {', '.join(ROUTES)}"
+        elif err.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path} (allowed: {err.headers.get('Allow', '')})"
+        else:
+            message = f"{request.method} {request.url.path}: {err.detail}"
+        error = ApiError(err.status_code, message, code="not_found" if err.status_code == 404 else None)
+        response = error.response()
+        response.headers.update(err.headers or {})
+        return response
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, err: Exception) -> JSONResponse:

@@ -10,12 +10,24 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
-from recurrent.options import ConfigError, agent_config, non_negative_int, parse_with_config, positive_int, seconds
+from recurrent.options import (
+    ConfigError,
+    agent_config,
+    non_negative_int,
+    parse_with_config,
+    port,
+    positive_int,
+    positive_seconds,
+    seconds,
+)
 from recurrent.sampling import argument as sampling_argument
+
+if TYPE_CHECKING:
+    from recurrent.serve.service import ServeSettings
 
 DESCRIPTION = """\
 Serve a memory agent behind an OpenAI-compatible API. Any OpenAI client (a chat UI, an application, another lab's
@@ -130,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     svc = parser.add_argument_group("service")
     svc.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
-    svc.add_argument("--port", type=non_negative_int, default=8000, help="port (default 8000)")
+    svc.add_argument("--port", type=port, default=8000, help="port, 1-65535 (default 8000)")
     svc.add_argument("--max-documents", type=positive_int, default=4, help="documents in flight at once (default 4)")
     svc.add_argument(
         "--max-queue", type=non_negative_int, default=64, help="documents waiting beyond those (64); more: 503"
@@ -138,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     svc.add_argument("--queue-timeout", type=seconds, default=0.0, help="seconds a document may wait (0: no limit)")
     svc.add_argument("--document-timeout", type=seconds, default=0.0, help="seconds a document may run (0: no limit)")
     svc.add_argument(
-        "--timeout", type=seconds, default=600.0, help="seconds per upstream request attempt (default 600)"
+        "--timeout", type=positive_seconds, default=600.0, help="seconds per upstream request attempt (default 600)"
     )
     svc.add_argument(
         "--timeout-per-token",
@@ -225,11 +237,43 @@ class _Stop:
         raise KeyboardInterrupt(f"signal {signum}")
 
 
+def serve_settings(args: argparse.Namespace) -> ServeSettings:
+    """The :class:`~recurrent.serve.service.ServeSettings` of parsed flags: a flag's 0 that means "no limit" (see
+    its help) becomes None, which the settings take for no limit (they refuse a limit of 0)."""
+    from recurrent.serve.service import ServeSettings
+
+    return ServeSettings(
+        model=args.served_model_name or args.model,
+        agent=args.agent,
+        agent_config=args.agent_values,
+        chunk_size=args.chunk_size,
+        max_new=args.max_new,
+        final_max_new=args.final_max_new,
+        max_context=args.max_context or None,
+        final_prompt=args.final_prompt,
+        question_mode=args.question_mode,
+        split_marker=args.split_marker,
+        passthrough=args.passthrough,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_documents=args.max_documents,
+        max_queue=args.max_queue,
+        queue_timeout=args.queue_timeout or None,
+        document_timeout=args.document_timeout or None,
+        shutdown_grace=args.shutdown_grace,
+        keepalive=args.keepalive or None,
+        spool_bytes=args.spool_bytes,
+        spool_dir=args.spool_dir,
+        max_request_bytes=args.max_request_bytes or None,
+        server_key=os.environ[args.server_key_env] if args.server_key_env else None,
+    )
+
+
 def serve(args: argparse.Namespace, stop: _Stop) -> int:
     from recurrent.client import OpenAIChatClient
     from recurrent.models import ModelNotAvailableError, resolve_model_path
     from recurrent.serve.app import build_app
-    from recurrent.serve.service import MemAgentService, ServeSettings
+    from recurrent.serve.service import MemAgentService
     from recurrent.serving import ServerError, transformers_serve
 
     log = logging.getLogger("recurrent.serve")
@@ -255,31 +299,7 @@ def serve(args: argparse.Namespace, stop: _Stop) -> int:
                 return 1
             upstream, upstream_model = local.base_url, local.model
         api_key = os.environ[args.api_key_env] if args.api_key_env else None
-        settings = ServeSettings(
-            model=args.served_model_name or args.model,
-            agent=args.agent,
-            agent_config=args.agent_values,
-            chunk_size=args.chunk_size,
-            max_new=args.max_new,
-            final_max_new=args.final_max_new,
-            max_context=args.max_context or None,
-            final_prompt=args.final_prompt,
-            question_mode=args.question_mode,
-            split_marker=args.split_marker,
-            passthrough=args.passthrough,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            max_documents=args.max_documents,
-            max_queue=args.max_queue,
-            queue_timeout=args.queue_timeout or None,
-            document_timeout=args.document_timeout or None,
-            shutdown_grace=args.shutdown_grace,
-            keepalive=args.keepalive or None,
-            spool_bytes=args.spool_bytes,
-            spool_dir=args.spool_dir,
-            max_request_bytes=args.max_request_bytes or None,
-            server_key=os.environ[args.server_key_env] if args.server_key_env else None,
-        )
+        settings = serve_settings(args)
         client = OpenAIChatClient(
             upstream,
             upstream_model,

@@ -4,6 +4,7 @@ OpenAI's shape, and the HTTP status an upstream failure becomes (docs/serving.md
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +109,26 @@ def bad_request(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
 
 
+# A lone surrogate: what a JSON "\ud800" escape without its pair decodes to. Python holds it, but it is no Unicode
+# text: the tokenizer refuses it (a 500 after the document was queued) and no upstream could be sent it.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _unicode_text(text: Text, param: str) -> Text:
+    """``text`` when it is Unicode text; a 400 naming ``param`` where it holds a lone surrogate (a text kept on disk
+    is read block by block)."""
+    blocks = [(0, text)] if isinstance(text, str) else text.blocks()
+    for at, block in blocks:
+        found = _SURROGATE.search(block)
+        if found:
+            raise bad_request(
+                f"{param} holds a lone surrogate (U+{ord(found.group()):04X}, half of a UTF-16 pair) at character "
+                f"{at + found.start()}: it is not Unicode text",
+                param,
+            )
+    return text
+
+
 def _text_content(content: Any, where: str) -> Text:
     """A message's content as text: a string, or a list of text parts (joined by newlines, as vLLM does)."""
     if content is None:
@@ -160,7 +181,8 @@ def parse_request(body: Any, served_model: str) -> ChatRequest:
         where = f"messages[{k}]"
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise bad_request(f"{where} must be an object with a string role", where)
-        parsed.append({"role": message["role"], "content": _text_content(message.get("content"), where)})
+        content = _unicode_text(_text_content(message.get("content"), where), f"{where}.content")
+        parsed.append({"role": message["role"], "content": content})
     for name, what in UNSUPPORTED.items():
         if body.get(name):
             raise bad_request(f"{name}: {what} are not supported: the agent makes its own model calls", name)
@@ -219,6 +241,8 @@ def _extension(raw: Any) -> Extension:
         value = getattr(ext, name)
         if value is not None and not isinstance(value, (str, LongText) if name in ("document", "question") else str):
             raise bad_request(f"memagent.{name} must be a string", f"memagent.{name}")
+        if value is not None:
+            _unicode_text(value, f"memagent.{name}")
     for name in ("return_memories", "passthrough", "progress"):
         value = getattr(ext, name)
         if value is not None and not isinstance(value, bool):

@@ -36,7 +36,12 @@ BLANK_LINE = re.compile(r"\n[ \t]*\n")
 
 
 class QuestionError(ValueError):
-    """The request has no question where its mode looks for one (or no document where the mode needs it)."""
+    """The request has no question where its mode looks for one (or no document where the mode needs it);
+    ``param`` names the request field to blame (a 400's ``param``)."""
+
+    def __init__(self, message: str, param: str = "messages") -> None:
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass(frozen=True)
@@ -74,9 +79,12 @@ def find_question(
 def _by_field(user_texts: list[Text], document: Text | None, question: Text | None) -> Found:
     if document is None:
         raise QuestionError(
-            "question mode 'field' reads the document from the request field memagent.document, which is missing"
+            "question mode 'field' reads the document from the request field memagent.document, which is missing",
+            "memagent.document",
         )
+    param = "memagent.question"
     if question is None:
+        param = "messages"
         if not user_texts:
             raise QuestionError(
                 "found no question: question mode 'field' reads it from memagent.question or else the last user "
@@ -85,7 +93,7 @@ def _by_field(user_texts: list[Text], document: Text | None, question: Text | No
         question = user_texts[-1]
     question = as_str(question)
     if not question.strip():
-        raise QuestionError("found no question: the question is empty (question mode 'field')")
+        raise QuestionError(f"found no question: the question is empty (question mode 'field', {param})", param)
     return Found(document, question, "field")
 
 

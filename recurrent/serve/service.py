@@ -318,7 +318,7 @@ class MemAgentService:
                 ext.question,
             )
         except QuestionError as err:
-            raise bad_request(str(err), "messages") from None
+            raise bad_request(str(err), err.param) from None
 
     def _passes_through(self, request: ChatRequest, check_tokens: bool) -> bool:
         """Whether the request goes upstream as it is: pass-through on (server or request) and every message

@@ -195,6 +195,11 @@ def as_str(text: str | LongText) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+# How deep a long body's arrays and objects may nest (a request nests 5 deep): each level costs this parser a few
+# Python frames, and past Python's recursion limit it would fail with RecursionError, a 500 (docs/serving.md).
+MAX_DEPTH = 200
+
+
 class _Parser:
     def __init__(self, source: IO[bytes], spool: TextSpool, string_chars: int, keys: frozenset[str]) -> None:
         self.source = source
@@ -235,8 +240,8 @@ class _Parser:
         return value
 
     def value(self, depth: int, long: bool) -> Any:
-        if depth > 1000:
-            raise self.error("the JSON nests too deep")
+        if depth > MAX_DEPTH:
+            raise self.error(f"the JSON nests too deep (over {MAX_DEPTH} levels)")
         self.skip_whitespace()
         self.fill(1)
         if self.pos >= len(self.buf):

@@ -48,7 +48,7 @@ from recurrent.options import parse_with_config
 from recurrent.sampling import argument as sampling_argument
 from recurrent.serving import log_tail
 from recurrent.trace import TraceWriter
-from taskutils.cli import non_negative_int, positive_int
+from taskutils.cli import non_negative_int, positive_int, positive_seconds, seconds
 
 from . import config as cfg
 from . import evalsets, results, scoring
@@ -166,13 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     srv.add_argument(
         "--timeout",
-        type=float,
+        type=positive_seconds,
         default=300.0,
         help="seconds per request attempt, plus --timeout-per-token for every prompt and new token (default 300)",
     )
     srv.add_argument(
         "--timeout-per-token",
-        type=float,
+        type=seconds,
         default=0.1,
         help="seconds added to an attempt's timeout per token of its prompt (estimated) and of its max_tokens "
         "(default 0.1: a 5000-token chunk with a 1024-token memory gets ~15 minutes)",
@@ -503,9 +503,17 @@ async def _stoppable(work: Coroutine[Any, Any, T], stopper: Stopper) -> T:
         stopper.detach(task)
 
 
-def _interrupt(signum: int, frame: Any) -> None:
-    # SIGTERM (a scheduler stopping the job) unwinds like Ctrl-C, so the servers we started are stopped.
-    raise KeyboardInterrupt(f"signal {signum}")
+class _Terminate:
+    """The SIGTERM handler of a run: SIGTERM (a scheduler stopping the job) unwinds like Ctrl-C, so the servers we
+    started are stopped, and is remembered, so that the run exits 143 (128 + SIGTERM, the shells' convention)
+    rather than Ctrl-C's 130 (the KeyboardInterrupt may be re-raised from another thread without its cause)."""
+
+    def __init__(self) -> None:
+        self.received = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.received = True
+        raise KeyboardInterrupt(f"signal {signum}")
 
 
 def print_totals(rows: list[tuple[str, Job, FileOutcome]]) -> None:
@@ -639,7 +647,7 @@ def run_models(
 def main(argv: list[str] | None = None) -> int:
     """Exit status: 0 when every selected item has a result; 1 when an item failed or did not run (an endpoint
     that does not answer included); 2 on bad input (nothing is sent to a model then) or a results folder in use by
-    another run; 130 when interrupted."""
+    another run; 130 when interrupted (Ctrl-C), 143 when stopped by SIGTERM."""
     args = parse_args(argv)
     try:
         with results.locked(args.results_dir):
@@ -671,7 +679,8 @@ def evaluate(args: argparse.Namespace) -> int:
     except (evalsets.EvalDataError, results.SettingsMismatchError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    terminate = _Terminate()
+    previous = signal.signal(signal.SIGTERM, terminate)
     rows: list[tuple[str, Job, FileOutcome]] = []
     skipped_models: list[str] = []
     try:
@@ -679,7 +688,7 @@ def evaluate(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted: finished items are saved; run the same command again to resume", file=sys.stderr)
         print_totals(rows)
-        return 130
+        return 128 + signal.SIGTERM if terminate.received else 130
     except (evalsets.EvalDataError, results.SettingsMismatchError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

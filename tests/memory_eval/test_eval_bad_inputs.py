@@ -275,6 +275,35 @@ def test_the_harness_refuses_a_bad_sampling_value_in_its_config_file(tmp_path, c
     assert not out.exists()
 
 
+BAD_TIMEOUT_FLAGS = [
+    ("--timeout", "nan", "must be a finite number of seconds > 0, got nan"),
+    ("--timeout", "inf", "must be a finite number of seconds > 0, got inf"),
+    ("--timeout", "0", "must be a finite number of seconds > 0, got 0"),
+    ("--timeout", "-1", "must be a finite number of seconds > 0, got -1"),
+    ("--timeout-per-token", "-1", "must be >= 0 seconds, got -1"),
+    ("--timeout-per-token", "nan", "must be >= 0 seconds, got nan"),
+]
+
+
+@pytest.mark.parametrize(("flag", "value", "said"), BAD_TIMEOUT_FLAGS)
+def test_the_harness_refuses_a_bad_timeout(tmp_path, capsys, flag, value, said):
+    code, _, out = run_on(tmp_path, _line(GOOD), flag, value)
+    assert code == 2
+    assert f"error: argument {flag}: {said}" in capsys.readouterr().err
+    assert not out.exists()  # nothing ran
+
+
+@pytest.mark.parametrize(("flag", "value", "said"), BAD_TIMEOUT_FLAGS)
+def test_the_harness_refuses_a_bad_timeout_in_its_config_file(tmp_path, capsys, flag, value, said):
+    config = tmp_path / "run.yaml"
+    key = flag.removeprefix("--")
+    config.write_text(f"quiet: true\n{key}: {'.nan' if value == 'nan' else '.inf' if value == 'inf' else value}\n")
+    code, _, out = run_on(tmp_path, _line(GOOD), "--config", str(config))
+    assert code == 2
+    assert f"error: {config}:2: option '{key}': {said}" in capsys.readouterr().err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(("flag", "value", "said"), BAD_SAMPLING_FLAGS)
 def test_quickstart_refuses_a_bad_sampling_value(capsys, flag, value, said):
     spec = importlib.util.spec_from_file_location("quickstart_args", REPO / "quickstart.py")

@@ -149,7 +149,7 @@ def test_sigterm_stops_the_harness_server_and_the_run_resumes(tiny_server, tmp_p
     try:
         wait_for_lines(path, 1, process, timeout=180)
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=60) == 130
+        assert process.wait(timeout=60) == 143  # 128 + SIGTERM (Ctrl-C: 130)
     finally:
         if process.poll() is None:
             process.kill()

@@ -112,3 +112,13 @@ def test_registered_by_name():
     assert register.name == "calculator" and register.config_cls is CalculatorConfig
     with pytest.raises(ModuleNotFoundError, match=r"no agent 'calculatr'.*calculator.*memory"):
         load_register("calculatr")
+
+
+def test_a_multi_turn_chat_is_answered_for_its_last_question():
+    chat = [
+        {"role": "user", "content": "What is 1 plus 1?"},
+        {"role": "assistant", "content": "\\boxed{2}"},
+        {"role": "user", "content": "And 6 times 7?"},
+    ]
+    _, client = run(CalculatorConfig(max_turns=2), {"prompt": chat}, ["\\boxed{42}"])
+    assert client.sent[0][0][1:] == [{"role": "user", "content": "And 6 times 7?"}]

@@ -157,3 +157,30 @@ async def test_what_a_function_may_not_do_is_refused():
     await run_session(run, InstantClient())
     with pytest.raises(RuntimeError, match="runs once"):
         await run_session(run, InstantClient())
+
+
+class SamplingClient:
+    """Records the sampling each call arrived with."""
+
+    def __init__(self) -> None:
+        self.sampling: list[dict] = []
+
+    async def chat(self, messages, max_tokens, **sampling) -> Reply:
+        self.sampling.append(sampling)
+        return Reply(text="ok", finish_reason="stop", prompt_tokens=1, completion_tokens=1)
+
+
+async def test_an_agents_own_per_call_sampling_reaches_the_model_over_the_runs():
+    async def greedy_then_default(sample, client, config):
+        await client.chat([{"role": "user", "content": "q"}], 4, temperature=0.0)
+        await client.chat([{"role": "user", "content": "q"}], 4, top_k=5, final=True)
+        return "done"
+
+    run = agent_function("greedy", AskConfig, greedy_then_default).for_training({}, None).episode({})
+    client = SamplingClient()
+    await run.run(client, sampling={"temperature": 0.7, "top_p": 0.9}, final_sampling={"top_k": 1, "seed": 3})
+    # The run's sampling fills in what the agent did not set; what the agent set for a call wins.
+    assert client.sampling == [
+        {"temperature": 0.0, "top_p": 0.9},
+        {"temperature": 0.7, "top_p": 0.9, "top_k": 5, "seed": 3},
+    ]

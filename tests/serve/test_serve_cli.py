@@ -15,7 +15,7 @@ import pytest
 from readme_blocks import README, readme_commands
 from serve_helpers import REPO, WAIT, serve_command, serve_process, served, wait_event, wait_until
 
-from recurrent.serve.cli import parse_args, serve
+from recurrent.serve.cli import parse_args, serve, serve_settings
 
 QUESTION = "Which river runs past the stone village?"
 MESSAGES = [{"role": "user", "content": f"The river runs past the stone village.\n\n{QUESTION}"}]
@@ -110,9 +110,26 @@ def test_the_command_line_refuses_what_it_cannot_serve(capsys):
         ("--top-p", "0", "must be a finite number in (0, 1], got 0"),
     ):  # the defaults of requests that give none: the rule of recurrent/sampling.py, as in a request
         assert f"error: argument {flag}: {said}" in _refused([*upstream, flag, value], capsys)
+    for flag, value, said in (  # refused before the model loads, not by uvicorn after it
+        ("--port", "70000", "must be a port in 1-65535, got 70000"),
+        ("--port", "0", "must be a port in 1-65535, got 0"),
+        ("--port", "-1", "must be a port in 1-65535, got -1"),
+        ("--timeout", "0", "must be a finite number of seconds > 0, got 0"),
+        ("--timeout", "nan", "must be a finite number of seconds > 0, got nan"),
+        ("--timeout-per-token", "-1", "must be >= 0 seconds, got -1"),
+    ):
+        assert f"error: argument {flag}: {said}" in _refused([*upstream, flag, value], capsys)
+    assert parse_args([*upstream, "--port", "65535"]).port == 65535
     with pytest.raises(SystemExit) as no_tokenizer:  # a hosted model's name: no local tokenizer to count chunks
         serve(parse_args(["--model", "some-hosted-model", "--upstream", "http://127.0.0.1:9/v1"]), None)
     assert "no tokenizer for 'some-hosted-model' (pass --tokenizer" in str(no_tokenizer.value)
+
+
+def test_the_flags_zero_for_no_limit_build_settings_without_a_limit():
+    upstream = ["--model", "x", "--upstream", "http://127.0.0.1:9/v1"]
+    settings = serve_settings(parse_args([*upstream, "--max-request-bytes", "0", "--max-context", "0"]))
+    assert settings.max_request_bytes is None and settings.max_context is None  # 0: no limit (the flags' help)
+    assert serve_settings(parse_args([*upstream, "--max-request-bytes", "10"])).max_request_bytes == 10
 
 
 def test_the_readme_section_runs(scripted, tiny_tokenizer, capsys):

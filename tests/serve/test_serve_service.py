@@ -398,3 +398,76 @@ def test_another_model_is_404_and_the_official_client_reads_the_400s(scripted, t
     assert "'gpt-4o' is not served here" in unknown.value.message and unknown.value.body["code"] == "model_not_found"
     assert "found no question" in bad.value.message
     assert scripted.requests == 0
+
+
+# ---- what a hostile client may send: a client error (4xx in OpenAI's shape), never a 500 ----
+
+LONE = "Doc \\ud800 end."  # a lone surrogate as a JSON escape: a str Python holds, but no Unicode text
+
+
+def _field_body(document: str, question: str | None = None, **ext) -> str:
+    """Raw JSON text (an encoder would escape the backslash of LONE)."""
+    fields = [f'"document": "{document}"']
+    if question is not None:
+        fields.append(f'"question": "{question}"')
+    fields += [f'"{name}": {json.dumps(value)}' for name, value in ext.items()]
+    return f'{{"messages": [{{"role": "user", "content": "{QUESTION}"}}], "memagent": {{{", ".join(fields)}}}}}'
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (_field_body(LONE), "memagent.document"),
+        (_field_body("Doc.", "Why \\udfff?"), "memagent.question"),
+        (f'{{"messages": [{{"role": "user", "content": "{LONE}\\n\\nWhy?"}}]}}', "messages[0].content"),
+        (
+            f'{{"messages": [{{"role": "user", "content": [{{"type": "text", "text": "{LONE}\\n\\nWhy?"}}]}}]}}',
+            "messages[0].content",
+        ),
+    ],
+    ids=["document", "question", "message", "text-part"],
+)
+@pytest.mark.parametrize("spool_bytes", [1 << 20, 0])  # the body in memory, and on disk with its strings there
+def test_a_lone_surrogate_in_a_text_is_400_naming_the_field(scripted, tiny_tokenizer, body, param, spool_bytes):
+    with served(scripted.url, scripted.model, tiny_tokenizer, spool_bytes=spool_bytes, spool_string_chars=4) as (
+        base,
+        _,
+    ):
+        response = post(base, body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error", error
+    assert error["message"].startswith(f"{param} holds a lone surrogate"), error["message"]
+    assert scripted.requests == 0
+
+
+@pytest.mark.parametrize("spool_bytes", [1 << 20, 0])
+def test_json_nested_too_deep_is_400(scripted, tiny_tokenizer, spool_bytes):
+    deep = '{"messages": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    with served(scripted.url, scripted.model, tiny_tokenizer, spool_bytes=spool_bytes) as (base, _):
+        response = post(base, deep)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert "not valid JSON" in error["message"] and "nest" in error["message"], error["message"]
+    assert error["type"] == "invalid_request_error"
+
+
+def test_unknown_routes_and_wrong_methods_answer_in_openais_shape(scripted, tiny_tokenizer):
+    with served(scripted.url, scripted.model, tiny_tokenizer) as (base, _):
+        missing = httpx.get(f"{base}/completions", timeout=WAIT)
+        wrong = httpx.get(f"{base}/chat/completions", timeout=WAIT)
+        wrong_models = httpx.post(f"{base}/models", timeout=WAIT)
+    for response, status in ((missing, 404), (wrong, 405), (wrong_models, 405)):
+        assert response.status_code == status, response.text
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+        assert response.request.url.path in error["message"], error["message"]
+    assert wrong.headers["allow"] == "POST"
+
+
+def test_an_empty_field_question_blames_the_field(scripted, tiny_tokenizer):
+    with served(scripted.url, scripted.model, tiny_tokenizer) as (base, _):
+        response = post(base, _field_body("Doc.", " "))
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "memagent.question" and "the question is empty" in error["message"], error

@@ -381,7 +381,14 @@ def test_a_body_over_the_size_limit_is_413_before_it_is_read(scripted, tiny_toke
             assert response.status_code == 413, response.text
             error = response.json()["error"]
             assert error["code"] == "request_too_large" and f"limit of {limit:,} bytes" in error["message"]
-        assert f"the request body is {len(body):,} bytes" in declared.json()["error"]["message"]
+        assert declared.json()["error"]["message"] == (
+            f"the request body is {len(body):,} bytes, over this server's limit of {limit:,} bytes "
+            "(--max-request-bytes)"
+        )
+        assert streamed.json()["error"]["message"].startswith(  # arrived in 100-byte parts, over the limit
+            f"the request body is over this server's limit of {limit:,} bytes (--max-request-bytes): it was "
+            "refused when "
+        )
     assert scripted.requests == 0
     with served(scripted.url, scripted.model, tiny_tokenizer, max_request_bytes=len(body)) as (base, _):
         at_limit = post(base, body)

@@ -79,6 +79,10 @@ def test_rollout_n_below_one_is_refused_naming_the_key(tmp_path):
     with pytest.raises(PreflightError) as err:
         preflight(config_for(data, data, "tiny", "actor_rollout_ref.rollout.val_kwargs.n=0"), load_tokenizer=False)
     assert "actor_rollout_ref.rollout.val_kwargs.n must be an integer >= 1, got 0" in str(err.value)
+    # null is no count either: verl would wait for trajectories that never come (sampling_problems checks n set or not)
+    with pytest.raises(PreflightError) as err:
+        preflight(config_for(data, data, "tiny", "actor_rollout_ref.rollout.n=null"), load_tokenizer=False)
+    assert "actor_rollout_ref.rollout.n must be an integer >= 1, got None" in str(err.value)
 
 
 def test_sampling_values_follow_the_endpoints_rule(tmp_path):
