@@ -210,7 +210,8 @@ class WorkflowRegistration:
     ``inference(tokenizer, **options)``, where given, makes it for evaluation and serving behind an OpenAI-style
     endpoint (the memory agent's paper settings: recurrent/agents/memory.py); without it, inference builds the
     agent from ``config_cls(**options)`` like training does. ``columns``: what every sample must hold (a trainer
-    checks its data files for them); ``large_columns``: what is too large to copy into every training row."""
+    checks its data files for them); ``large_columns``: its documents, text too large to copy into every training row
+    (the endpoint reads one as a request's document; the trainer's preflight checks that the data hold text there)."""
 
     name: str
     config_cls: type[WorkflowConfig]

@@ -37,10 +37,37 @@ def _files(value: Any) -> list[str]:
     return [str(value)]
 
 
-def data_problems(path: str, required: dict[str, str], check_reward: bool = True) -> list[str]:
-    """Problems with one data file: missing, unreadable, or lacking a required column.
+def _is_text(kind: Any) -> bool:
+    import pyarrow as pa
 
-    ``required`` maps a column to what it is for; ``reward_model`` must hold a ``ground_truth`` field (unless
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
+def _is_chat(kind: Any) -> bool:
+    """A list of messages whose ``role`` and ``content`` are text: what verl's dataset applies the chat template to."""
+    import pyarrow as pa
+
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_struct(kind.value_type):
+        return False
+    fields = {kind.value_type.field(i).name: kind.value_type.field(i).type for i in range(kind.value_type.num_fields)}
+    return all(name in fields and _is_text(fields[name]) for name in ("role", "content"))
+
+
+# What a column must hold, by the kind its reader expects: (test of the parquet type, what it reads).
+COLUMN_KINDS = {
+    "chat": (_is_chat, "a list of messages with text 'role' and 'content' (verl applies the chat template to it)"),
+    "text": (_is_text, "text"),
+}
+
+
+def data_problems(
+    path: str, required: dict[str, str], check_reward: bool = True, kinds: dict[str, str] | None = None
+) -> list[str]:
+    """Problems with one data file: missing, unreadable, lacking a required column, or a column of the wrong type.
+
+    ``required`` maps a column to what it is for; ``kinds`` maps a column to the kind of value its reader needs
+    (:data:`COLUMN_KINDS`): a prompt of integers would pass the column check and have verl filter out every row at
+    start-up, ending the run with an unrelated error. ``reward_model`` must hold a ``ground_truth`` field (unless
     ``check_reward`` is off: a second pass over the same file, for the agent's own columns).
     """
     if "://" in path:  # remote storage (hdfs://, s3://): verl copies it locally at run time
@@ -57,6 +84,13 @@ def data_problems(path: str, required: dict[str, str], check_reward: bool = True
     except Exception as err:
         return [f"cannot read the parquet schema of {file}: {err}"]
     problems = [f"{file} has no column {col!r} ({why})" for col, why in required.items() if col not in schema.names]
+    for column, kind in (kinds or {}).items():
+        if column in schema.names:
+            fits, wanted = COLUMN_KINDS[kind]
+            if not fits(schema.field(column).type):
+                problems.append(
+                    f"{file}: column {column!r} holds {schema.field(column).type}; {required[column]} needs {wanted}"
+                )
     if check_reward and "reward_model" in schema.names:
         kind = schema.field("reward_model").type
         fields = [kind.field(i).name for i in range(kind.num_fields)] if hasattr(kind, "num_fields") else []
@@ -117,7 +151,7 @@ def preflight(config: DictConfig, load_tokenizer: bool = True) -> None:
         if not files:
             problems.append(f"data.{key} is not set")
         for path in files:
-            problems += data_problems(path, required)
+            problems += data_problems(path, required, kinds={config.data.prompt_key: "chat"})
 
     model_path = None
     try:
@@ -194,11 +228,13 @@ def agent_problems(
         return [f"recurrent.agent={settings.agent!r}: {err}"]
     columns = {column: f"agent {settings.agent!r} reads it" for column in register.columns_of(agent_config)}
     columns = {column: why for column, why in columns.items() if column not in required}
+    # An agent's large columns are its documents, tokenized as text (recurrent/interface.py, WorkflowRegistration).
+    large = {column: "text" for column in register.large_columns_of(agent_config) if column in columns}
     problems = []
     for key in ("train_files", "val_files"):
         for path in _files(config.data.get(key)):
             if Path(path).expanduser().is_file():  # a missing file is reported once, by preflight
-                problems += data_problems(path, columns, check_reward=False)
+                problems += data_problems(path, columns, check_reward=False, kinds=large)
     if model_path is None:
         return problems
     from transformers import AutoTokenizer

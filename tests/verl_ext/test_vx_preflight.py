@@ -61,6 +61,23 @@ def test_every_problem_is_listed_at_once(tmp_path):
     assert "algorithm.adv_estimator='rloo'" in message and "use_kl_in_reward" in message
 
 
+def test_columns_of_the_wrong_type_stop_the_run_naming_the_column(tmp_path):
+    """A prompt verl cannot apply a chat template to, or a document that is not text, is named before Ray starts
+    (verl would filter out every row and the run would die later with an unrelated error)."""
+    numbers = write(tmp_path / "numbers.parquet", [{**ROW, "prompt": 7, "context": 42}])
+    plain = write(tmp_path / "plain.parquet", [{**ROW, "prompt": "What is the magic number?"}])
+    with pytest.raises(PreflightError) as err:
+        preflight(config_for(numbers, plain, "org/not-a-cached-model"))
+    message = str(err.value)
+    assert (
+        f"{numbers}: column 'prompt' holds int64; verl's prompt column needs a list of messages with text 'role' "
+        "and 'content' (verl applies the chat template to it)" in message
+    )
+    assert f"{numbers}: column 'context' holds int64; agent 'memory' reads it needs text" in message
+    assert f"{plain}: column 'prompt' holds large_string; verl's prompt column needs a list of messages" in message
+    assert f"{plain}: column 'context'" not in message  # the document is text there
+
+
 def test_budgets_that_do_not_fit_stop_the_run(tmp_path):
     data = write(tmp_path / "train.parquet", [ROW])
     config = config_for(data, data, "tiny", "data.max_prompt_length=200", "actor_rollout_ref.rollout.max_model_len=100")
