@@ -2,8 +2,9 @@
 
 An *agent* (the memory agent, a tool agent, ...) is one async function over a chat client (:mod:`recurrent.functions`):
 ``async def agent(sample, client, config) -> answer``, plain code that calls the model through an OpenAI-style
-:class:`ChatClient` as often as it likes, with any control flow. It is written once, and then trains (verl_ext),
-evaluates (taskutils.memory_eval) and serves (recurrent.serve) through the same generic layers, in either rollout
+:class:`ChatClient` as often as it likes, with any control flow. It is written once, and then trains
+(recurrent.training),
+evaluates (memagent.memory_eval) and serves (memagent.serve) through the same generic layers, in either rollout
 mode: one coroutine per sample (:func:`recurrent.async_manager.run_session`), or lockstep rounds
 (:mod:`recurrent.lockstep`, the schedule of the paper's released training runs), where a barrier holds each call
 until every agent of the batch is waiting on one.
@@ -21,8 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.metadata
 import importlib.util
-import pkgutil
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -208,7 +209,7 @@ class WorkflowRegistration:
 
     ``build(config, tokenizer)`` makes the agent for training (prompts in token space where it can build them);
     ``inference(tokenizer, **options)``, where given, makes it for evaluation and serving behind an OpenAI-style
-    endpoint (the memory agent's paper settings: recurrent/agents/memory.py); without it, inference builds the
+    endpoint (the memory agent's paper settings: memagent/agent.py); without it, inference builds the
     agent from ``config_cls(**options)`` like training does. ``columns``: what every sample must hold (a trainer
     checks its data files for them); ``large_columns``: its documents, text too large to copy into every training row
     (the endpoint reads one as a request's document; the trainer's preflight checks that the data hold text there)."""
@@ -220,14 +221,15 @@ class WorkflowRegistration:
     columns: Columns = ()
     large_columns: Columns = ()
     # How many model calls one sample makes, from facts about it (keywords; the memory agent reads
-    # context_tokens, a document's length): what a step plan counts rows with (verl_ext/plan.py). None: unknown.
+    # context_tokens, a document's length): what a step plan counts rows with (recurrent/training/plan.py). None:
+    # unknown.
     calls_per_sample: Callable[..., int] | None = None
     # Whether building it for inference needs the model's tokenizer (it counts tokens: chunks, truncation). The
     # endpoint loads one only for an agent that does (docs/serving.md); agent functions default to False.
     needs_tokenizer: bool = True
     # What a training step's calls cost in tokens: step_shapes(config, tokenizer or None, StepShapesRequest) ->
     # StepShapes, the calls of each prompt's trajectory (recurrent/step_shapes.py); the step cost model counts
-    # with them (verl_ext/cost.py). None: the agent has no cost model.
+    # with them (recurrent/training/cost.py). None: the agent has no cost model.
     step_shapes: StepShapesOf | None = None
 
     def columns_of(self, config: WorkflowConfig) -> tuple[str, ...]:
@@ -257,13 +259,20 @@ class WorkflowRegistration:
         return self.build(self.make_config(options), tokenizer)
 
 
-AGENTS_PACKAGE = "recurrent.agents"  # an agent named NAME is the module recurrent.agents.NAME
+AGENT_ENTRY_POINTS = "recurrent.agents"  # the registered names: entry points of this group (pyproject.toml)
 
 
 def registered_agents() -> list[str]:
-    """The names of the agents in :data:`AGENTS_PACKAGE` (one module or package each)."""
-    package = importlib.import_module(AGENTS_PACKAGE)
-    return sorted(info.name for info in pkgutil.iter_modules(package.__path__) if not info.name.startswith("_"))
+    """The registered agent names: the ``recurrent.agents`` entry points of every installed package (this one
+    registers ``memory``, ``direct`` and ``calculator``; a user's package registers its own with one line)."""
+    return sorted({entry.name for entry in importlib.metadata.entry_points(group=AGENT_ENTRY_POINTS)})
+
+
+def registered_spec(name: str) -> str | None:
+    """The ``module:OBJECT`` a registered name stands for, or None."""
+    for entry in importlib.metadata.entry_points(group=AGENT_ENTRY_POINTS, name=name):
+        return entry.value
+    return None
 
 
 def is_agent_file(spec: str) -> bool:
@@ -274,7 +283,7 @@ def is_agent_file(spec: str) -> bool:
 
 
 def load_register(spec: str, obj_name: str = "REGISTER") -> WorkflowRegistration:
-    """Load an agent by name (``memory``: the module ``recurrent.agents.memory``), by dotted module path
+    """Load an agent by registered name (``memory``: the entry point ``memagent.agent:REGISTER``), by dotted module path
     (``pkg.mod``, ``pkg.mod:OBJ``) or by file path (``path/to/agent.py`` or ``path/to/agent.py:OBJ``). Errors name
     the file, module or object at fault, and for an unknown name the registered ones."""
     target, _, explicit = spec.partition(":")
@@ -291,7 +300,14 @@ def load_register(spec: str, obj_name: str = "REGISTER") -> WorkflowRegistration
         module_spec.loader.exec_module(module)
         where = str(path)
     else:
-        name = f"{AGENTS_PACKAGE}.{target}" if "." not in target else target
+        name = target
+        if "." not in target:
+            registered = registered_spec(target)
+            if registered is None:
+                known = ", ".join(registered_agents())
+                raise ModuleNotFoundError(f"no agent {target!r}: not a registered agent name ({known})")
+            name, _, registered_obj = registered.partition(":")
+            obj_name = explicit or registered_obj or obj_name
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as err:

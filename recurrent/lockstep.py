@@ -12,7 +12,8 @@ all go in one last round. Agents with 2, 1, 3 and 1 memory calls before their an
 
 This is the schedule of the released MemAgent training runs (``recurrent.mode=sync``, docs/fidelity.md). The next
 round starts only when all of a round's calls have returned. How a call is generated is the caller's business:
-``generate(i, turn)`` returns agent ``i``'s reply to ``turn`` (:mod:`verl_ext.lockstep` sends it to verl's token
+``generate(i, turn)`` returns agent ``i``'s reply to ``turn`` (:mod:`recurrent.training.lockstep` sends it to verl's
+token
 server). An agent whose call or own code raises leaves the lockstep with its error; the others go on. An agent
 waits on one call at a time here (concurrent calls of one agent have no place in a round, and are refused).
 """

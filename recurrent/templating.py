@@ -8,7 +8,7 @@ segmentation, so the sync training path keeps it.
 
 Slots are ``{name}`` with ``name`` made of ASCII letters only: ``\\boxed{}`` and ``{{}}`` stay literal text,
 braces and all, as in the fork's token templates (which is why the released checkpoints saw ``\\boxed{{}}``:
-``recurrent.agents.memory.FINAL_TEMPLATE_BOXED_RELEASED``, tested in tests/recurrent/test_memory_agent.py).
+``memagent.agent.FINAL_TEMPLATE_BOXED_RELEASED``, tested in tests/recurrent/test_memory_agent.py).
 """
 
 from __future__ import annotations
@@ -99,8 +99,8 @@ class TokenTemplate:
 
 def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     """A call's messages as the policy sees them, in ids: the chat template with the generation prompt. Training
-    (verl_ext/rollout.py), the agents' row widths and the warm starts' rows all render a conversation this way, so
-    a model is trained and evaluated on the same prompt ids."""
+    (recurrent/training/rollout.py), the agents' row widths and the warm starts' rows all render a conversation this
+    way, so a model is trained and evaluated on the same prompt ids."""
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers 5 returns a BatchEncoding
         ids = ids["input_ids"]

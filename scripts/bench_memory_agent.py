@@ -46,7 +46,7 @@ def one_pass(args: argparse.Namespace) -> dict:
     """Run inside a subprocess: one document through the memory agent; print a JSON line of measurements."""
     from transformers import AutoTokenizer
 
-    from recurrent.agents.memory import MemoryConfig, MemoryWorkflow
+    from memagent.agent import MemoryConfig, MemoryWorkflow
     from recurrent.async_manager import run_sessions
     from recurrent.client import OpenAIChatClient
 

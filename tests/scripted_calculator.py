@@ -1,4 +1,4 @@
-"""A scripted OpenAI-compatible "model" for the calculator agent (recurrent/agents/calculator.py): a question gets a
+"""A scripted OpenAI-compatible "model" for the calculator agent (experiments/calculator/agent.py): a question gets a
 calculator call on its operands, a tool result gets that result boxed. The agent's own calculator computes the
 answer, so a run is right exactly when the agent's tool loop works."""
 

@@ -24,7 +24,7 @@ def test_no_vendored_verl():
     assert vendored == []
 
 
-PACKAGES = ("recurrent", "verl_ext", "taskutils", "experiments")
+PACKAGES = ("recurrent", "recurrent.training", "memagent", "experiments")
 
 
 def absolute_imports(path: Path) -> list[str]:
@@ -38,8 +38,9 @@ def absolute_imports(path: Path) -> list[str]:
 
 
 def test_recurrent_imports_nothing_above_it():
-    # recurrent/ is the framework verl_ext/, taskutils/ and experiments/ build on: it imports none of them, nor verl.
-    above = {"verl", "verl_ext", "taskutils", "experiments"}
+    # recurrent/ is the framework recurrent/training/, memagent/ and experiments/ build on: it imports none of them,
+    # nor verl.
+    above = {"verl", "recurrent.training", "memagent", "experiments"}
     offenders = []
     paths = sorted((REPO / "recurrent").rglob("*.py"))
     assert REPO / "recurrent" / "agents" / "memory.py" in paths  # the walk sees the package
@@ -50,10 +51,11 @@ def test_recurrent_imports_nothing_above_it():
 
 
 def test_the_framework_names_no_agent():
-    # Below the agents, nothing imports one: the framework of recurrent/ (its agents/ aside) and verl_ext/ reach
+    # Below the agents, nothing imports one: the framework of recurrent/ (its agents/ aside) and recurrent/training/
+    # reach
     # agents by name, through the registry (recurrent.interface.load_register).
     framework = [p for p in (REPO / "recurrent").rglob("*.py") if "agents" not in p.relative_to(REPO).parts]
-    framework += list((REPO / "verl_ext").rglob("*.py"))
+    framework += list((REPO / "recurrent.training").rglob("*.py"))
     framework = [p for p in framework if p.relative_to(REPO).parts[:2] != ("recurrent", "serve")]
     offenders = [
         f"{path.relative_to(REPO)}: {name}"
@@ -64,7 +66,7 @@ def test_the_framework_names_no_agent():
     assert offenders == []
     # The endpoint's document path is the memory agent's (docs/serving.md); every other agent it reaches by name.
     serve = [name for path in (REPO / "recurrent" / "serve").rglob("*.py") for name in absolute_imports(path)]
-    assert {name for name in serve if name.startswith("recurrent.agents")} == {"recurrent.agents.memory"}
+    assert {name for name in serve if name.startswith("recurrent.agents")} == {"memagent.agent"}
 
 
 SKIP = {".venv", ".venv-gpu", ".cache", ".git", "tests"}

@@ -1,1 +1,1 @@
-"""The tool-using arithmetic agent (``recurrent/agents/calculator.py``) trained on CPU: its toy task (``task``)."""
+"""The tool-using arithmetic agent (``experiments/calculator/agent.py``) trained on CPU: its toy task (``task``)."""

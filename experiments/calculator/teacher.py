@@ -1,7 +1,7 @@
 """The calculator's warm-start data: a scripted teacher driving the real agent, and the reader's tokenizer.
 
 The teacher is a chat client (:class:`TeacherClient`) handed to the registered agent
-(``recurrent.agents.calculator``, through :class:`recurrent.functions.FunctionEpisode`), so every transcript is a
+(``experiments.calculator.agent``, through :class:`recurrent.functions.FunctionEpisode`), so every transcript is a
 conversation the agent itself built: the prompts a model trained on them sees are the agent's prompts token for
 token (each call rendered by the chat template with the generation prompt, as training renders it:
 :func:`recurrent.templating.chat_prompt_ids`). Its policy knows the tool format but not when to use the tool:
@@ -29,8 +29,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from experiments.calculator.agent import CalculatorConfig
 from experiments.calculator.task import Problem, problems
-from recurrent.agents.calculator import CalculatorConfig
 from recurrent.functions import FunctionEpisode
 from recurrent.interface import Reply, load_register
 from recurrent.models import train_bpe_tokenizer

@@ -38,11 +38,11 @@ from typing import Any
 import torch
 
 from experiments import sft
+from experiments.calculator.agent import CalculatorConfig
 from experiments.calculator.task import problems
 from experiments.calculator.teacher import CALL_PROBABILITY, agent_config, build_tokenizer, rows, transcript
 from experiments.sft import Point, Row
 from experiments.small_reader import copy_rows, reader_config
-from recurrent.agents.calculator import CalculatorConfig
 
 # Bump when the build changes (teacher, data, model, optimizer), so a cached warm start built the old way is rebuilt.
 RECIPE_VERSION = 1

@@ -29,7 +29,7 @@ its chunk is drawn uniformly.
 
 writes ``DIR/train.parquet`` (train split, 1-4 chunks), ``DIR/validation.parquet`` and ``DIR/test.parquet``
 (verl rows, every eval length), and ``DIR/eval/{split}/eval_needle_{N}.jsonl`` (eval-set JSON lines,
-``taskutils.memory_eval.evalsets``: ``index``, ``input``, ``context``, ``answers``, and ``needle_chunk`` for the
+``memagent.memory_eval.evalsets``: ``index``, ``input``, ``context``, ``answers``, and ``needle_chunk`` for the
 survival analysis). ``--late-start S``: a share S of the training documents are episodes that start late (the
 needle already in the row's ``memory`` column, filler chunks only: :func:`make_late_start`); ``--decoy-start D``:
 a share D start from a wrong memory (the asked key's needle with another number; the real needle in the context:
@@ -353,7 +353,7 @@ def verl_row(doc: dict[str, Any], split: str, index: int) -> dict[str, Any]:
 
 
 def eval_item(doc: dict[str, Any], index: int) -> dict[str, Any]:
-    """An eval-set item (``taskutils.memory_eval.evalsets``), ``index`` first; ``needle_chunk`` (the harness ignores
+    """An eval-set item (``memagent.memory_eval.evalsets``), ``index`` first; ``needle_chunk`` (the harness ignores
     it) is for the survival analysis, :mod:`experiments.needle.survival`."""
     return {
         "index": index,

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.small_reader import reader_config  # noqa: F401  (the needle reader's configuration)
-from recurrent.agents.memory import FINAL_TEMPLATES, MEMORY_TEMPLATE, NO_MEMORY
+from memagent.agent import FINAL_TEMPLATES, MEMORY_TEMPLATE, NO_MEMORY
 from recurrent.models import train_bpe_tokenizer
 
 VOCAB_SIZE = 1024

@@ -14,7 +14,7 @@ tests of the pipeline). Step budgets, not time caps, so the weights do not depen
    copy signal forms copying in ~250 steps; spans of 4-12 tokens stall (docs/replication_probes.md).
 2. ``needle``: a 1-chunk train document + "\\nmemory:" -> " " + needle sentence (stop at 0.9 exact).
 3. ``paper``: the paper's memory prompt of a 1-chunk train document, built by the memory agent
-   (:class:`recurrent.agents.memory.MemoryWorkflow`) -> needle sentence (lr 1e-3, 20 warm-up; stop at 0.9 exact).
+   (:class:`memagent.agent.MemoryWorkflow`) -> needle sentence (lr 1e-3, 20 warm-up; stop at 0.9 exact).
 4. ``naive``: every turn of naive-teacher transcripts of train documents of 1-4 chunks (no target).
 
 The naive teacher (:func:`teacher_transcript`) knows the format, not a good reading policy: on a chunk holding
@@ -32,9 +32,9 @@ Saves a Hugging Face Qwen2 folder (model, tokenizer with chat template, generati
 :func:`cached_warm_start` keeps it in the offline model cache of :mod:`recurrent.models`
 (``replication-reader``, ``replication-reader-quick``) with that module's manifest, written last.
 
-Evaluation drives memory-agent episodes (:class:`~recurrent.agents.memory.MemoryWorkflow`) with
+Evaluation drives memory-agent episodes (:class:`~memagent.agent.MemoryWorkflow`) with
 :func:`recurrent.lockstep.run_lockstep` and a Hugging Face ``generate`` callable over validation documents, and
-scores the final answers with ``taskutils.verifiers.strict``.
+scores the final answers with ``memagent.verifiers.strict``.
 """
 
 from __future__ import annotations
@@ -67,12 +67,12 @@ from experiments.sft import (
     torch_threads,
 )
 from experiments.small_reader import copy_rows as synth_rows
-from recurrent.agents.memory import MemoryConfig, MemoryWorkflow
+from memagent.agent import MemoryConfig, MemoryWorkflow
+from memagent.verifiers.strict import strict_score
 from recurrent.async_manager import run_session
 from recurrent.atomic import atomic_path
 from recurrent.interface import Reply, Turn
 from recurrent.lockstep import run_lockstep
-from taskutils.verifiers.strict import strict_score
 
 CHUNK_SIZE = 64
 MEMORY_TOKENS = 32

@@ -1,11 +1,11 @@
-"""`python -m taskutils.memory_data` with counts that cannot work (issue 20, item 3): exit 2 with a message naming
+"""`python -m memagent.memory_data` with counts that cannot work (issue 20, item 3): exit 2 with a message naming
 the option or the source file, before anything is written; no traceback."""
 
 from __future__ import annotations
 
 import pytest
 
-from taskutils.memory_data.__main__ import main
+from memagent.memory_data.__main__ import main
 
 
 def _eval_argv(sources, out, *options: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""Bring your own data (``python -m taskutils.memory_data custom``): hand-made JSON lines, parquet and ``datasets``
+"""Bring your own data (``python -m memagent.memory_data custom``): hand-made JSON lines, parquet and ``datasets``
 folders, good and bad, into the training parquet (checked by the trainer's own preflight and read by verl's
 dataset) and the eval set (read by the harness's loader)."""
 
@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from taskutils.memory_data.__main__ import main
-from taskutils.memory_eval import evalsets, scoring
+from memagent.memory_data.__main__ import main
+from memagent.memory_eval import evalsets, scoring
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "verl_ext"))  # vx_helpers.compose_config: the configs as the suite composes
@@ -203,7 +203,7 @@ def test_the_trainer_preflight_and_verl_dataset_accept_the_training_rows(tmp_pat
     from verl.trainer.ppo.utils import create_rl_dataset
     from vx_helpers import TINY_BUDGETS, compose_config
 
-    from verl_ext.preflight import preflight
+    from recurrent.training.preflight import preflight
 
     src = write_jsonl(tmp_path / "qa.jsonl", RECORDS)
     train, val = tmp_path / "train.parquet", tmp_path / "dev.parquet"
@@ -515,10 +515,10 @@ def test_answers_that_are_the_text_of_a_list(tmp_path, capsys):
 
 
 def test_the_readme_example_runs_as_written(tmp_path, capsys, monkeypatch):
-    text = (REPO / "taskutils" / "memory_data" / "README.md").read_text()
+    text = (REPO / "memagent" / "memory_data" / "README.md").read_text()
     section = text.split("## Your own data")[1].split("\n## ")[0]
     jsonl = re.search(r"```json\n(.*?)```", section, re.S).group(1)
-    command = re.search(r"(python -m taskutils\.memory_data custom .*?)\n(?!\s)", section, re.S).group(1)
+    command = re.search(r"(python -m memagent\.memory_data custom .*?)\n(?!\s)", section, re.S).group(1)
     monkeypatch.chdir(tmp_path)
     Path("my_qa.jsonl").write_text(jsonl)
     argv = command.replace("\\\n", " ").split()[3:]

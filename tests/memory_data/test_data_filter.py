@@ -11,9 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pyarrow.parquet as pq
 import pytest
 
-from taskutils.memory_data import stages
-from taskutils.memory_data.filtering import FilterSettings, answered_without_context
-from taskutils.memory_data.sources import read_hotpotqa
+from memagent.memory_data import stages
+from memagent.memory_data.filtering import FilterSettings, answered_without_context
+from memagent.memory_data.sources import read_hotpotqa
 
 
 def test_signals_on_hand_worked_cases():

@@ -7,9 +7,9 @@ import re
 import pyarrow.parquet as pq
 import pytest
 
-from taskutils.memory_data import hotpotqa, stages
-from taskutils.memory_data.hotpotqa import SynthesisConfig, TooFewDocumentsError, pick_documents
-from taskutils.memory_data.sources import SourceError, hotpotqa_doc, read_essay, read_hotpotqa, read_squad
+from memagent.memory_data import hotpotqa, stages
+from memagent.memory_data.hotpotqa import SynthesisConfig, TooFewDocumentsError, pick_documents
+from memagent.memory_data.sources import SourceError, hotpotqa_doc, read_essay, read_hotpotqa, read_squad
 
 DOC_LABEL = re.compile(r"(?:^|\n\n)Document (\d+):\n")
 

@@ -6,9 +6,9 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from taskutils.memory_data import stages
-from taskutils.memory_data.output import MANIFEST_NAME, ConfigMismatchError, ResumableJsonl
-from taskutils.memory_data.ruler import Sources
+from memagent.memory_data import stages
+from memagent.memory_data.output import MANIFEST_NAME, ConfigMismatchError, ResumableJsonl
+from memagent.memory_data.ruler import Sources
 
 
 def _kill_after(partial_source: bytes, lines: int, extra_bytes: int) -> bytes:
@@ -84,7 +84,7 @@ def test_a_folder_with_another_configuration_is_refused(tmp_path, tiny_tokenizer
         stages.ruler(tmp_path, "vt", 4096, tiny_tokenizer, "tiny", 3, 42, progress=False)
     with pytest.raises(ConfigMismatchError, match="seed=7"):  # another file, but another seed: no mixing
         stages.ruler(tmp_path, "fwe", 4096, tiny_tokenizer, "tiny", 2, 7, progress=False)
-    from taskutils.memory_data.tokenizer import tiktoken_to_fast
+    from memagent.memory_data.tokenizer import tiktoken_to_fast
 
     other = tiktoken_to_fast({bytes([b]): b for b in range(256)}, special_tokens=[])
     with pytest.raises(ConfigMismatchError, match="tokenizer"):

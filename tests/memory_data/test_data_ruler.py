@@ -7,14 +7,14 @@ from collections import Counter
 
 import pytest
 
-from taskutils.memory_data import stages
-from taskutils.memory_data.__main__ import main
-from taskutils.memory_data.ruler import NIAH_TASKS, TASKS, Sources, make_task
-from taskutils.memory_data.ruler.calibrate import fit_units
-from taskutils.memory_data.ruler.haystack import NOISE, insert_at_depths
-from taskutils.memory_data.ruler.niah import DEPTHS, NiahParams, NiahTask
-from taskutils.memory_data.sources import read_hotpotqa, read_squad
-from taskutils.memory_data.tokenizer import count_tokens
+from memagent.memory_data import stages
+from memagent.memory_data.__main__ import main
+from memagent.memory_data.ruler import NIAH_TASKS, TASKS, Sources, make_task
+from memagent.memory_data.ruler.calibrate import fit_units
+from memagent.memory_data.ruler.haystack import NOISE, insert_at_depths
+from memagent.memory_data.ruler.niah import DEPTHS, NiahParams, NiahTask
+from memagent.memory_data.sources import read_hotpotqa, read_squad
+from memagent.memory_data.tokenizer import count_tokens
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,7 @@ def test_64k_samples(name, tiny_tokenizer, ruler_sources):
 
 
 def test_cwe_beyond_the_official_word_list_takes_english_words(tiny_tokenizer, ruler_sources):
-    from taskutils.memory_data.ruler.cwe_fwe import wonderwords_words
+    from memagent.memory_data.ruler.cwe_fwe import wonderwords_words
 
     # wonderwords' ~8,700 words at 3 repeats cannot fill the length (with Qwen's tokenizer from ~100K tokens; the
     # tiny test tokenizer spends more tokens per entry, ~265K): the long-length source takes over, and the task
@@ -116,7 +116,7 @@ def test_cwe_beyond_the_official_word_list_takes_english_words(tiny_tokenizer, r
 
 
 def test_cwe_words_are_the_official_sources():
-    from taskutils.memory_data.ruler.cwe_fwe import english_words, wonderwords_words
+    from memagent.memory_data.ruler.cwe_fwe import english_words, wonderwords_words
 
     words = wonderwords_words()
     assert len(words) == len(set(words)) > 8_000 and words == tuple(sorted(words))

@@ -7,7 +7,7 @@ import unicodedata
 import pytest
 import regex
 
-from taskutils.memory_data.tokenizer import (
+from memagent.memory_data.tokenizer import (
     QWEN_PATTERN,
     TokenizerUnavailableError,
     _bytes_to_unicode,

@@ -1,4 +1,4 @@
-"""Small generated eval sets in the formats of taskutils.memory_data (the tests never depend on the generators):
+"""Small generated eval sets in the formats of memagent.memory_data (the tests never depend on the generators):
 HotpotQA-style ``eval_{N}.jsonl`` (N documents, one holding the answer) and RULER-style
 ``eval_{task}_{L}.jsonl`` (a needle in a haystack of filler sentences)."""
 

@@ -14,7 +14,7 @@ from scripted_calculator import calculator_app
 from threaded_http import serve_in_a_thread
 
 from experiments.calculator.task import write
-from taskutils.memory_eval.run import main as run_main
+from memagent.memory_eval.run import main as run_main
 
 
 def harness_argv(tmp_path: Path, url: str, tiny_model_dir: str, method: str) -> list[str]:

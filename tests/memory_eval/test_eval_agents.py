@@ -1,5 +1,5 @@
 """Any registered agent evaluates through the harness, chosen by name: the calculator agent (an agent function,
-recurrent/agents/calculator.py) on its toy task, against a scripted OpenAI-compatible server that calls the tool
+experiments/calculator/agent.py) on its toy task, against a scripted OpenAI-compatible server that calls the tool
 and then answers with the tool's result."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from scripted_calculator import calculator_app
 from threaded_http import serve_in_a_thread
 
 from experiments.calculator.task import write
-from taskutils.memory_eval.run import main as run_main
+from memagent.memory_eval.run import main as run_main
 
 
 def test_the_calculator_agent_runs_through_the_harness_by_name(tmp_path: Path, tiny_model_dir):

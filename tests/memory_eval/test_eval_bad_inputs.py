@@ -19,9 +19,9 @@ import pytest
 from eval_fixtures import harness_argv, hotpotqa_set, read_lines
 from process_helpers import load_script
 
+from memagent.memory_eval.report import main as report_main
+from memagent.memory_eval.run import main as run_main
 from recurrent.serving import free_port
-from taskutils.memory_eval.report import main as report_main
-from taskutils.memory_eval.run import main as run_main
 
 REPO = Path(__file__).resolve().parents[2]
 GOOD = {"index": 0, "input": "q?", "context": "some text", "answers": ["a"]}
@@ -183,7 +183,7 @@ def test_a_bad_config_file_names_file_line_and_key(tmp_path, capsys, case):
 
 
 def test_a_good_config_file_still_sets_defaults(tmp_path):
-    from taskutils.memory_eval.run import parse_args
+    from memagent.memory_eval.run import parse_args
 
     config = tmp_path / "run.yaml"
     config.write_text("lengths: [2, 4]\ntrace: true\nserve: vllm\nconcurrency: 8\nmax-connection-failures: 0\n")

@@ -18,7 +18,7 @@ import yaml
 from eval_fixtures import harness_argv, hotpotqa_set, read_lines
 from process_helpers import pid_alive
 
-from taskutils.memory_eval.run import main as run_main
+from memagent.memory_eval.run import main as run_main
 
 TINY_BUDGETS = {
     "memory": {"chunk_size": 128, "max_new": 16, "final_max_new": 16},
@@ -119,7 +119,7 @@ def test_sigkilled_run_resumes_to_one_line_per_item(tiny_server, tmp_path):
     out = tmp_path / "results"
     argv = harness_argv(data, out, 4, "--table", str(table), "--models", "tiny", "--concurrency", "1")
     path = out / "hotpotqa_4" / "tiny__memory.jsonl"
-    process = subprocess.Popen([sys.executable, "-m", "taskutils.memory_eval.run", *argv], stderr=subprocess.DEVNULL)
+    process = subprocess.Popen([sys.executable, "-m", "memagent.memory_eval.run", *argv], stderr=subprocess.DEVNULL)
     try:
         wait_for_lines(path, 2, process)
     finally:
@@ -144,7 +144,7 @@ def test_sigterm_stops_the_harness_server_and_the_run_resumes(tiny_server, tmp_p
     log = tmp_path / "harness.log"
     with log.open("w") as stderr:  # the table's own `tiny` entry: the harness starts transformers serve itself
         process = subprocess.Popen(
-            [sys.executable, "-m", "taskutils.memory_eval.run", "--models", "tiny", *common], stderr=stderr
+            [sys.executable, "-m", "memagent.memory_eval.run", "--models", "tiny", *common], stderr=stderr
         )
     try:
         wait_for_lines(path, 1, process, timeout=180)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from eval_fixtures import harness_argv
 
+from memagent.memory_eval import evalsets
+from memagent.memory_eval.run import main as run_main
 from recurrent.serving import free_port
-from taskutils.memory_eval import evalsets
-from taskutils.memory_eval.run import main as run_main
 
 # A hand-made hotpotqa_dev.json. Its documents are title + "\n" + the sentences joined as they are:
 #   "Beta\n b1. b2."  "Alpha\na1."  "Gamma\ng."  "Alpha\na1." (again)  "Alpha\na2."  "alpha\nx."

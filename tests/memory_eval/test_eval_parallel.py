@@ -19,7 +19,7 @@ import yaml
 from eval_fixtures import harness_argv, hotpotqa_set, read_lines
 from test_eval_bad_inputs import ScriptedServer
 
-from taskutils.memory_eval.run import main as run_main
+from memagent.memory_eval.run import main as run_main
 
 MODELS = ("a", "b")
 IDS = [10, 11, 12, 13]  # the ids hotpotqa_set gives 4 items
@@ -102,7 +102,7 @@ def test_sigterm_stops_models_side_by_side_and_the_run_resumes(tmp_path, tiny_mo
         table = write_table(tmp_path / "table.yaml", url)
         argv = harness_argv(data, out, 2, "--table", str(table), "--method", "direct", "--parallel-models", "2")
         with log.open("w") as stderr:
-            process = subprocess.Popen([sys.executable, "-m", "taskutils.memory_eval.run", *argv], stderr=stderr)
+            process = subprocess.Popen([sys.executable, "-m", "memagent.memory_eval.run", *argv], stderr=stderr)
         try:
             assert server.met.wait(120), "the two models never had a request in flight at once"
             process.send_signal(signal.SIGTERM)

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from eval_fixtures import harness_argv, hotpotqa_set, read_lines
 
+from memagent.memory_eval import results
+from memagent.memory_eval.run import main as run_main
 from recurrent.serving import free_port
-from taskutils.memory_eval import results
-from taskutils.memory_eval.run import main as run_main
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -94,7 +94,7 @@ def test_a_server_that_dies_mid_run_stops_the_run(tmp_path):
     # A backoff of 10 minutes: were the dead server not noticed, the run would sit in its retries, not exit.
     argv = harness_argv(data, out, 4, "--models", "tiny", "--concurrency", "1", "--backoff", "600")
     harness = subprocess.Popen(
-        [sys.executable, "-u", "-m", "taskutils.memory_eval.run", *argv],
+        [sys.executable, "-u", "-m", "memagent.memory_eval.run", *argv],
         stderr=subprocess.PIPE,
         text=True,
         cwd=REPO,

@@ -12,9 +12,8 @@ import pytest
 from openai import OpenAI
 from process_helpers import SCRIPTS, pid_alive
 
-from recurrent.serving import free_port
-from taskutils.memory_eval.config import ModelEntry
-from taskutils.memory_eval.serve import (
+from memagent.memory_eval.config import ModelEntry
+from memagent.memory_eval.serve import (
     choose_backend,
     endpoint,
     replicas_for,
@@ -22,6 +21,7 @@ from taskutils.memory_eval.serve import (
     vllm_command,
     wait_ready,
 )
+from recurrent.serving import free_port
 
 INSTANT_SERVER = SCRIPTS / "instant_server.py"
 

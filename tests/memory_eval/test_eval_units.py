@@ -11,13 +11,13 @@ import pytest
 from eval_fixtures import hotpotqa_set, read_lines
 from transformers import AutoTokenizer
 
-from recurrent.agents.direct import TEMPLATE_0SHOT, DirectConfig, DirectWorkflow
+from memagent.direct import TEMPLATE_0SHOT, DirectConfig, DirectWorkflow
+from memagent.memory_eval import config as cfg
+from memagent.memory_eval import evalsets, results, scoring
+from memagent.memory_eval.report import collect, markdown, plot, table2, write_report
+from memagent.memory_eval.report import main as report_main
 from recurrent.async_manager import run_session
 from recurrent.interface import Reply
-from taskutils.memory_eval import config as cfg
-from taskutils.memory_eval import evalsets, results, scoring
-from taskutils.memory_eval.report import collect, markdown, plot, table2, write_report
-from taskutils.memory_eval.report import main as report_main
 
 
 @pytest.fixture(scope="module")
@@ -317,7 +317,7 @@ def test_table2_is_the_papers_layout_models_by_length(tmp_path, capsys):
 
 
 def test_run_options_from_a_config_file_and_flags(tmp_path):
-    from taskutils.memory_eval.run import parse_args
+    from memagent.memory_eval.run import parse_args
 
     config = tmp_path / "run.yaml"
     config.write_text(
@@ -332,7 +332,7 @@ def test_run_options_from_a_config_file_and_flags(tmp_path):
 
 
 def test_a_model_that_cannot_be_served_is_skipped_and_reported(tmp_path, caplog, capsys):
-    from taskutils.memory_eval.run import main as run_main
+    from memagent.memory_eval.run import main as run_main
 
     hotpotqa_set(tmp_path, 2, items=1)
     table = tmp_path / "table.yaml"

@@ -1,4 +1,4 @@
-"""The second agent (``recurrent/agents/calculator.py``), an agent function: a growing conversation with a
+"""The second agent (``experiments/calculator/agent.py``), an agent function: a growing conversation with a
 calculator tool, driven through the framework by a scripted client."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import asdict
 import pytest
 from transformers import AutoTokenizer
 
-from recurrent.agents.calculator import CalculatorConfig, calculate, parse_tool_call, row_widths
+from experiments.calculator.agent import CalculatorConfig, calculate, parse_tool_call, row_widths
 from recurrent.async_manager import run_session
 from recurrent.functions import FunctionEpisode
 from recurrent.interface import Reply, load_register

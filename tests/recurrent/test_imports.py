@@ -10,12 +10,12 @@ MODULES = (
     "recurrent.client",
     "recurrent.async_manager",
     "recurrent.lockstep",
-    "recurrent.agents.memory",
+    "memagent.agent",
     "recurrent.templating",
     "recurrent.trace",
     "recurrent.serving",
-    "taskutils.memory_eval.run",
-    "taskutils.memory_data.__main__",
+    "memagent.memory_eval.run",
+    "memagent.memory_data.__main__",
 )
 
 

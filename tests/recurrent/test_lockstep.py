@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 from transformers import AutoTokenizer
 
-from recurrent.agents.memory import MemoryConfig, MemoryWorkflow
+from memagent.agent import MemoryConfig, MemoryWorkflow
 from recurrent.functions import FunctionEpisode
 from recurrent.interface import Reply, Turn, WorkflowConfig
 from recurrent.lockstep import run_lockstep

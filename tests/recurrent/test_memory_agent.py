@@ -8,8 +8,8 @@ import pytest
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
-from recurrent.agents import memory
-from recurrent.agents.memory import MemoryConfig, MemoryWorkflow
+from memagent import agent as memory
+from memagent.agent import MemoryConfig, MemoryWorkflow
 from recurrent.async_manager import run_session
 from recurrent.interface import Reply, Turn, load_register
 
@@ -329,16 +329,16 @@ def test_the_agent_is_one_function_over_the_client(tokenizer):
 
 
 def test_register_loads_by_module_and_by_file(tmp_path):
-    register = load_register("recurrent.agents.memory")
+    register = load_register("memagent.agent")
     assert register.name == "memory" and register.config_cls is memory.MemoryConfig
-    assert load_register("memory") is register  # by name: the module recurrent.agents.memory
+    assert load_register("memory") is register  # by name: the module memagent.agent
     by_file = load_register(memory.__file__ + ":REGISTER")  # a fresh module: its own class objects, same names
     assert by_file.name == "memory" and by_file.config_cls.__name__ == "MemoryConfig"
     with pytest.raises(FileNotFoundError, match="nope.py"):
         load_register(str(tmp_path / "nope.py"))
     with pytest.raises(AttributeError, match="OTHER"):
-        load_register("recurrent.agents.memory:OTHER")
+        load_register("memagent.agent:OTHER")
     with pytest.raises(TypeError, match="expected a WorkflowRegistration"):
-        load_register("recurrent.agents.memory:MemoryConfig")
+        load_register("memagent.agent:MemoryConfig")
     with pytest.raises(ModuleNotFoundError, match="no_such_module"):
         load_register("recurrent.agents.no_such_module")

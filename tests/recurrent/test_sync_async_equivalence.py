@@ -23,7 +23,7 @@ import torch
 from openai import OpenAI
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from recurrent.agents.memory import MemoryConfig, MemoryWorkflow
+from memagent.agent import MemoryConfig, MemoryWorkflow
 from recurrent.async_manager import run_sessions
 from recurrent.client import OpenAIChatClient
 from recurrent.interface import Reply, Turn

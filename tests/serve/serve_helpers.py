@@ -23,9 +23,9 @@ import uvicorn
 from aiohttp import web
 from threaded_http import serve_in_a_thread
 
+from memagent.serve.app import build_app
+from memagent.serve.service import MemAgentService, ServeSettings
 from recurrent.client import OpenAIChatClient
-from recurrent.serve.app import build_app
-from recurrent.serve.service import MemAgentService, ServeSettings
 from recurrent.serving import free_port, wait_ready
 
 REPO = Path(__file__).resolve().parents[2]
@@ -188,7 +188,7 @@ def counters(base: str) -> dict[str, int]:
 
 
 def serve_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "recurrent.serve", *args]
+    return [sys.executable, "-m", "memagent.serve", *args]
 
 
 def serve_env() -> dict[str, str]:
@@ -199,7 +199,7 @@ def serve_env() -> dict[str, str]:
 
 @contextlib.contextmanager
 def serve_process(*args: str, log_path: Path, cwd: Path = REPO) -> Iterator[tuple[str, subprocess.Popen]]:
-    """``python -m recurrent.serve ARGS --port P`` (run in ``cwd``) until the block ends (SIGTERM, then SIGKILL if
+    """``python -m memagent.serve ARGS --port P`` (run in ``cwd``) until the block ends (SIGTERM, then SIGKILL if
     it hangs)."""
     port = free_port()
     with log_path.open("w") as log:
@@ -208,7 +208,7 @@ def serve_process(*args: str, log_path: Path, cwd: Path = REPO) -> Iterator[tupl
         )
     base = f"http://127.0.0.1:{port}/v1"
     try:
-        wait_ready(answers(f"{base}/models"), process, 180, 0.1, log_path, "python -m recurrent.serve")
+        wait_ready(answers(f"{base}/models"), process, 180, 0.1, log_path, "python -m memagent.serve")
         yield base, process
     finally:
         if process.poll() is None:

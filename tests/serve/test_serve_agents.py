@@ -147,7 +147,7 @@ def test_a_stream_that_fails_ends_with_an_error_event_and_counts_as_failed(scrip
 
 
 def test_a_fault_while_writing_a_stream_ends_it_with_an_error_event_counted_failed(scripted, monkeypatch):
-    from recurrent.serve import app
+    from memagent.serve import app
 
     chunk = app._chunk
 
@@ -272,16 +272,22 @@ RESTATED = agent_function("restated", NoSettings, restated, columns=("input",))
 def test_an_answer_that_is_not_the_last_reply_fails_in_the_endpoint_as_in_the_harness(
     tmp_path: Path, tiny_model_dir, calculator_upstream, monkeypatch
 ):
-    from taskutils.memory_eval import config as cfg
-    from taskutils.memory_eval.run import main as harness_main
-    from taskutils.memory_eval.scoring import failed
+    from memagent.memory_eval import config as cfg
+    from memagent.memory_eval.run import main as harness_main
+    from memagent.memory_eval.scoring import failed
 
     url, _ = calculator_upstream
     question = "What is 37 * 48?"
     # The harness runs registered agents by name: this one is registered for the test's length.
-    module = types.ModuleType("recurrent.agents.restated")
+    from recurrent import interface
+
+    module = types.ModuleType("restated_agent")
     module.REGISTER = RESTATED
-    monkeypatch.setitem(sys.modules, "recurrent.agents.restated", module)
+    monkeypatch.setitem(sys.modules, "restated_agent", module)
+    spec_of = interface.registered_spec
+    monkeypatch.setattr(
+        interface, "registered_spec", lambda name: "restated_agent" if name == "restated" else spec_of(name)
+    )
     registered = cfg.registered_agents
     monkeypatch.setattr(cfg, "registered_agents", lambda: [*registered(), "restated"])
     data = tmp_path / "data"
@@ -320,10 +326,10 @@ def test_the_write_your_own_agent_pages_serve_command_parses(tmp_path: Path, mon
     (tmp_path / "my_agent.py").write_text(agent_file)
     (tmp_path / "insist.json").write_text('{"max_tries": 5}')
     monkeypatch.chdir(tmp_path)  # the page's paths are the reader's working directory
-    from recurrent.serve.cli import parse_args
+    from memagent.serve.cli import parse_args
 
     args = parse_args(command[3:])
-    assert command[:3] == ["python", "-m", "recurrent.serve"]
+    assert command[:3] == ["python", "-m", "memagent.serve"]
     assert args.register.name == "insist" and args.agent_values == {"max_tries": 5}
     assert not args.register.needs_tokenizer
 

@@ -1,4 +1,4 @@
-"""`python -m recurrent.serve` as a process: SIGTERM lets a document in flight finish within --shutdown-grace, or
+"""`python -m memagent.serve` as a process: SIGTERM lets a document in flight finish within --shutdown-grace, or
 cancels it (its client gets 503, its upstream request is closed), and the process exits 0; keys are never in its
 log; a bad --config names its file, line and key."""
 
@@ -15,7 +15,7 @@ import pytest
 from readme_blocks import README, readme_commands
 from serve_helpers import REPO, WAIT, serve_command, serve_process, served, wait_event, wait_until
 
-from recurrent.serve.cli import parse_args, serve, serve_settings
+from memagent.serve.cli import parse_args, serve, serve_settings
 
 QUESTION = "Which river runs past the stone village?"
 MESSAGES = [{"role": "user", "content": f"The river runs past the stone village.\n\n{QUESTION}"}]
@@ -135,7 +135,7 @@ def test_the_flags_zero_for_no_limit_build_settings_without_a_limit():
 def test_the_readme_section_runs(scripted, tiny_tokenizer, capsys):
     # Its command lines are the server's; its Python runs against a server (the README's name and address swapped).
     _, commands = readme_commands("## Serve a trained agent")
-    lines = [argv[3:] for argv in commands if argv[:3] == ["python", "-m", "recurrent.serve"]]
+    lines = [argv[3:] for argv in commands if argv[:3] == ["python", "-m", "memagent.serve"]]
     assert len(lines) == 2 and all(parse_args(argv).model for argv in lines)
     section = README.read_text().split("## Serve a trained agent", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from recurrent.serve.questions import Found, QuestionError, find_question
+from memagent.serve.questions import Found, QuestionError, find_question
 
 
 def test_split_takes_the_text_after_the_last_blank_line():

@@ -1,4 +1,4 @@
-"""Long requests held on disk (recurrent/serve/spool.py): the incremental parser reads what ``json.loads`` reads
+"""Long requests held on disk (memagent/serve/spool.py): the incremental parser reads what ``json.loads`` reads
 and refuses what it refuses; a text on disk is cut by the question modes as the string is; a document on disk is
 tokenized window by window into exactly the whole text's ids; through the endpoint (the thresholds forced low) a
 spooled request sends the upstream the same prompts and answers with the same answer, memories and usage as the
@@ -22,11 +22,11 @@ from serve_helpers import WAIT, counters, served, sse_events, wait_event, wait_u
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from recurrent.serve import service as service_module
-from recurrent.serve import spool as spool_module
-from recurrent.serve.protocol import LONG_TEXT_FIELDS
-from recurrent.serve.questions import QuestionError, find_question
-from recurrent.serve.spool import LongText, TextSpool, parse_spooled
+from memagent.serve import service as service_module
+from memagent.serve import spool as spool_module
+from memagent.serve.protocol import LONG_TEXT_FIELDS
+from memagent.serve.questions import QuestionError, find_question
+from memagent.serve.spool import LongText, TextSpool, parse_spooled
 from recurrent.tokens import encode_windows
 
 # Every body spooled, every string over 8 characters on disk, the document tokenized 200 characters at a time.
@@ -244,7 +244,7 @@ def read_both(scripted, tokenizer, request: dict, **settings) -> list[tuple[dict
 @pytest.mark.parametrize("mode", REQUESTS)
 def test_a_spooled_request_reads_as_the_in_memory_one(scripted, tiny_tokenizer, mode, caplog):
     scripted.reply = "memory 😀 so far"
-    with caplog.at_level(logging.WARNING, logger="recurrent.serve"):
+    with caplog.at_level(logging.WARNING, logger="memagent.serve"):
         (memory_reply, memory_turns), (spooled_reply, spooled_turns) = read_both(
             scripted, tiny_tokenizer, REQUESTS[mode]
         )
@@ -259,7 +259,7 @@ def test_a_document_without_white_space_is_read_window_by_window(scripted, smoll
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
     letters = "".join(random.Random(2).choice("abcdefghij") for _ in range(1500))
     request = {"messages": [{"role": "user", "content": f"{letters}\n\n{QUESTION}"}]}
-    with caplog.at_level(logging.WARNING, logger="recurrent.serve"):
+    with caplog.at_level(logging.WARNING, logger="memagent.serve"):
         (memory_reply, memory_turns), (spooled_reply, spooled_turns) = read_both(scripted, tokenizer, request)
     assert "tokenized whole" not in caplog.text
     assert spooled_turns == memory_turns and spooled_reply == memory_reply and len(memory_turns) > 4
@@ -281,7 +281,7 @@ def test_a_tokenizer_without_agreeing_seams_reads_a_document_whole_up_to_a_bound
     tokenizer = disagreeing_tokenizer()
     request = {"messages": [{"role": "user", "content": f"{DOCUMENT}\n\n{QUESTION}"}]}
     context = len(DOCUMENT.strip())  # what the spooled path tokenizes
-    with caplog.at_level(logging.WARNING, logger="recurrent.serve"):
+    with caplog.at_level(logging.WARNING, logger="memagent.serve"):
         (memory_reply, memory_turns), (spooled_reply, spooled_turns) = read_both(scripted, tokenizer, request)
     assert f"tokenizer seams do not agree; the {context}-character document is tokenized whole" in caplog.text
     assert spooled_turns == memory_turns and spooled_reply == memory_reply
@@ -397,7 +397,7 @@ def test_a_body_over_the_size_limit_is_413_before_it_is_read(scripted, tiny_toke
 
 
 def test_the_size_limit_defaults_to_64_mib_and_0_lifts_it():
-    from recurrent.serve.cli import parse_args
+    from memagent.serve.cli import parse_args
 
     assert parse_args(["--model", "x"]).max_request_bytes == 64 * 2**20 == spool_module.MAX_REQUEST_BYTES
     assert parse_args(["--model", "x", "--max-request-bytes", "0"]).max_request_bytes == 0  # None in the settings

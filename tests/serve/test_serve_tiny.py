@@ -1,6 +1,6 @@
 """The server's command line in front of a real upstream (`transformers serve` with the tiny model), driven with
 the official `openai` client: every question mode and the streamed answer give, at temperature 0, what the
-evaluation harness (`python -m taskutils.memory_eval.run`, memory method, the same budgets) gives for the same item:
+evaluation harness (`python -m memagent.memory_eval.run`, memory method, the same budgets) gives for the same item:
 the answer, the memory after each chunk, the token counts. Without --upstream the server starts its own local
 upstream and stops it with itself."""
 
@@ -14,7 +14,7 @@ import pytest
 from openai import OpenAI
 from serve_helpers import WAIT, serve_process, served, sse_events
 
-from taskutils.memory_eval.run import main as harness_main
+from memagent.memory_eval.run import main as harness_main
 
 QUESTION = "What is the secret code of Keeper7?"
 # A HotpotQA-style context (documents separated by blank lines), as the harness's eval sets hold it.
@@ -25,7 +25,7 @@ DOCUMENTS = [
     "Copper bells ring in the orchard. The bridge was rebuilt after the spring flood.",
 ]
 CONTEXT = "\n\n".join(f"Document {i + 1}:\n{d}" for i, d in enumerate(DOCUMENTS))
-# The budgets of the harness's `tiny` entry (taskutils/memory_eval/models.yaml), given to the server by --config.
+# The budgets of the harness's `tiny` entry (memagent/memory_eval/models.yaml), given to the server by --config.
 BUDGETS = {"chunk-size": 128, "max-new": 16, "final-max-new": 16}
 
 
@@ -47,7 +47,7 @@ def harness(tiny_upstream, tiny_model_dir, tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def server(tiny_upstream, tiny_model_dir, tmp_path_factory):
-    """``python -m recurrent.serve --upstream URL --model NAME`` with the budgets from --config; its base URL."""
+    """``python -m memagent.serve --upstream URL --model NAME`` with the budgets from --config; its base URL."""
     folder = tmp_path_factory.mktemp("server")
     config = folder / "serve.yaml"
     config.write_text("".join(f"{key}: {value}\n" for key, value in BUDGETS.items()))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from taskutils.verifiers.lenient import (
+from memagent.verifiers.lenient import (
     boxed_scores,
     exact_match,
     extract_answer,

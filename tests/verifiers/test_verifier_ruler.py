@@ -2,7 +2,7 @@
 
 import pytest
 
-from taskutils.verifiers.ruler import match_all, match_part, ruler_scores, string_match_all, string_match_part
+from memagent.verifiers.ruler import match_all, match_part, ruler_scores, string_match_all, string_match_part
 
 
 def test_match_all_partial_fraction():

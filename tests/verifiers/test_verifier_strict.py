@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from taskutils.verifiers.strict import compute_score, last_boxed_answer, strict_score, strip_string
+from memagent.verifiers.strict import compute_score, last_boxed_answer, strict_score, strip_string
 
 # len("\\boxed{paris}") == 13: backslash + "boxed" + "{" + "paris" + "}".
 BOX = "\\boxed{paris}"

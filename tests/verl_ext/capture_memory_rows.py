@@ -69,8 +69,8 @@ async def capture() -> dict:
             outputs = await loop.run(dict(SAMPLING), **sample(f"uid-{name}", context, session))
             trajectories[f"{name}/{session}"] = [row(o) for o in outputs]
     # Sync mode: the same trajectories in lockstep rounds.
-    from verl_ext.lockstep import Trajectory, run_trajectories
-    from verl_ext.rollout import AgentRollout
+    from recurrent.training.lockstep import Trajectory, run_trajectories
+    from recurrent.training.rollout import AgentRollout
 
     batch = [
         Trajectory(sample(f"uid-{name}", context, session), session, dict(SAMPLING))

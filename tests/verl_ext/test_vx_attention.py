@@ -1,4 +1,5 @@
-"""The actor's attention follows flash-attn's presence (verl_ext/attention.py): packed rows only with flash-attn,
+"""The actor's attention follows flash-attn's presence (recurrent/training/attention.py): packed rows only with
+flash-attn,
 because transformers' sdpa over one packed row lets each sequence attend to the ones before it."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Checks of the running cluster (verl_ext.cluster): what Ray can schedule for the run, and the paths as the task
+"""Checks of the running cluster (recurrent.training.cluster): what Ray can schedule for the run, and the paths as the
+task
 runner's node sees them. Inputs are real: cluster-resource dicts as ``ray.cluster_resources()`` returns them, and
 real files and folders under tmp_path."""
 
@@ -11,7 +12,7 @@ import pytest
 from process_helpers import in_a_fresh_process
 from vx_helpers import compose_config
 
-from verl_ext.cluster import (
+from recurrent.training.cluster import (
     check_task_runner_node,
     cluster_address,
     drop_local_ray_settings,
@@ -20,7 +21,7 @@ from verl_ext.cluster import (
     resource_problems,
     secret_problems,
 )
-from verl_ext.preflight import PreflightError
+from recurrent.training.preflight import PreflightError
 
 # ray.cluster_resources() of one node with 8 GPUs and 96 CPUs (Ray also lists memory and node:<ip> keys).
 EIGHT_GPU_NODE = {"CPU": 96.0, "GPU": 8.0, "memory": 1.2e12, "object_store_memory": 2e11, "node:10.0.0.1": 1.0}

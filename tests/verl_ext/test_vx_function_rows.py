@@ -14,7 +14,7 @@ from omegaconf import open_dict
 from verl.workers.rollout.replica import TokenOutput
 from vx_helpers import compose_config, recurrent_agent_loop
 
-from recurrent.agents.calculator import SYSTEM_PROMPT
+from experiments.calculator.agent import SYSTEM_PROMPT
 from recurrent.functions import agent_function
 from recurrent.interface import WorkflowConfig
 
@@ -118,8 +118,8 @@ async def test_what_a_function_may_not_do_in_training_is_refused(tiny_model_dir,
 
 
 async def test_lockstep_rounds_run_an_agent_function_with_the_same_rows(tiny_model_dir, tiny_tokenizer):
-    from verl_ext.lockstep import Trajectory, run_trajectories
-    from verl_ext.rollout import AgentRollout
+    from recurrent.training.lockstep import Trajectory, run_trajectories
+    from recurrent.training.rollout import AgentRollout
 
     wide = ("recurrent.config.max_tokens_per_turn=96", "data.max_response_length=96", "data.max_prompt_length=640")
     overrides = (*wide, "actor_rollout_ref.rollout.max_model_len=736")

@@ -16,8 +16,8 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.losses import ppo_loss
 from vx_helpers import load_example
 
-from verl_ext.lockstep import Trajectory, run_trajectories
-from verl_ext.rollout import AgentRollout
+from recurrent.training.lockstep import Trajectory, run_trajectories
+from recurrent.training.rollout import AgentRollout
 
 # The log-probability helpers of the walkthrough (one definition).
 _example = load_example("one_step")

@@ -1,4 +1,4 @@
-"""The second agent trained through verl on CPU: the calculator (``recurrent/agents/calculator.py``, an agent
+"""The second agent trained through verl on CPU: the calculator (``experiments/calculator/agent.py``, an agent
 written as a plain async function) by ``CONFIG=calculator_cpu scripts/train_tiny_cpu.sh`` for 2 steps, from the
 quick warm start of ``experiments/calculator/warm_start.py`` (a short SFT on teacher transcripts: sampled, it
 writes tool calls, so trajectories have 1-3 model calls). One launch serves every check of this module.
@@ -7,7 +7,7 @@ Its step shape: 4 problems x n 4 trajectories, ``ppo_mini_batch_size`` 2, so the
 updates per step and a trajectory could be cut across them; no checkpoints; validation (greedy) after the last
 step. Checked:
 
-- the memory agent's module (``recurrent.agents.memory``) enters ``sys.modules`` in no process of the run: every
+- the memory agent's module (``memagent.agent``) enters ``sys.modules`` in no process of the run: every
   Python process of it loads a ``sitecustomize`` (first on its ``PYTHONPATH``) that puts a finder at the head of
   ``sys.meta_path``, which every import of a module not yet in ``sys.modules`` asks first (an ``import``
   statement and ``importlib.import_module`` alike, as the agent registry imports agents), and which writes the
@@ -40,7 +40,7 @@ import pytest
 from omegaconf import OmegaConf
 from trainer_run import REPO, grpo_by_hand, read_jsonl, read_metrics, run_script, tail, trajectories
 
-from recurrent.agents.calculator import calculate, parse_tool_call
+from experiments.calculator.agent import calculate, parse_tool_call
 
 BUILD_TIMEOUT_S = 1200  # the quick warm start: ~55 s of one core, once (then cached with the offline models)
 RUN_TIMEOUT_S = 900  # the fixture: ~170 s on 2 idle cores beside another trainer run, quick build included
@@ -56,8 +56,8 @@ OVERRIDES = (
     "trainer.save_freq=-1",
 )
 AGENT = OmegaConf.load(REPO / "configs" / "calculator_cpu.yaml").recurrent.config
-MEMORY_MODULE = "recurrent.agents.memory"
-CALCULATOR_MODULE = "recurrent.agents.calculator"
+MEMORY_MODULE = "memagent.agent"
+CALCULATOR_MODULE = "experiments.calculator.agent"
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow(seconds=200), pytest.mark.timeout(2400)]
 
@@ -250,7 +250,7 @@ def test_the_dump_holds_each_rows_token_ids_and_the_rows_tool_prints_them(run, c
     are the chat template's ids of the system prompt and question, and verl's text columns are their decoding."""
     from transformers import AutoTokenizer
 
-    from verl_ext.rows import main as rows_main
+    from recurrent.training.rows import main as rows_main
 
     tokenizer = AutoTokenizer.from_pretrained(run["model"])
     rows = [row for row in dumped(run, 1) if not row["is_padding"]]

@@ -43,7 +43,7 @@ LAUNCHER = REPO / "scripts" / "launch_memory.sh"
 BATCH = 4  # data.train_batch_size of configs/tiny_cpu.yaml
 RUN_TIMEOUT_S = 1200  # a launch: ~2 min on 2 idle cores, ~6 min with the machine's load average at 14
 # Ray declares a killed raylet's node dead after ~15 s of missed health checks; the watch polls every 2 s, and a
-# driver that got an error first waits for it (verl_ext/node_watch.py). A loaded machine delays both.
+# driver that got an error first waits for it (recurrent/training/node_watch.py). A loaded machine delays both.
 STOP_BOUND_S = 120
 NODE_LOST_EXIT = 75
 TWO_RANKS = ["model_world_size_2_rank_0.pt", "model_world_size_2_rank_1.pt"]  # one FSDP group over both nodes
@@ -113,9 +113,10 @@ class Launch:
             "LOGGER": "console,file",
             "DUMP_ROLLOUTS": "1",
             "PYTHON": sys.executable,
-            # the CPU platform in the driver (verl_ext/cpu/README.md); the config carries it to every Ray worker
+            # the CPU platform in the driver (recurrent/training/cpu/README.md); the config carries it to every Ray
+            # worker
             "VERL_PLATFORM": "cpu",
-            "VERL_USE_EXTERNAL_MODULES": "verl_ext.cpu.load",
+            "VERL_USE_EXTERNAL_MODULES": "recurrent.training.cpu.load",
             "RAY_AUTH_MODE": "disabled",  # as scripts/local_cluster.py started the nodes
             "PYTHONUNBUFFERED": "1",
         }

@@ -1,4 +1,4 @@
-"""Our trainer end to end on CPU: ``scripts/train_tiny_cpu.sh`` (TASK=memory: ``python -m verl_ext.main
+"""Our trainer end to end on CPU: ``scripts/train_tiny_cpu.sh`` (TASK=memory: ``python -m recurrent.training.main
 --config-name tiny_cpu``) for 2 steps, then resumed to 3 (issues 7, 10). Two launches serve every trainer check of
 this module: a launch costs ~65 s on 2 idle cores (most of it start-up), a step ~5 s.
 
@@ -343,10 +343,10 @@ def test_verls_model_merger_gives_the_exported_model_in_bf16_with_its_tokenizer(
 
 
 def test_the_merged_model_served_and_evaluated_gives_table_2(merged, tmp_path):
+    from memagent.memory_eval import config as cfg
+    from memagent.memory_eval.run import main as run_main
+    from memagent.memory_eval.serve import vllm_command
     from recurrent.serving import transformers_serve
-    from taskutils.memory_eval import config as cfg
-    from taskutils.memory_eval.run import main as run_main
-    from taskutils.memory_eval.serve import vllm_command
 
     model, serve, evaluate = str(merged["model"]), merged["serve"], merged["evaluate"]
     # serve: vLLM cannot run here; the README's flags are ones the harness's own `vllm serve` command line uses
@@ -354,7 +354,7 @@ def test_the_merged_model_served_and_evaluated_gives_table_2(merged, tmp_path):
     harness_flags = {a for a in vllm_command(model, "name", 8000, tp=2, replicas=4) if a.startswith("--")}
     assert {a for a in serve if a.startswith("--")} <= harness_flags
     # evaluate: the merged folder, through the served name, over the paper's grid of RULER-HotpotQA
-    assert evaluate[:3] == ["python", "-m", "taskutils.memory_eval.run"]
+    assert evaluate[:3] == ["python", "-m", "memagent.memory_eval.run"]
     assert option(evaluate, "--models") == model and option(evaluate, "--tasks") == cfg.HOTPOTQA
     assert option(evaluate, "--served-model") == option(serve, "--served-model-name")
     paper_grid = (*cfg.HOTPOTQA_DOCS, *cfg.HOTPOTQA_DOCS_OVER_1M)

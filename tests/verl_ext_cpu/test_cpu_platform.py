@@ -1,4 +1,4 @@
-"""Unit tests of the CPU adaptations of verl 0.9.1 (verl_ext/cpu): platform, the backend patch, the engine
+"""Unit tests of the CPU adaptations of verl 0.9.1 (recurrent/training/cpu): platform, the backend patch, the engine
 registrations, the ``hf_cpu`` rollout server and adapter, the loader's VERL_PLATFORM guard.
 
 What depends on verl's process-wide platform singleton runs in a subprocess (``import verl`` with the
@@ -17,7 +17,7 @@ import textwrap
 import pytest
 import torch
 
-from verl_ext import cpu as verl_ext_cpu
+from recurrent.training import cpu as verl_ext_cpu
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -64,7 +64,7 @@ PROBE = """
 
 
 def test_cpu_platform_is_selected_with_verl_platform_cpu():
-    result = run_python(PROBE, VERL_PLATFORM="cpu", VERL_USE_EXTERNAL_MODULES="verl_ext.cpu.load")
+    result = run_python(PROBE, VERL_PLATFORM="cpu", VERL_USE_EXTERNAL_MODULES="recurrent.training.cpu.load")
     assert result == {
         "device": "cpu",
         "backend": "gloo",
@@ -79,13 +79,13 @@ def test_cpu_platform_is_selected_with_verl_platform_cpu():
 def test_loader_does_nothing_without_verl_platform_cpu():
     """A host with the loader in VERL_USE_EXTERNAL_MODULES but no VERL_PLATFORM=cpu (a GPU cluster) keeps
     verl's own platform detection and registries."""
-    result = run_python(PROBE, VERL_USE_EXTERNAL_MODULES="verl_ext.cpu.load")
+    result = run_python(PROBE, VERL_USE_EXTERNAL_MODULES="recurrent.training.cpu.load")
     assert result["device"] != "cpu" and result["backend"] != "gloo"
     assert not result["cpu_registered"] and not result["hf_cpu_registered"]
 
 
 def test_platform_is_never_auto_detected_and_names_cpu_devices():
-    from verl_ext.cpu.platform import PlatformCPU
+    from recurrent.training.cpu.platform import PlatformCPU
 
     platform = PlatformCPU()
     assert not platform.is_platform_available(use_smi_check=True)
@@ -101,7 +101,7 @@ def test_platform_is_never_auto_detected_and_names_cpu_devices():
 
 
 def test_device_module_answers_what_verl_calls():
-    from verl_ext.cpu.platform import PlatformCPU
+    from recurrent.training.cpu.platform import PlatformCPU
 
     device = PlatformCPU().device_module
     assert device.is_available() is False  # guards accelerator-only work in verl (memory stats, map_location)
@@ -122,7 +122,7 @@ def test_device_module_answers_what_verl_calls():
 def test_register_is_idempotent_and_the_platform_registry_keeps_one_class():
     from verl.plugin.platform import PlatformRegistry
 
-    from verl_ext.cpu.platform import PlatformCPU
+    from recurrent.training.cpu.platform import PlatformCPU
 
     verl_ext_cpu.register()
     verl_ext_cpu.register()
@@ -138,7 +138,7 @@ def test_backend_patch_defaults_to_cpu_gloo_only_on_the_cpu_device(monkeypatch):
     import verl.utils.distributed as distributed
     import verl.workers.engine_workers as engine_workers
 
-    from verl_ext.cpu import dist_patch
+    from recurrent.training.cpu import dist_patch
 
     verl_ext_cpu.register()
     patched = distributed.initialize_global_process_group_ray
@@ -175,7 +175,7 @@ def test_backend_patch_lets_a_cpu_process_group_start():
         dist.destroy_process_group()
         """,
         VERL_PLATFORM="cpu",
-        VERL_USE_EXTERNAL_MODULES="verl_ext.cpu.load",
+        VERL_USE_EXTERNAL_MODULES="recurrent.training.cpu.load",
     )
     assert "Duplicate device type cpu" in result["original_error"]
     assert result["backend"] == "cpu:gloo"
@@ -189,7 +189,7 @@ def test_fsdp_engines_are_registered_for_device_cpu(monkeypatch):
     from verl.workers.engine import EngineRegistry
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
 
-    from verl_ext.cpu._fsdp_cpu import CPUFSDPEngineWithLMHead, CPUFSDPEngineWithValueHead
+    from recurrent.training.cpu._fsdp_cpu import CPUFSDPEngineWithLMHead, CPUFSDPEngineWithValueHead
 
     verl_ext_cpu.register()
     assert EngineRegistry._engines["language_model"]["fsdp2"]["cpu"] is CPUFSDPEngineWithLMHead
@@ -208,7 +208,7 @@ def test_forward_only_cpu_engine_builds_fsdp_without_host_offload(monkeypatch):
     from verl.workers.config import FSDPEngineConfig
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
 
-    from verl_ext.cpu._fsdp_cpu import CPUFSDPEngineWithLMHead
+    from recurrent.training.cpu._fsdp_cpu import CPUFSDPEngineWithLMHead
 
     seen = []
 
@@ -237,8 +237,8 @@ def test_hf_cpu_rollout_is_registered():
     from verl.workers.rollout.base import get_rollout_class
     from verl.workers.rollout.replica import get_rollout_replica_class
 
-    from verl_ext.cpu.rollout.adapter import HFCPUServerAdapter
-    from verl_ext.cpu.rollout.replica import HFCPUReplica
+    from recurrent.training.cpu.rollout.adapter import HFCPUServerAdapter
+    from recurrent.training.cpu.rollout.replica import HFCPUReplica
 
     verl_ext_cpu.register()
     assert get_rollout_replica_class("hf_cpu") is HFCPUReplica
@@ -263,7 +263,7 @@ def model_config(tiny_model_dir):
 
 @pytest.fixture
 def server(rollout_config, model_config):
-    from verl_ext.cpu.rollout.server import HFCPUServer
+    from recurrent.training.cpu.rollout.server import HFCPUServer
 
     return HFCPUServer(rollout_config, model_config, replica_rank=0)
 
@@ -360,7 +360,7 @@ async def test_server_lifecycle_calls_are_no_ops(server):
 async def test_server_sleeps_as_vllm_does_with_free_cache_engine(rollout_config, model_config):
     import dataclasses
 
-    from verl_ext.cpu.rollout.server import HFCPUServer
+    from recurrent.training.cpu.rollout.server import HFCPUServer
 
     server = HFCPUServer(rollout_config, model_config, replica_rank=0)  # free_cache_engine: verl's default, true
     assert rollout_config.free_cache_engine
@@ -414,7 +414,7 @@ async def test_adapter_drains_weights_on_every_rank_and_sends_from_the_replica_l
 ):
     import dataclasses
 
-    from verl_ext.cpu.rollout.adapter import HFCPUServerAdapter
+    from recurrent.training.cpu.rollout.adapter import HFCPUServerAdapter
 
     monkeypatch.setenv("RANK", str(rank))
     config = dataclasses.replace(rollout_config, tensor_model_parallel_size=tp)
@@ -450,7 +450,7 @@ async def test_adapter_drains_weights_on_every_rank_and_sends_from_the_replica_l
 
 
 def test_server_actor_names_match_between_replica_and_adapter():
-    from verl_ext.cpu.rollout import server_actor_name
+    from recurrent.training.cpu.rollout import server_actor_name
 
     assert server_actor_name(0) == "hf_cpu_server_0"
     assert server_actor_name(1, "reward", "_x") == "hf_cpu_server_reward_1_x"

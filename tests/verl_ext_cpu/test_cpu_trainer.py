@@ -2,7 +2,7 @@
 
 The run is verl's own ``python -m verl.trainer.main_ppo`` (sync V1 trainer, TransferQueue, GRPO n=2, KL loss
 with the ref policy, two FSDP2 ranks on gloo, the ``hf_cpu`` rollout, validation before training and after
-every step, a checkpoint every step): the CPU adaptations of ``verl_ext/cpu`` under verl's stock entry point,
+every step, a checkpoint every step): the CPU adaptations of ``recurrent/training/cpu`` under verl's stock entry point,
 without any of our trainer. Checked: exit code, per-step metrics in the console log and the JSONL metrics
 file, finite KL / reward / advantage statistics with non-zero advantages, the weights the actor saved differ
 from the initial model and the rollout server got them (rollout/actor log-prob agreement), rollout and

@@ -1,4 +1,4 @@
-"""Batching of concurrent requests in the CPU token server (``verl_ext/cpu/hf_server.py``) and, through it, in
+"""Batching of concurrent requests in the CPU token server (``recurrent/training/cpu/hf_server.py``) and, through it, in
 the ``hf_cpu`` rollout server: what a batched call returns is what each request gets alone, and the calls are
 those the scripted arrivals imply.
 
@@ -17,7 +17,7 @@ import random
 import pytest
 import torch
 
-from verl_ext.cpu.hf_server import HFTokenServer
+from recurrent.training.cpu.hf_server import HFTokenServer
 
 GREEDY = {"temperature": 0.0, "logprobs": True}
 
@@ -278,7 +278,7 @@ async def test_a_failed_call_fails_its_requests_only(make_server):
 def rollout_server(tiny_model_dir):
     from verl.workers.config import HFModelConfig, RolloutConfig
 
-    from verl_ext.cpu.rollout.server import HFCPUServer
+    from recurrent.training.cpu.rollout.server import HFCPUServer
 
     def make(**config):
         rollout = RolloutConfig(

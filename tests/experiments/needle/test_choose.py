@@ -18,7 +18,7 @@ from experiments.needle.needle import (
     split_numbers,
 )
 from experiments.needle.reader import build_tokenizer
-from recurrent.agents.memory import MemoryConfig, MemoryWorkflow
+from memagent.agent import MemoryConfig, MemoryWorkflow
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,346 @@
+"""The HTTP face of the MemAgent service (FastAPI): ``GET /v1/models``, ``POST /v1/chat/completions`` (plain and
+streamed), ``GET /health``. A request's client going away cancels its document; a stream opens once the first
+turn is in, so that an error before then is an HTTP status (docs/serving.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from memagent.serve.protocol import LONG_TEXT_FIELDS, ApiError, bad_request, parse_request
+from memagent.serve.service import Document, MemAgentService, Outcome, ServeSettings
+from memagent.serve.spool import Spools, parse_spooled
+
+log = logging.getLogger("memagent.serve")
+
+ROUTES = ("GET /health", "GET /v1/models", "GET /v1/models/{model}", "POST /v1/chat/completions")
+CLIENT_CLOSED = 499  # the status logged for a request whose client went away (nginx's convention)
+
+
+async def _client_gone(request: Request) -> None:
+    """Returns when the client closes its connection (the body has been read: the next message is the
+    disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _read_json(request: Request) -> Any:
+    """The request body parsed as JSON, read once into one buffer that is gone before the parse ends (Starlette's
+    ``request.body()`` joins the parts and keeps the bytes for the whole request: a long document twice more)."""
+    buffer = bytearray()
+    async for part in request.stream():
+        buffer += part
+    return _loads(buffer)
+
+
+def _loads(buffer: bytearray) -> Any:
+    text = buffer.decode(json.detect_encoding(buffer), "surrogatepass")  # as json.loads decodes bytes
+    del buffer[:]
+    try:
+        return json.loads(text)
+    except RecursionError:  # arrays or objects nested past Python's recursion limit: the client's 400, not a 500
+        raise ValueError("the JSON nests too deep") from None
+
+
+def _too_large(settings: ServeSettings, size: int | None = None, received: int | None = None) -> ApiError:
+    """The 413 of a body over the limit: by its Content-Length ``size``, or (a body sent without one) once
+    ``received`` bytes of it have arrived."""
+    limit = f"this server's limit of {settings.max_request_bytes:,} bytes (--max-request-bytes)"
+    if size is not None:
+        message = f"the request body is {size:,} bytes, over {limit}"
+    else:
+        message = f"the request body is over {limit}: it was refused when {received:,} bytes of it had arrived"
+    return ApiError(413, message, code="request_too_large")
+
+
+async def _read_body(request: Request, settings: ServeSettings) -> tuple[Any, Spools | None]:
+    """The request body parsed as JSON, and the files of a long one: a body over ``settings.spool_bytes`` (by its
+    Content-Length, or as it arrives) is read into a temporary file and parsed from there with its long strings
+    kept on disk (:mod:`memagent.serve.spool`). A body over ``settings.max_request_bytes`` is refused (413) by its
+    Content-Length before it is read, or once that much has arrived. The files are closed here if reading or
+    parsing fails."""
+    limit = settings.max_request_bytes
+    length = request.headers.get("content-length", "")
+    if limit is not None and length.isdigit() and int(length) > limit:
+        raise _too_large(settings, int(length))
+    if length.isdigit() and int(length) <= settings.spool_bytes:
+        return await _read_json(request), None
+    buffer = bytearray()
+    spools: Spools | None = None
+    received = 0
+    try:
+        async for part in request.stream():
+            received += len(part)
+            if limit is not None and received > limit:
+                raise _too_large(settings, received=received)
+            if spools is not None:
+                spools.body.write(part)
+                continue
+            buffer += part
+            if len(buffer) > settings.spool_bytes:
+                spools = Spools(settings.spool_dir)
+                spools.new_body().write(buffer)
+                buffer = bytearray()
+        if spools is None:
+            return _loads(buffer), None
+        spools.body.seek(0)
+        text, limit = spools.new_text(), settings.spool_string_chars
+        body = await asyncio.to_thread(parse_spooled, spools.body, text, limit, LONG_TEXT_FIELDS)
+        spools.close_body()
+        return body, spools
+    except BaseException:
+        if spools is not None:
+            spools.close()
+        raise
+
+
+def _chunk(doc: Document, model: str, **fields: Any) -> str:
+    payload = {"id": doc.id, "object": "chat.completion.chunk", "created": doc.created, "model": model, **fields}
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def _usage(outcome: Outcome) -> dict[str, int]:
+    total = outcome.prompt_tokens + outcome.completion_tokens
+    return {
+        "prompt_tokens": outcome.prompt_tokens,
+        "completion_tokens": outcome.completion_tokens,
+        "total_tokens": total,
+    }
+
+
+class _EventStream(StreamingResponse):
+    """A stream that, however it ends (finished, client gone), cancels what its document still runs."""
+
+    def __init__(self, content: AsyncIterator[str], doc: Document) -> None:
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.doc = doc
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self.doc.task is not None and not self.doc.task.done():
+                self.doc.cancel("client disconnected")
+                await asyncio.gather(self.doc.task, return_exceptions=True)
+
+
+def _failure(doc: Document) -> ApiError | None:
+    """The error of a finished document task (None when it answered)."""
+    task = doc.task
+    if task.cancelled():
+        if doc.cancel_reason == "shutdown":
+            return ApiError(
+                503,
+                f"the server is shutting down; the document was cancelled {doc.progress()}",
+                "server_error",
+                "shutting_down",
+            )
+        return ApiError(503, f"the document was cancelled {doc.progress()}", "server_error", "cancelled")
+    error = task.exception()
+    if error is None:
+        return None
+    return error if isinstance(error, ApiError) else ApiError(500, f"{type(error).__name__}: {error}", "server_error")
+
+
+def build_app(service: MemAgentService) -> FastAPI:
+    """The FastAPI app of one service: ``GET /v1/models``, ``POST /v1/chat/completions``, ``GET /health``."""
+    settings = service.settings
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service.loop = asyncio.get_running_loop()
+        health_status, health = await service.health()
+        if health_status != 200:
+            log.warning("the upstream does not answer yet: %s", health["upstream"].get("error"))
+        yield
+        await service.client.aclose()
+        service.stopped = True
+
+    app = FastAPI(title="MemAgent", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    def authorized(request: Request) -> bool:
+        if settings.server_key is None:
+            return True
+        given = request.headers.get("authorization", "")
+        given = given[7:] if given.lower().startswith("bearer ") else request.headers.get("api-key", "")
+        return hmac.compare_digest(given.encode(), settings.server_key.encode())
+
+    unauthorized = ApiError(401, "missing or wrong API key", "invalid_request_error", "invalid_api_key")
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        status, body = await service.health()
+        return JSONResponse(body, status_code=status)
+
+    entry = {"id": settings.model, "object": "model", "created": 0, "owned_by": "memagent"}
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> JSONResponse:
+        if not authorized(request):
+            return unauthorized.response()
+        return JSONResponse({"object": "list", "data": [entry]})
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str, request: Request) -> JSONResponse:
+        if not authorized(request):
+            return unauthorized.response()
+        if model != settings.model:
+            message = f"model {model!r} is not served here; this server serves {settings.model!r}"
+            return ApiError(404, message, code="model_not_found", param="model").response()
+        return JSONResponse(entry)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException) -> Response:
+        # Starlette's own answers (404 unknown route, 405 wrong method) in OpenAI's error shape, as every other
+        # error here (docs/serving.md, "Errors"); its headers (Allow on a 405) kept.
+        if err.status_code == 404:
+            message = f"no route {request.url.path}; this server answers {', '.join(ROUTES)}"
+        elif err.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path} (allowed: {err.headers.get('Allow', '')})"
+        else:
+            message = f"{request.method} {request.url.path}: {err.detail}"
+        error = ApiError(err.status_code, message, code="not_found" if err.status_code == 404 else None)
+        response = error.response()
+        response.headers.update(err.headers or {})
+        return response
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, err: Exception) -> JSONResponse:
+        log.error("internal error on %s %s", request.method, request.url.path, exc_info=err)
+        return ApiError(500, f"internal error: {type(err).__name__}: {err}", "server_error").response()
+
+    async def chat_completions(request: Request) -> Response:
+        if not authorized(request):
+            return unauthorized.response()
+        try:
+            body, spools = await _read_body(request, settings)
+        except (ValueError, UnicodeDecodeError) as err:
+            return bad_request(f"the request body is not valid JSON: {err}").response()
+        except ApiError as err:  # over the size limit
+            return err.response()
+        doc = None
+        try:
+            parsed = parse_request(body, settings.model)
+            del body  # the parsed structure: the request keeps the texts it needs, the rest goes now
+            doc = await service.start(parsed, spools)
+        except ApiError as err:
+            return err.response()
+        finally:
+            if doc is None and spools is not None:
+                spools.close()  # refused before its document started: nothing else will close them
+        del parsed
+        gone = asyncio.ensure_future(_client_gone(request))
+        try:
+            if doc.request.stream:
+                return await _stream(doc, gone)
+            await asyncio.wait({doc.task, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not doc.task.done():  # the client went away: stop its turns
+                doc.cancel("client disconnected")
+                await asyncio.gather(doc.task, return_exceptions=True)
+                return Response(status_code=CLIENT_CLOSED)
+            error = _failure(doc)
+            if error is not None:
+                return error.response()
+            outcome: Outcome = doc.task.result()
+            return JSONResponse(
+                {
+                    "id": doc.id,
+                    "object": "chat.completion",
+                    "created": doc.created,
+                    "model": settings.model,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": outcome.answer},
+                            "finish_reason": outcome.finish_reason,
+                            "logprobs": None,
+                        }
+                    ],
+                    "usage": _usage(outcome),
+                    "memagent": outcome.memagent,
+                }
+            )
+        finally:
+            gone.cancel()
+
+    # A plain Starlette route: the handler takes the request as it is, so FastAPI's parameter resolution (its
+    # dependency machinery) has nothing to do; skipping it saves ~0.1 ms of CPU a request (docs/third_party_eval.md).
+    app.router.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
+
+    async def _stream(doc: Document, gone: asyncio.Future) -> Response:
+        """The stream opens once the first turn is in (or the document is done): an error before then is an
+        HTTP status, after it an error event in the stream."""
+        first = asyncio.ensure_future(doc.events.get())
+        await asyncio.wait({first, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not first.done():
+            first.cancel()
+            doc.cancel("client disconnected")
+            await asyncio.gather(doc.task, return_exceptions=True)
+            return Response(status_code=CLIENT_CLOSED)
+        event = first.result()
+        if event[0] == "end":
+            error = _failure(doc)
+            if error is not None:
+                return error.response()
+        return _EventStream(_events(doc, event), doc)
+
+    async def _events(doc: Document, event: tuple | None) -> AsyncIterator[str]:
+        """The stream's events; a fault while writing them ends it with an error event, counted failed."""
+        try:
+            async for text in _event_texts(doc, event):
+                yield text
+        except Exception as err:  # a fault of this server, not of the document: the client is told, /health counts it
+            log.error("%s: the stream failed", doc.id, exc_info=err)
+            service.stream_failed(doc)
+            error = ApiError(500, f"internal error while streaming: {type(err).__name__}: {err}", "server_error")
+            yield f"data: {json.dumps(error.body(), ensure_ascii=False)}\n\n"
+            yield "data: [DONE]\n\n"
+
+    async def _event_texts(doc: Document, event: tuple | None) -> AsyncIterator[str]:
+        model = settings.model
+        # Progress as data chunks when the request asks (memagent.progress; the memory agent's return_memories),
+        # else as SSE comments, which OpenAI clients skip (docs/serving.md, "Streaming").
+        as_data = doc.request.ext.progress or doc.request.ext.return_memories
+        yield _chunk(doc, model, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}}])
+        while True:
+            if event is None:
+                try:
+                    event = await asyncio.wait_for(doc.events.get(), settings.keepalive)
+                except TimeoutError:
+                    yield ": keepalive\n\n"  # an SSE comment: clients skip it, proxies see the stream alive
+                    continue
+            if event[0] == "progress":
+                progress, comment = event[1], event[2]
+                if progress is not None and as_data:
+                    yield _chunk(doc, model, choices=[], memagent=progress)
+                elif comment is not None:
+                    yield f": {comment}\n\n"
+            else:
+                error = _failure(doc)
+                if error is not None:
+                    yield f"data: {json.dumps(error.body(), ensure_ascii=False)}\n\n"
+                else:
+                    outcome: Outcome = doc.task.result()
+                    yield _chunk(doc, model, choices=[{"index": 0, "delta": {"content": outcome.answer}}])
+                    yield _chunk(
+                        doc,
+                        model,
+                        choices=[{"index": 0, "delta": {}, "finish_reason": outcome.finish_reason}],
+                        memagent=outcome.memagent,
+                    )
+                    if doc.request.include_usage:
+                        yield _chunk(doc, model, choices=[], usage=_usage(outcome))
+                yield "data: [DONE]\n\n"
+                return
+            event = None
+
+    return app
