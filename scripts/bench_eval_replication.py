@@ -15,7 +15,7 @@ text (``--trace``) must be identical, since greedy decoding does not depend on h
 
 The reader: ``--reader`` or the warm start in the model cache (``replication-reader``), else the quick untrained
 one (built in seconds, ``python -m experiments.needle.warm_start --cache --quick``). The data: ``--data-dir``
-(a folder of ``eval_needle_{N}.jsonl``) or built from the reader's tokenizer by ``experiments.needle.needle``.
+(a folder of ``eval_needle_{N}.jsonl``) or built from the reader's tokenizer by ``experiments.needle.data``.
 The environment is passed on as is: run it like the replication, with ``OMP_NUM_THREADS=1``.
 """
 
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     if data is None:
         data = out / "data" / "eval" / "test"
         if not all((data / f"eval_needle_{n}.jsonl").is_file() for n in lengths):
-            cmd = [sys.executable, "-m", "experiments.needle.needle", "--out", str(out / "data"), "--tokenizer"]
+            cmd = [sys.executable, "-m", "experiments.needle.data", "--out", str(out / "data"), "--tokenizer"]
             cmd += [str(reader), "--train", "0", "--validation", "0", "--test", str(args.docs), "--eval-chunks"]
             subprocess.run([*cmd, *map(str, lengths)], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
     table = out / "policies.yaml"

@@ -134,13 +134,13 @@ fi
 # ---- 2. data -------------------------------------------------------------------------------------------------------
 say "2/6 data"
 if [[ ! -f "$OUT_DIR/data/validation.parquet" ]]; then
-  timed data_train "$PYTHON" -m experiments.needle.needle --out "$OUT_DIR/data" --tokenizer "$WARM" \
+  timed data_train "$PYTHON" -m experiments.needle.data --out "$OUT_DIR/data" --tokenizer "$WARM" \
     --train "$TRAIN_DOCS" --validation "$VAL_DOCS" --test 0 --eval-chunks 1 2 4 --late-start "$LATE_START" \
     --decoy-start "$DECOY_START" --distractors "$DISTRACTORS" --task "$TASK" > /dev/null
 fi
 # shellcheck disable=SC2086  # LENGTHS is a list
 if [[ ! -f "$OUT_DIR/eval_data/test.parquet" ]]; then
-  timed data_test "$PYTHON" -m experiments.needle.needle --out "$OUT_DIR/eval_data" --tokenizer "$WARM" \
+  timed data_test "$PYTHON" -m experiments.needle.data --out "$OUT_DIR/eval_data" --tokenizer "$WARM" \
     --train 0 --validation 0 --test "$EVAL_DOCS" --eval-chunks $LENGTHS --distractors "$DISTRACTORS" --task "$TASK" \
     > /dev/null
 fi

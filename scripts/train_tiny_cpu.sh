@@ -139,7 +139,7 @@ if [[ "$TASK" == config || "${DRY_RUN:-0}" == 1 ]]; then
   :  # the config's own data, in DATA_DIR (checked above); a dry run writes nothing
 elif [[ "$TASK" == needle ]]; then
   if [[ ! -f "$DATA/train.parquet" || ! -f "$DATA/validation.parquet" ]]; then
-    "$PYTHON" -m experiments.needle.needle "${data_args[@]}" --out "$DATA" >/dev/null
+    "$PYTHON" -m experiments.needle.data "${data_args[@]}" --out "$DATA" >/dev/null
   fi
 elif [[ ! -f "$DATA/train.parquet" || ! -f "$DATA/val.parquet" ]]; then
   "$PYTHON" -m experiments.tiny.data "${data_args[@]}" --out "$DATA" >/dev/null

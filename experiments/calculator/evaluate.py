@@ -7,7 +7,7 @@ configs/calculator_cpu.yaml) whose calls go through the training rollout's clien
 (:class:`recurrent.training.rollout.TokenClient`: the chat template renders them, as in training) to
 :class:`recurrent.training.cpu.hf_server.HFTokenServer` (the CPU rollout server's generation: concurrent calls batched,
 left-padded).
-The answer is scored by the training reward (``recurrent.training.reward.compute_score``: the strict verifier). Reported
+The answer is scored by the training reward (``memagent.verifiers.strict.compute_score``: the strict verifier). Reported
 per model: accuracy, and per operator the accuracy and how often the first call was a tool call.
 """
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from experiments.needle.needle import corpus_lines
 from experiments.small_reader import reader_config  # noqa: F401  (the needle reader's configuration)
 from memagent.agent import FINAL_TEMPLATES, MEMORY_TEMPLATE, NO_MEMORY
 from recurrent.models import train_bpe_tokenizer
@@ -36,8 +37,6 @@ DIGIT_PAIRS = [f"{i:02d}" for i in range(100)]
 
 def tokenizer_corpus(seed: int = 0) -> list[str]:
     """The tokenizer's training text: the task's lines plus the prompts (repeated so their words merge)."""
-    from experiments.needle.needle import corpus_lines
-
     prompts = [
         MEMORY_TEMPLATE,
         *FINAL_TEMPLATES.values(),

@@ -552,7 +552,7 @@ def check_data(entries: list[cfg.ModelEntry], args: argparse.Namespace) -> list[
         what = f"task(s) {', '.join(tasks)}" if tasks else f"length(s) {', '.join(map(str, lengths))}"
         raise evalsets.EvalDataError(
             f"no eval set for the selected {what}: looked for {', '.join(names)}; generate them "
-            "(python -m memagent.memory_data; needle: python -m experiments.needle.needle) or select what "
+            "(python -m memagent.memory_data; needle: python -m experiments.needle.data) or select what "
             "exists with --tasks / --lengths"
         )
     return [f"{t}_{n}" for t, n in sorted(absent)]

@@ -24,7 +24,7 @@ import hydra
 assert issubclass(hydra.utils.get_class(_agent_loop_registry["recurrent_agent"]["_target_"]), AgentLoopBase)
 from verl.utils.import_utils import load_extern_object
 reward = load_extern_object(module_path="pkg://memagent.verifiers.strict", object_name="compute_score")
-assert reward.__module__ == "recurrent.training.reward"
+assert reward.__module__ == "memagent.verifiers.strict"
 print("registered")
 """
 

@@ -12,7 +12,7 @@ from verl.utils.import_utils import load_extern_object
 from verl.workers.rollout.replica import TokenOutput
 from vx_helpers import TINY_BUDGETS, capture_transfer_queue, compose_config, make_worker
 
-from recurrent.training import reward
+from memagent.verifiers import strict
 from recurrent.training.agent_loop import RecurrentAgentLoop
 
 FINAL_CAP = 24
@@ -79,7 +79,7 @@ def row(uid: str, context: str, ground_truth: str) -> dict:
 
 def test_reward_function_is_the_strict_verifier_loaded_by_verl():
     fn = load_extern_object(module_path="pkg://memagent.verifiers.strict", object_name="compute_score")
-    assert fn.__module__ == "recurrent.training.reward" and fn is reward.compute_score
+    assert fn.__module__ == "memagent.verifiers.strict" and fn is strict.compute_score
     assert fn("hotpotqa", "... so the answer is \\boxed{The Beatles}", ["the beatles"]) == 1.0  # case, spaces
     assert fn("hotpotqa", "\\boxed{Beatles}", ["The Beatles"]) == 0.0  # articles count
     assert fn("hotpotqa", "\\boxed{1} then \\boxed{2}", ["2"]) == 1.0  # the last box

@@ -8,10 +8,10 @@ from collections import Counter
 
 import pytest
 
+from experiments.needle.data import main
 from experiments.needle.needle import (
     NEEDLE,
     QUESTION,
-    main,
     make_choice_document,
     make_documents,
     split_keys,
