@@ -1,5 +1,5 @@
-"""The distribution: our packages import next to stock verl, no copy of verl lives here, `recurrent` imports nothing
-above it, and the framework below the agents names none of them."""
+"""The distribution and the layout: our packages import next to stock verl, no copy of verl lives here, each place
+of docs/architecture.md's table imports only what that table says, and no import circle exists."""
 
 import ast
 import importlib
@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("recurrent", "memagent", "experiments")
 
 
 def test_packages_import_with_stock_verl():
@@ -24,51 +25,6 @@ def test_no_vendored_verl():
     assert vendored == []
 
 
-PACKAGES = ("recurrent", "recurrent.training", "memagent", "experiments")
-
-
-def absolute_imports(path: Path) -> list[str]:
-    names = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            names.append(node.module or "")
-    return names
-
-
-def test_recurrent_imports_nothing_above_it():
-    # recurrent/ is the framework recurrent/training/, memagent/ and experiments/ build on: it imports none of them,
-    # nor verl.
-    above = {"verl", "recurrent.training", "memagent", "experiments"}
-    offenders = []
-    paths = sorted((REPO / "recurrent").rglob("*.py"))
-    assert REPO / "recurrent" / "agents" / "memory.py" in paths  # the walk sees the package
-    for path in paths:
-        names = absolute_imports(path)
-        offenders += [f"{path.relative_to(REPO)}: {name}" for name in names if name.split(".")[0] in above]
-    assert offenders == []
-
-
-def test_the_framework_names_no_agent():
-    # Below the agents, nothing imports one: the framework of recurrent/ (its agents/ aside) and recurrent/training/
-    # reach
-    # agents by name, through the registry (recurrent.interface.load_register).
-    framework = [p for p in (REPO / "recurrent").rglob("*.py") if "agents" not in p.relative_to(REPO).parts]
-    framework += list((REPO / "recurrent.training").rglob("*.py"))
-    framework = [p for p in framework if p.relative_to(REPO).parts[:2] != ("recurrent", "serve")]
-    offenders = [
-        f"{path.relative_to(REPO)}: {name}"
-        for path in sorted(framework)
-        for name in absolute_imports(path)
-        if name.startswith("recurrent.agents")
-    ]
-    assert offenders == []
-    # The endpoint's document path is the memory agent's (docs/serving.md); every other agent it reaches by name.
-    serve = [name for path in (REPO / "recurrent" / "serve").rglob("*.py") for name in absolute_imports(path)]
-    assert {name for name in serve if name.startswith("recurrent.agents")} == {"memagent.agent"}
-
-
 SKIP = {".venv", ".venv-gpu", ".cache", ".git", "tests"}
 
 
@@ -78,7 +34,8 @@ def module_name(path: Path, repo: Path) -> str:
 
 
 def imported_modules(path: Path, repo: Path) -> set[str]:
-    """Every module an import statement of ``path`` names (``from a.b import c`` names ``a.b`` and ``a.b.c``)."""
+    """Every module an import statement of ``path`` names (``from a.b import c`` names ``a.b`` and ``a.b.c``),
+    function-level imports included."""
     package = module_name(path, repo).split(".")
     if path.name != "__init__.py":
         package = package[:-1]
@@ -92,6 +49,157 @@ def imported_modules(path: Path, repo: Path) -> set[str]:
             names.add(module)
             names.update(f"{module}.{alias.name}" for alias in node.names)
     return names
+
+
+# --- the places of docs/architecture.md ---------------------------------------------------------------------------
+
+
+def place_of(module: str) -> str | None:
+    """The place a module of ours belongs to, in the table's words (its folder, dotted), or None for another's."""
+    if module == "recurrent.training" or module.startswith("recurrent.training."):
+        return "recurrent.training"
+    top = module.split(".")[0]
+    return top if top in PACKAGES else None
+
+
+def documented_places(text: str) -> dict[str, set[str]]:
+    """docs/architecture.md's place table: folder -> the places of ours it may import."""
+    places = {}
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and re.fullmatch(r"`[a-z_/]+/`", cells[1]):
+            folder = cells[1].strip("`").rstrip("/").replace("/", ".")
+            places[folder] = set(re.findall(r"`([a-z_.]+)`", cells[3]))
+    return places
+
+
+def imports_across_places(repo: Path) -> dict[str, set[str]]:
+    """For each place, the other places its files import (function-level imports count)."""
+    found: dict[str, set[str]] = {}
+    for name in PACKAGES:
+        for path in (repo / name).rglob("*.py"):
+            here = place_of(module_name(path, repo))
+            targets = {place_of(module) for module in imported_modules(path, repo)}
+            found.setdefault(here, set()).update(t for t in targets if t is not None and t != here)
+    return found
+
+
+def test_each_place_imports_only_what_the_architecture_says():
+    places = documented_places((REPO / "docs" / "architecture.md").read_text())
+    assert set(places) == {"recurrent", "recurrent.training", "memagent", "experiments"}
+    found = imports_across_places(REPO)
+    assert set(found) == set(places)
+    wrong = {place: sorted(found[place] - allowed) for place, allowed in places.items() if found[place] - allowed}
+    assert wrong == {}
+
+
+def test_the_framework_imports_no_verl_outside_its_verl_glue():
+    offenders = [
+        f"{path.relative_to(REPO)}: {name}"
+        for path in sorted((REPO / "recurrent").rglob("*.py"))
+        if path.relative_to(REPO).parts[1] != "training"
+        for name in imported_modules(path, REPO)
+        if name.split(".")[0] == "verl"
+    ]
+    assert offenders == []
+
+
+def test_the_place_table_is_read_as_written(tmp_path):
+    # An independent check of the reader: a table by hand, and a planted import across places.
+    table = "| place | folder | owns | imports of ours |\n|---|---|---|---|\n| a | `recurrent/` | x | none |\n"
+    table += "| b | `memagent/` | y | `recurrent` |\n"
+    assert documented_places(table) == {"recurrent": set(), "memagent": {"recurrent"}}
+    for name, text in {
+        "recurrent/__init__.py": "",
+        "recurrent/core.py": "def f():\n    from memagent import agent\n",  # a function-level import counts
+        "recurrent/training/__init__.py": "",
+        "recurrent/training/glue.py": "from recurrent import core\n",
+        "memagent/__init__.py": "",
+        "memagent/agent.py": "from recurrent.training import glue\n",
+        "experiments/__init__.py": "",
+    }.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert imports_across_places(tmp_path) == {
+        "recurrent": {"memagent"},
+        "recurrent.training": {"recurrent"},
+        "memagent": {"recurrent.training"},
+        "experiments": set(),
+    }
+
+
+# --- import circles -------------------------------------------------------------------------------------------------
+
+
+def import_graph(repo: Path) -> dict[str, set[str]]:
+    """Our modules (one a file) -> the modules of ours they import, function-level imports included. A package's
+    ``__init__`` is left out as a target: importing ``a.b`` runs ``a/__init__`` without a dependency on it."""
+    files = {module_name(p, repo): p for name in PACKAGES for p in (repo / name).rglob("*.py")}
+    modules = {name for name, path in files.items() if path.name != "__init__.py"}
+    return {
+        name: {m for m in imported_modules(path, repo) if m in modules and m != name} for name, path in files.items()
+    }
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_circles():
+    assert circles(import_graph(REPO)) == []
+
+
+def test_a_planted_circle_is_found(tmp_path):
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+    for name, text in {
+        "experiments/__init__.py": "",
+        "experiments/one.py": "from experiments.two import x\n",
+        "experiments/two.py": "def f():\n    from experiments import one\n",  # hidden in a function
+        "recurrent/__init__.py": "",
+        "memagent/__init__.py": "",
+    }.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert circles(import_graph(tmp_path)) == [["experiments.one", "experiments.two"]]
 
 
 def unreached_modules(repo: Path) -> list[str]:

@@ -24,7 +24,7 @@ TABLE_PATH = Path(__file__).with_name("models.yaml")
 
 # method -> (registered agent, final prompt). "memory" and "direct" are the paper's protocol ("the answer is",
 # lenient verifier: the original `recurrent` and `openai` APIs); the -boxed variants use the training answer format.
-# Any other registered agent (recurrent/agents/) is a method of its own name, with its own prompts, scored on
+# Any other registered agent (docs/architecture.md) is a method of its own name, with its own prompts, scored on
 # its \boxed{} answer.
 METHODS: dict[str, tuple[str, str]] = {
     "memory": ("memory", "answer_is"),

@@ -230,7 +230,7 @@ def agent_options(entry: cfg.ModelEntry, method: str) -> dict[str, Any]:
 
 
 def make_workflow(entry: cfg.ModelEntry, method: str, tokenizer: Any) -> Callable[[dict[str, Any]], Episode]:
-    """The episode factory of one method: its agent from the registry (recurrent/agents/), by name or file."""
+    """The episode factory of one method: its agent from the registry, by name or file."""
     agent, _ = cfg.method_agent(method)
     workflow = load_register(agent).for_inference(tokenizer, **agent_options(entry, method))
 

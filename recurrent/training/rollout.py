@@ -1,6 +1,6 @@
 """Any registered agent on verl's rollout API: one episode per trajectory, one row per model call.
 
-The only glue between an agent (``recurrent/agents/``: prompts and control flow live there) and verl: it builds
+The only glue between an agent (its function: prompts and control flow live there) and verl: it builds
 the agent named by ``recurrent.agent`` with ``recurrent.config`` (recurrent/training/settings.py), checks the agent's
 widest
 call against ``rollout.prompt_length`` / ``rollout.response_length``, hands each episode a :class:`TokenClient`

@@ -34,7 +34,7 @@ CREDIT_MODES = (
 class RecurrentSettings:
     """What the ``recurrent:`` section says: the agent and its settings, and how verl trains it."""
 
-    agent: str = ""  # a registered agent's name (recurrent/agents/), a module path or a file path
+    agent: str = ""  # a registered agent's name, a module path or a file path
     agent_config: dict[str, Any] = field(default_factory=dict)  # the agent's settings (its config class's fields)
     mode: str = "async"  # async: one coroutine per trajectory; sync: lockstep rounds (session agents only)
     minibatch: str = "trajectory"

@@ -111,7 +111,7 @@ IMPORT_WATCH = """
 import os
 import sys
 
-WATCHED = ("recurrent.agents.", "experiments.")
+WATCHED = ("memagent.", "experiments.")
 
 
 class ImportWatch:
