@@ -44,8 +44,9 @@ evaluation protocol (the harness's memory method): --chunk-size 5000 --max-new 1
 document, --final-prompt answer_is; at temperature 0 an answer equals the harness's for the same item and budgets.
 Where the question is: --question-mode (auto, field, messages, split), also per request in the memagent field.
 Every option can come from --config FILE (YAML, keys as the long flags); flags on the command line win.
-Another agent: --agent NAME (registered: memory, direct, calculator) or --agent path/to/agent.py, its settings from --agent-config FILE
-(YAML or JSON, the fields of its config class); a tokenizer is loaded only for an agent that counts tokens.
+Another agent: --agent NAME (registered: memory, direct, calculator) or --agent path/to/agent.py, its settings from
+--agent-config FILE (YAML or JSON, the fields of its config class); a tokenizer is loaded only for an agent that
+counts tokens.
 """
 
 

@@ -28,7 +28,7 @@ from recurrent.training.cost import step_cost
 from recurrent.training.minibatch import actor_settings, minibatch_mode, updates_per_step
 from recurrent.training.settings import recurrent_settings
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 PHASES = ("generation", "old_log_prob", "ref", "update_actor", "update_weights")
 
 
