@@ -13,6 +13,7 @@ import importlib.util
 import io
 import json
 import os
+import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -558,3 +559,40 @@ def test_a_full_disk_mid_run_is_one_line_and_keeps_whole_items(tmp_path, capsys,
     again = ScriptedServer(drop=lambda n: False)
     assert _dying_run(tmp_path, again)[0] == 0 and again.answered == 6
     assert [r["id"] for r in read_lines(results)] == ids
+
+
+def _quickstart_module():
+    spec = importlib.util.spec_from_file_location("quickstart_args", REPO / "quickstart.py")
+    quickstart = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(quickstart)
+    return quickstart
+
+
+@pytest.mark.parametrize(("value", "said"), [(v, s) for f, v, s in BAD_TIMEOUT_FLAGS if f == "--timeout"])
+def test_quickstart_refuses_a_bad_timeout(capsys, value, said):
+    # --timeout nan / 0 / -1 was taken, and every request then failed after the server had started.
+    with pytest.raises(SystemExit) as stop:
+        _quickstart_module().main(["--timeout", value, "--model", "tiny"])
+    assert stop.value.code == 2
+    assert f"error: argument --timeout: {said}" in capsys.readouterr().err
+
+
+def test_quickstart_exits_143_when_stopped_by_sigterm(capsys, monkeypatch):
+    # The signal arrives while the question runs (raised in this process: its handler runs before raise_signal
+    # returns); 143 is 128 + SIGTERM, the shells' convention, where the quickstart said 130 (Ctrl-C's).
+    quickstart = _quickstart_module()
+    monkeypatch.setattr(quickstart, "run", lambda args: signal.raise_signal(signal.SIGTERM))
+    before = signal.getsignal(signal.SIGTERM)
+    assert quickstart.main(["--model", "tiny"]) == 143
+    assert "interrupted" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before  # its handler is put back
+
+
+def test_quickstart_exits_130_on_ctrl_c(capsys, monkeypatch):
+    quickstart = _quickstart_module()
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(quickstart, "run", interrupted)
+    assert quickstart.main(["--model", "tiny"]) == 130
