@@ -23,9 +23,10 @@ every model call and the answer are printed, and the answer is read from its ``\
 
     URL=http://localhost:8000/v1 python quickstart.py --model NAME --agent my_agent.py --question "What is 6 times 7?"
 
-Exit status: 0 with an answer; 1 when it could not get one (a request that failed after its retries, a server that
-did not start); 2 on a bad option (``--timeout`` must be a finite number of seconds > 0); 130 when interrupted
-(Ctrl-C), 143 when stopped by SIGTERM (128 + 15, the shells' convention).
+Exit status: 0 when the agent ran to its answer (shown, or the reply when none could be extracted); 1 when it could
+not (a request that failed after its retries, a server that did not start); 2 on a bad option or setting (a model not
+available offline; ``--timeout`` must be a finite number of seconds > 0); 130 when interrupted (Ctrl-C), 143 when
+stopped by SIGTERM (128 + 15, the shells' convention).
 """
 
 from __future__ import annotations
