@@ -24,6 +24,7 @@ from eval_fixtures import harness_argv, hotpotqa_set, read_lines
 from process_helpers import load_script
 
 from recurrent.serving import free_port
+from taskutils.memory_eval import run as run_module
 from taskutils.memory_eval.report import main as report_main
 from taskutils.memory_eval.run import main as run_main
 
@@ -596,3 +597,12 @@ def test_quickstart_exits_130_on_ctrl_c(capsys, monkeypatch):
 
     monkeypatch.setattr(quickstart, "run", interrupted)
     assert quickstart.main(["--model", "tiny"]) == 130
+
+
+def test_the_harness_exits_143_when_stopped_by_sigterm(tmp_path, capsys, monkeypatch):
+    # The fast form of tests/memory_eval/test_eval_harness.py's real SIGTERM: the signal arrives while models run.
+    monkeypatch.setattr(run_module, "run_models", lambda *args: signal.raise_signal(signal.SIGTERM))
+    before = signal.getsignal(signal.SIGTERM)
+    code, _, _ = run_on(tmp_path, _line(GOOD))
+    assert code == 143 and "interrupted: finished items are saved" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before
