@@ -12,12 +12,13 @@ Every record is checked before anything is written, and every problem is reporte
 ``FILE: row K field 'x': problem`` (parquet and ``datasets`` folders, rows from 0, as ``ds[K]``). Answers may be
 one string (taken as the only answer) or a non-empty list of strings; anything else is an error, numbers
 included (``1984`` must be written ``"1984"``: the verifiers compare text). One string that is the text of a list
-(``"['Arecibo', 'Puerto Rico']"``, as a table that stored a list as text holds it) is an error too: it would be one
-answer no reply can match; ``answer_lists`` says to read it as the list (``parse``) or keep it (``literal``).
-A record with the question and context of an earlier one, or with an earlier record's id, is an error (with a
-held-out split, one question would be both trained on and evaluated); ``duplicates="keep-first"`` keeps the first
-of each and drops the others, counted in the summary. Fields a record has that no option names are not written:
-the summary lists them.
+(``"['Arecibo', 'Puerto Rico']"``, as a table that stored a list as text holds it; ``"[1984]"`` too) is an error
+too: it would be one answer no reply can match; ``answer_lists`` says to read it as the list (``parse``) or keep it
+(``literal``). Text with a lone surrogate (``"\\ud800"``, half of a pair, which UTF-8 cannot hold) is an error naming
+the field. A record with the question and context of an earlier one (white space at their ends aside), or with an
+earlier record's id, is an error (with a held-out split, one question would be both trained on and evaluated);
+``duplicates="keep-first"`` keeps the first of each and drops the others, counted in the summary. Fields a record
+has that no option names are not written: the summary lists them.
 
 Outputs, each written under a temporary name and renamed when complete (a file with the final name is always a
 whole one): training rows (parquet, :func:`taskutils.memory_data.hotpotqa.memory_row`) for ``data.train_files``
