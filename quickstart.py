@@ -22,6 +22,11 @@ on its own settings' defaults. It gets the question as ``input`` (and ``prompt``
 every model call and the answer are printed, and the answer is read from its ``\boxed{}``.
 
     URL=http://localhost:8000/v1 python quickstart.py --model NAME --agent my_agent.py --question "What is 6 times 7?"
+
+Exit status: 0 when the agent ran to its answer (shown, or the reply when none could be extracted); 1 when it could
+not (a request that failed after its retries, a server that did not start); 2 on a bad option or setting (a model not
+available offline; ``--timeout`` must be a finite number of seconds > 0); 130 when interrupted (Ctrl-C), 143 when
+stopped by SIGTERM (128 + 15, the shells' convention).
 """
 
 from __future__ import annotations
@@ -39,7 +44,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from memagent.cli import non_negative_int, positive_int  # python quickstart.py puts this folder on sys.path
+from memagent.cli import (  # python quickstart.py puts this folder on sys.path
+    non_negative_int,
+    positive_int,
+    positive_seconds,
+)  # python quickstart.py puts this folder on sys.path
 from recurrent.sampling import argument as sampling_argument
 
 HERE = Path(__file__).resolve().parent
@@ -112,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=sampling_argument("seed"),
         help="sampling seed per request (default: 0 for the embedded CPU models, so the demo repeats; none otherwise)",
     )
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    parser.add_argument("--timeout", type=positive_seconds, default=600.0, help="seconds per request (default 600)")
     parser.add_argument(
         "--server-log",
         type=Path,
@@ -314,12 +323,20 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # tokenizer-loading chatter is not what a user came to read
+    terminated = False
+
+    def _interrupt(signum: int, frame: Any) -> None:
+        # SIGTERM (a scheduler, `kill`) unwinds like Ctrl-C: the local server is stopped on the way out.
+        nonlocal terminated
+        terminated = True
+        raise KeyboardInterrupt(f"signal {signum}")
+
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return run(args)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
-        return 130
+        return 128 + signal.SIGTERM if terminated else 130  # the shells' convention: 128 + the signal
     except (RuntimeError, TimeoutError, OSError) as err:
         # A clear message, not a traceback: requests that failed after the retries (ChatRequestError), a server
         # that did not start, a missing --context-file.
@@ -327,11 +344,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    # SIGTERM (a scheduler, `kill`) unwinds like Ctrl-C: the local server is stopped on the way out.
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 if __name__ == "__main__":

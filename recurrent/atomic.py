@@ -3,6 +3,7 @@ file or folder or the new one, never half of one. The one place this project doe
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -39,3 +40,22 @@ def write_atomic(path: str | Path, data: bytes | str) -> None:
     """Replace ``path`` with ``data`` (text is written as UTF-8) in one rename."""
     with atomic_path(path) as tmp:
         tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+def os_error_text(err: OSError, path: str | Path | None = None) -> str:
+    """An OSError in one line, ``PATH: cause (ENAME)``, for a command's error message: ``path`` names the file when
+    the error does not (a write to an open file, a library's writer)."""
+    where = err.filename if err.filename is not None else path
+    cause = err.strerror or str(err) or type(err).__name__
+    name = errno.errorcode.get(err.errno) if isinstance(err.errno, int) else None
+    text = f"{cause} ({name})" if name else cause
+    return f"{where}: {text}" if where is not None else text
+
+
+def os_error_remedy(err: OSError, elsewhere: str = "write elsewhere") -> str:
+    """What to do about the commonest faults of a machine that cannot write: a full disk, a folder not ours."""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free some space, then run the same command again"
+    if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"make the folder writable or {elsewhere}"
+    return "fix the cause, then run the same command again"

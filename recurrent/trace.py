@@ -8,7 +8,9 @@ onto a broken one.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +51,16 @@ class TraceWriter:
     def write(self, record: dict[str, Any]) -> None:
         data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
         view = memoryview(data)
-        while view:  # a raw write may be partial for very large lines
-            view = view[self._file.write(view) :]
+        start = self._file.seek(0, os.SEEK_END)
+        try:
+            while view:  # a raw write may be partial for very large lines
+                view = view[self._file.write(view) :]
+        except OSError as err:  # a full disk: cut the part of the line written, so the file holds whole lines
+            with contextlib.suppress(OSError):
+                self._file.truncate(start)
+            if err.filename is None:  # a write to an open file names none: say which
+                raise OSError(err.errno, err.strerror or str(err), str(self.path)) from err
+            raise
 
     def write_sample(
         self, sample_id: Any, session: Episode, error: BaseException | str | None = None, seconds: float = 0.0

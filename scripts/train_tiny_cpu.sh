@@ -28,7 +28,9 @@
 # Environment:
 #   STEPS=2          total training steps (a rerun with a larger STEPS in the same OUT_DIR resumes)
 #   OUT_DIR=...      everything the run writes: data/, checkpoints/, metrics.jsonl (this run; earlier runs
-#                    metrics.N.jsonl), rollout/, validation/, hydra/, train.log (appended across runs), training.png.
+#                    metrics.N.jsonl), rollout/, validation/, hydra/, train.log (appended across runs; each run's
+#                    last line says how it ended: "[supervise] done: exit status N", or "[supervise] killed: ..." when
+#                    the supervisor was killed, written by this shell or by the next run), training.png.
 #                    One run at a time: a second run on the same OUT_DIR stops at once (status 2), naming the first
 #                    (a lock on OUT_DIR/checkpoints, held until the last process of the first run is gone)
 #   TASK=memory      memory | toy | needle (see above)

@@ -360,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     from memagent.memory_data.ruler.calibrate import CalibrationError
     from memagent.memory_data.sources import SourceError
     from memagent.memory_data.tokenizer import TokenizerUnavailableError
+    from recurrent.atomic import os_error_remedy, os_error_text
 
     args = build_parser().parse_args(argv)
     try:
@@ -375,6 +376,13 @@ def main(argv: list[str] | None = None) -> int:
     ) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # the machine's own fault (a folder it cannot write, a full disk): one line, exit 1
+        print(
+            f"error: cannot go on: {os_error_text(err)}; {os_error_remedy(err, 'choose other output paths')}: no "
+            "output is left half-written under its own name",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

@@ -12,12 +12,13 @@ Every record is checked before anything is written, and every problem is reporte
 ``FILE: row K field 'x': problem`` (parquet and ``datasets`` folders, rows from 0, as ``ds[K]``). Answers may be
 one string (taken as the only answer) or a non-empty list of strings; anything else is an error, numbers
 included (``1984`` must be written ``"1984"``: the verifiers compare text). One string that is the text of a list
-(``"['Arecibo', 'Puerto Rico']"``, as a table that stored a list as text holds it) is an error too: it would be one
-answer no reply can match; ``answer_lists`` says to read it as the list (``parse``) or keep it (``literal``).
-A record with the question and context of an earlier one, or with an earlier record's id, is an error (with a
-held-out split, one question would be both trained on and evaluated); ``duplicates="keep-first"`` keeps the first
-of each and drops the others, counted in the summary. Fields a record has that no option names are not written:
-the summary lists them.
+(``"['Arecibo', 'Puerto Rico']"``, as a table that stored a list as text holds it; ``"[1984]"`` too) is an error
+too: it would be one answer no reply can match; ``answer_lists`` says to read it as the list (``parse``) or keep it
+(``literal``). Text with a lone surrogate (``"\\ud800"``, half of a pair, which UTF-8 cannot hold) is an error naming
+the field. A record with the question and context of an earlier one (white space at their ends aside), or with an
+earlier record's id, is an error (with a held-out split, one question would be both trained on and evaluated);
+``duplicates="keep-first"`` keeps the first of each and drops the others, counted in the summary. Fields a record
+has that no option names are not written: the summary lists them.
 
 Outputs, each written under a temporary name and renamed when complete (a file with the final name is always a
 whole one): training rows (parquet, :func:`memagent.memory_data.hotpotqa.memory_row`) for ``data.train_files``
@@ -46,6 +47,7 @@ from typing import Any
 from memagent.memory_data.hotpotqa import eval_item, memory_row, parquet_schema, render_context
 from memagent.memory_data.output import write_parquet
 from memagent.memory_data.sources import hotpotqa_doc
+from memagent.memory_eval.evalsets import lone_surrogate
 from recurrent.atomic import atomic_path
 
 MAX_PROBLEMS = 20  # problems listed; the rest are counted
@@ -209,9 +211,24 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
                 )
                 return
             try:
-                yield where, json.loads(line)
+                record = json.loads(line)
             except ValueError as err:  # JSONDecodeError, and UnicodeDecodeError for bytes that are not UTF-8
-                yield where, _Unreadable(f"not valid JSON ({err})")
+                record = _Unreadable(f"not valid JSON ({err})")
+            except RecursionError:  # arrays or objects nested past Python's recursion limit
+                record = _Unreadable(f"JSON nested too deep to read ({_depth(line):,} levels at its deepest)")
+            yield where, record
+
+
+def _depth(line: bytes) -> int:
+    """How deep a JSON line's arrays and objects nest (brackets in strings counted too: a measure for a message)."""
+    depth = deepest = 0
+    for byte in line:
+        if byte in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in b"]}":
+            depth -= 1
+    return deepest
 
 
 # -- checking ---------------------------------------------------------------------------------------------
@@ -241,11 +258,24 @@ def _text(name: str, value: Any) -> str | None:
         return f"field {name!r}: must be text, got {type(value).__name__} {_shown(value)}"
     if not value.strip():
         return f"field {name!r}: empty"
-    return None
+    return _surrogate(name, value)
+
+
+def _surrogate(name: str, value: str) -> str | None:
+    """Problem with text that holds a lone surrogate (``"\\ud800"`` in JSON: half of a pair), which no file
+    can store as UTF-8: refused here, not by the writer once the records passed their checks."""
+    at = lone_surrogate(value)
+    if at is None:
+        return None
+    return (
+        f"field {name!r}: a lone surrogate, {value[at]!r} at character {at}: not a character, UTF-8 cannot "
+        "hold it (a \\ud800-\\udfff escape is half of a pair; write the whole character)"
+    )
 
 
 def _list_text(value: str) -> list[str] | None:
-    """The list of strings ``value`` is the text of (a Python or JSON list literal), or None."""
+    """The list ``value`` is the text of (a Python or JSON list literal of strings and whole numbers, a number
+    read as its digits: ``"[1984]"`` is ``["1984"]``), or None."""
     text = value.strip()
     if not (text.startswith("[") and text.endswith("]")):
         return None
@@ -256,7 +286,14 @@ def _list_text(value: str) -> list[str] | None:
             parsed = json.loads(text)
         except ValueError:
             return None
-    return parsed if isinstance(parsed, list) and all(isinstance(v, str) for v in parsed) else None
+    if not isinstance(parsed, list) or not all(_answer_like(v) for v in parsed):
+        return None
+    return [v if isinstance(v, str) else str(v) for v in parsed]
+
+
+def _answer_like(value: Any) -> bool:
+    """An item of a list-shaped answers string: text, or a whole number (its text is its digits)."""
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
 def _answers(name: str, value: Any, answer_lists: str = "error") -> tuple[list[str], list[str]]:
@@ -291,6 +328,8 @@ def _documents(name: str, value: Any) -> tuple[list[str], list[str]]:
             problem = f"field {where!r}: an object without 'text'; it has {', '.join(sorted(map(str, doc)))}"
         elif (title := doc.get("title")) is not None and not isinstance(title, str):
             problem = f"field {where + '.title'!r}: must be text, got {type(title).__name__} {_shown(title)}"
+        elif title is not None and (problem := _surrogate(f"{where}.title", title)):
+            pass
         else:
             problem = _text(f"{where}.text", doc["text"])
         if problem:
@@ -305,8 +344,11 @@ def _documents(name: str, value: Any) -> tuple[list[str], list[str]]:
 def _id(name: str, value: Any) -> tuple[int | str | None, list[str]]:
     if value is _ABSENT or value is None:
         return None, []
-    if (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, str) and value.strip()):
+    if isinstance(value, int) and not isinstance(value, bool):
         return value, []
+    if isinstance(value, str) and value.strip():
+        problem = _surrogate(name, value)
+        return (None, [problem]) if problem else (value, [])
     got = f"{type(value).__name__} {_shown(value)}"
     return None, [f"field {name!r}: must be an integer or a non-empty string, got {got}"]
 
@@ -373,7 +415,10 @@ def _repeats(
     """Why ``example`` repeats an earlier record: its question and context, or its eval index (its id, or its
     position when it has none: the harness keys results by it); records what it is."""
     found = []
-    digest = hashlib.sha256(json.dumps([example.question, example.context]).encode("utf-8", "surrogatepass")).digest()
+    # Records that differ only by white space at the ends of their question or context ask the same question of
+    # the same text: one is a duplicate of the other.
+    same = [example.question.strip(), example.context.strip()]
+    digest = hashlib.sha256(json.dumps(same).encode("utf-8", "surrogatepass")).digest()
     if digest in seen:
         found.append(f"the same question and context as {seen[digest]} (a duplicate)")
     else:
@@ -546,17 +591,27 @@ def build(
     with ExitStack() as stack:  # every output appears under its name only when all are complete
         for kind, path in outputs.given().items():
             tmp = stack.enter_context(atomic_path(path))
-            if kind == "eval":
-                with tmp.open("w", encoding="utf-8") as f:
-                    for ex in wanted(kind):
-                        item = eval_item(ex.question, ex.answers, ex.context, ex.item_index, ex.num_docs)
-                        f.write(json.dumps(item, ensure_ascii=False) + "\n")
-                        counts[kind] += 1
-            else:
-                rows = (_training_row(ex, data_source, report.with_ids) for ex in wanted(kind))
-                write_parquet(counted(kind, rows), tmp, schema)
+            try:
+                if kind == "eval":
+                    items = (
+                        eval_item(ex.question, ex.answers, ex.context, ex.item_index, ex.num_docs)
+                        for ex in wanted(kind)
+                    )
+                    write_eval_set(counted(kind, items), tmp)
+                else:
+                    rows = (_training_row(ex, data_source, report.with_ids) for ex in wanted(kind))
+                    write_parquet(counted(kind, rows), tmp, schema)
+            except OSError as err:  # a full disk: name the output, not its temporary file (or no file at all)
+                raise OSError(err.errno, err.strerror or str(err), str(path)) from err
     report.written = {kind: (path, counts[kind]) for kind, path in outputs.given().items()}
     return report
+
+
+def write_eval_set(items: Iterator[dict[str, Any]], dest: Path) -> None:
+    """The eval set's items as JSON lines."""
+    with dest.open("w", encoding="utf-8") as f:
+        for item in items:
+            f.write(json.dumps(item, ensure_ascii=False) + "\n")
 
 
 def _training_schema(with_ids: bool) -> Any:

@@ -141,6 +141,14 @@ def check_item(where: str, item: Any, pool_size: int | None) -> None:
     if "context" not in item:
         raise EvalDataError(f"{where}: field 'context' is missing; fields: {fields}")
     context = item["context"]
+    texts = [("input", question), *((f"{gold_field!r}[{k}]", a) for k, a in enumerate(gold)), ("context", context)]
+    for name, text in texts:
+        if isinstance(text, str) and (bad := lone_surrogate(text)) is not None:
+            name = name if name.startswith("'") else repr(name)
+            raise EvalDataError(
+                f"{where}: field {name} holds a lone surrogate, {text[bad]!r} at character {bad}: not a character, "
+                "no model can be sent it (a \\ud800-\\udfff escape is half of a pair; write the whole character)"
+            )
     if isinstance(context, str):
         return
     if not isinstance(context, list):
@@ -159,6 +167,15 @@ def check_item(where: str, item: Any, pool_size: int | None) -> None:
                 f"{where}: field 'context'[{k}] = {_shown(doc)} is not a document index of the pool "
                 f"(0 ... {pool_size - 1})"
             )
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")  # what json.loads leaves of an escape that is half of a pair
+
+
+def lone_surrogate(text: str) -> int | None:
+    """The position of the first lone surrogate in ``text`` (text UTF-8 cannot encode), or None."""
+    found = _SURROGATE.search(text)
+    return None if found is None else found.start()
 
 
 _INDEX = re.compile(rb'^\{\s*"index"\s*:\s*(-?\d+)\s*[,}]')  # a line that starts with its index

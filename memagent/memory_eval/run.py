@@ -42,6 +42,7 @@ from tqdm import tqdm
 from memagent.agent import MemoryConfig
 from memagent.cli import non_negative_int, positive_int, positive_seconds, seconds
 from recurrent.async_manager import cancel_and_wait
+from recurrent.atomic import os_error_remedy, os_error_text
 from recurrent.client import OpenAIChatClient
 from recurrent.interface import Episode, is_agent_file, load_register
 from recurrent.models import ModelNotAvailableError, load_tokenizer
@@ -58,6 +59,7 @@ from .serve import Endpoint, ServerError, endpoint, endpoint_problem
 log = logging.getLogger("memory_eval")
 
 T = TypeVar("T")
+RESUMES = "the items finished are saved whole, and the same command resumes after them"
 
 
 @dataclass
@@ -647,7 +649,8 @@ def run_models(
 def main(argv: list[str] | None = None) -> int:
     """Exit status: 0 when every selected item has a result; 1 when an item failed or did not run (an endpoint
     that does not answer included); 2 on bad input (nothing is sent to a model then) or a results folder in use by
-    another run; 130 when interrupted (Ctrl-C), 143 when stopped by SIGTERM."""
+    another run; 1 too when the machine fails it (a folder it cannot write, a full disk: one line names the file
+    and the cause); 130 when interrupted (Ctrl-C), 143 when stopped by SIGTERM."""
     args = parse_args(argv)
     try:
         with results.locked(args.results_dir):
@@ -655,6 +658,10 @@ def main(argv: list[str] | None = None) -> int:
     except results.ResultsBusyError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # the machine's own fault (a read-only folder, a full disk): one line, no traceback
+        remedy = os_error_remedy(err, "pass another --results-dir")
+        print(f"error: cannot go on: {os_error_text(err)}; {remedy}: {RESUMES}", file=sys.stderr)
+        return 1
 
 
 def evaluate(args: argparse.Namespace) -> int:

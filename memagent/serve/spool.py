@@ -214,6 +214,19 @@ class _Parser:
     def error(self, message: str, at: int | None = None) -> ValueError:
         return ValueError(f"{message} at byte {self.base + self.pos if at is None else at}")
 
+    def decode(self, decoder: codecs.IncrementalDecoder, raw: bytes, final: bool = False) -> str:
+        """``raw`` (the bytes at ``pos``) decoded; bytes that are not UTF-8 are named by their offset in the body,
+        as :func:`json.loads` names them (the decoder's own offset counts from this piece, less the bytes of a
+        character it holds from the piece before)."""
+        held = len(decoder.getstate()[0])
+        try:
+            return decoder.decode(raw, final)
+        except UnicodeDecodeError as err:
+            at = self.base + self.pos - held + err.start
+            raise ValueError(
+                f"'utf-8' codec can't decode byte 0x{err.object[err.start]:02x} in position {at}: {err.reason}"
+            ) from None
+
     def fill(self, need: int) -> None:
         """At least ``need`` bytes from ``pos`` in the buffer, unless the body ends first."""
         while len(self.buf) - self.pos < need and not self.eof:
@@ -341,8 +354,8 @@ class _Parser:
             run = _RUN.match(self.buf, self.pos)
             if run:
                 raw = self.buf[self.pos : run.end()]
+                text = self.decode(decoder, raw)
                 self.pos = run.end()
-                text = decoder.decode(raw)
                 if b"\\" in raw:
                     text = json.decoder.scanstring(text + '"', 0)[0]
                 add(text)
@@ -350,7 +363,7 @@ class _Parser:
             if self.pos >= len(self.buf):
                 raise self.error("Unterminated string starting", opened)
             c = self.buf[self.pos : self.pos + 1]
-            add(decoder.decode(b"", final=True))  # an incomplete character before a quote or escape is an error
+            add(self.decode(decoder, b"", final=True))  # an incomplete character before a quote or escape is an error
             if c == b'"':
                 self.pos += 1
                 break

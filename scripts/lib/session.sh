@@ -64,6 +64,7 @@ start_supervised() {
     --log "$log" "${remove[@]}" --remove "$fifo_dir" -- "$@" {LIFELINE_FD}>&- &
   SUPERVISOR_PID=$!
   SUPERVISOR_FIFO_DIR="$fifo_dir"
+  SUPERVISOR_LOG="$log"
 }
 
 stop_supervised() {
@@ -73,5 +74,8 @@ stop_supervised() {
   if [[ -n "${LIFELINE_FD:-}" ]]; then exec {LIFELINE_FD}>&-; LIFELINE_FD=""; fi
   wait "$SUPERVISOR_PID" 2>/dev/null || true
   end_session "$SUPERVISOR_PID" 2
+  # The supervisor ends the log with how the run ended; killed with -9 it could not: this shell says so instead.
+  "${PYTHON:-python3}" "$SESSION_LIB_DIR/supervise.py" --close-log "$SUPERVISOR_LOG" --why "the supervisor (pid \
+$SUPERVISOR_PID) was killed before it wrote how the run ended; its launcher ended what was left of the run" || true
   rm -rf "${SUPERVISOR_FIFO_DIR:-}"
 }

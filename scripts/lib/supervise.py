@@ -14,6 +14,11 @@ COMMAND left behind, and on SIGTERM/SIGINT/SIGHUP to itself.
 COMMAND's output (stdout and stderr) is appended to ``--log`` by this process, and copied to its own stdout while
 that can be written: the log keeps everything the trainer printed, also once the launcher's terminal or pipe is
 gone. Exit status: COMMAND's; 128 + the signal when stopped by one (the launcher gone: 128 + SIGHUP).
+
+The log's last line says how the run ended: this process's ``[supervise] done: exit status N; ...``. Killed itself
+(``kill -9``), it cannot write it: the launcher's shell, which outlives it, then writes ``[supervise] killed: ...``
+(``python scripts/lib/supervise.py --close-log FILE --why TEXT``: a line appended only when the log does not end
+with one of these two), and when nothing outlived it, the next run does so before its own first line.
 """
 
 from __future__ import annotations
@@ -31,6 +36,36 @@ from pathlib import Path
 
 POLL_S = 0.05  # how often the processes being ended are looked at again
 KILL_WAIT_S = 30.0  # after KILL: only a process in uninterruptible sleep takes longer
+
+
+FINAL_LINES = ("[supervise] done: ", "[supervise] killed: ")  # the lines that say how a run ended
+TAIL_BYTES = 65536  # of the log, read for its last line (a progress bar's many redraws fit in it)
+
+
+def last_line(log: Path) -> str | None:
+    """The last non-blank line of ``log`` (a progress bar's redraws, split at their carriage returns, are lines);
+    None for a missing or blank log."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - TAIL_BYTES))
+            tail = f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return None
+    lines = [line for line in tail.replace("\r", "\n").split("\n") if line.strip()]
+    return lines[-1] if lines else None
+
+
+def close_log(log: Path, why: str) -> bool:
+    """Append ``[supervise] killed: WHY`` to ``log`` when it holds a run that did not say how it ended (its last
+    line not one of :data:`FINAL_LINES`); returns whether it did."""
+    last = last_line(log)
+    if last is None or last.startswith(FINAL_LINES):
+        return False
+    with open(log, "ab+") as f:
+        f.seek(-1, os.SEEK_END)  # not empty: it has a last line
+        start = b"" if f.read(1) == b"\n" else b"\n"  # a progress bar's last redraw has no newline
+        f.write(start + f"{FINAL_LINES[1]}{why}\n".encode())
+    return True
 
 
 def session_members(sid: int, exclude: int) -> list[int]:
@@ -142,15 +177,26 @@ class Run:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lifeline", required=True, help="a FIFO the launcher holds open for writing")
-    parser.add_argument("--log", required=True, type=Path, help="COMMAND's output is appended here")
+    parser.add_argument("--lifeline", help="a FIFO the launcher holds open for writing")
+    parser.add_argument("--log", type=Path, help="COMMAND's output is appended here")
+    parser.add_argument(
+        "--close-log", type=Path, help="no run: end this log with a 'killed' line if it has no last line"
+    )
+    parser.add_argument("--why", default="the supervisor was killed", help="with --close-log: how the run ended")
     parser.add_argument("--remove", action="append", default=[], help="a folder removed once the run is over")
     parser.add_argument("--grace", type=float, default=3.0, help="seconds between TERM and KILL (default 3)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND...")
     args = parser.parse_args(argv)
+    if args.close_log is not None:
+        close_log(args.close_log, args.why)
+        return 0
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        parser.error("no COMMAND after --")
+    if not command or args.lifeline is None or args.log is None:
+        parser.error("a run needs --lifeline, --log and a COMMAND after --")
+    # A run before this one whose supervisor was killed along with its launcher left no last line: say so first.
+    close_log(
+        args.log, "the run above ended without a last line: its supervisor was killed (kill -9) or the machine stopped"
+    )
     with contextlib.suppress(PermissionError):  # already a session leader when started by `setsid`
         os.setsid()
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

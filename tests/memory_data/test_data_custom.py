@@ -2,7 +2,9 @@
 folders, good and bad, into the training parquet (checked by the trainer's own preflight and read by verl's
 dataset) and the eval set (read by the harness's loader)."""
 
+import errno
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -357,13 +359,78 @@ def test_a_json_array_is_refused_with_how_to_convert(tmp_path, capsys):
 
 def test_a_failed_write_leaves_no_output_at_all(tmp_path, capsys):
     # The eval set cannot be written (its folder would be a file): the training parquet, complete by then,
-    # must not appear either, so a half-made data set is never mistaken for a whole one.
+    # must not appear either, so a half-made data set is never mistaken for a whole one. One line says so.
     src = write_jsonl(tmp_path / "qa.jsonl", RECORDS)
     (tmp_path / "blocked").write_text("a file, not a folder")
     argv = [src, "--documents-field", "documents", "--train-out", tmp_path / "t.parquet"]
-    with pytest.raises(OSError):
-        main(["custom", *map(str, argv), "--eval-out", str(tmp_path / "blocked" / "eval_1.jsonl")])
+    code, out, err = run([*argv, "--eval-out", tmp_path / "blocked" / "eval_1.jsonl"], capsys)
+    assert (code, out) == (1, "")
+    assert err.startswith(f"error: cannot go on: {tmp_path / 'blocked'}: ") and len(err.splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blocked", "qa.jsonl"]
+
+
+@pytest.mark.parametrize("kind", ["train", "eval"])
+def test_a_full_disk_is_one_line_and_leaves_no_output(tmp_path, capsys, monkeypatch, kind):
+    # A disk cannot be filled in a test: the writer fails as a full disk makes it fail, after part of its file.
+    from memagent.memory_data import custom
+
+    def full_disk(rows, dest, *rest):
+        Path(dest).write_bytes(b"part of a file")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a write to an open file: no file named
+
+    monkeypatch.setattr(custom, "write_parquet" if kind == "train" else "write_eval_set", full_disk)
+    src = write_jsonl(tmp_path / "qa.jsonl", RECORDS)
+    outputs = {"train": tmp_path / "out" / "t.parquet", "eval": tmp_path / "out" / "eval_1.jsonl"}
+    code, out, err = run(
+        [src, "--documents-field", "documents", "--train-out", outputs["train"], "--eval-out", outputs["eval"]], capsys
+    )
+    assert (code, out) == (1, "")
+    assert err.splitlines() == [
+        f"error: cannot go on: {outputs[kind]}: No space left on device (ENOSPC); free some space, then run the "
+        "same command again: no output is left half-written under its own name"
+    ]
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["out", "qa.jsonl"]  # no temporary file either
+
+
+def test_json_nested_too_deep_is_named_by_its_line(tmp_path, capsys):
+    # 100,000 arrays in one another: json.loads raised RecursionError, a traceback instead of a problem.
+    src = write_jsonl(tmp_path / "qa.jsonl", RECORDS[:2], {2: "[" * 100_000 + "]" * 100_000})
+    code, out, err = run([src, "--documents-field", "documents", "--eval-out", tmp_path / "eval_1.jsonl"], capsys)
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        "error: 1 problem(s) in 1 of 2 records; nothing was written:",
+        f"  {src}:2: JSON nested too deep to read (100,000 levels at its deepest)",
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["qa.jsonl"]
+
+
+def test_a_lone_surrogate_is_refused_naming_line_and_field(tmp_path, capsys):
+    # "\ud800" is half of a pair: the record passed its checks, then the parquet writer raised UnicodeEncodeError.
+    good = {"question": "Who?", "answers": ["A"], "documents": ["A did it."]}
+    records = [
+        good | {"question": "Wh\ud800o?"},
+        good | {"answers": ["A", "\udfffB"]},
+        good | {"documents": ["A did it.", {"title": "T\udc00", "text": "B."}]},
+        good | {"documents": ["A did it.", "x\ud83d"], "question": "Why?"},
+        good | {"id": "\ud800", "question": "How?"},
+        good | {"question": "Which? \ud83d\ude00"},  # a whole pair: one character, kept
+    ]
+    src = write_jsonl(tmp_path / "qa.jsonl", records)
+    train = tmp_path / "t.parquet"
+    code, out, err = run([src, "--documents-field", "documents", "--train-out", train], capsys)
+    assert (code, out) == (2, "")
+    why = (
+        "not a character, UTF-8 cannot hold it (a \\ud800-\\udfff escape is half of a pair; write the whole character)"
+    )
+    assert err.splitlines() == [
+        "error: 5 problem(s) in 5 of 6 records; nothing was written:",
+        f"  {src}:1 field 'question': a lone surrogate, '\\ud800' at character 2: {why}",
+        f"  {src}:2 field 'answers[1]': a lone surrogate, '\\udfff' at character 0: {why}",
+        f"  {src}:3 field 'documents[1].title': a lone surrogate, '\\udc00' at character 1: {why}",
+        f"  {src}:4 field 'documents[1]': a lone surrogate, '\\ud83d' at character 1: {why}",
+        f"  {src}:5 field 'id': a lone surrogate, '\\ud800' at character 0: {why}",
+    ]
+    assert not train.exists()
 
 
 def test_with_a_tokenizer_lengths_are_reported_and_long_questions_refused(tmp_path, capsys, tiny_tokenizer):
@@ -426,6 +493,24 @@ def test_repeated_records_and_ids_are_errors_naming_both_lines(tmp_path, capsys)
     assert code == 2
     assert f"  {mixed}:2 field 'id': 0 is also the position of {mixed}:1, the index of its eval item{hint}" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mixed.jsonl", "qa.jsonl"]
+
+
+def test_records_that_differ_by_white_space_at_the_ends_are_duplicates(tmp_path, capsys):
+    records = [
+        {"question": "Who?", "answers": ["A"], "context": "A did it."},
+        {"question": "Who? ", "answers": ["A"], "context": "A did it."},  # a trailing space
+        {"question": "Who?", "answers": ["A"], "context": "\nA did it.\t"},  # white space around the context
+        {"question": "Who?", "answers": ["A"], "context": "A  did it."},  # inside: another text, not a duplicate
+    ]
+    src = write_jsonl(tmp_path / "qa.jsonl", records)
+    code, out, err = run([src, "--eval-out", tmp_path / "eval_1.jsonl"], capsys)
+    assert (code, out) == (2, "")
+    hint = "; --duplicates keep-first keeps the first of each"
+    assert err.splitlines() == [
+        "error: 2 problem(s) in 2 of 4 records; nothing was written:",
+        f"  {src}:2: the same question and context as {src}:1 (a duplicate){hint}",
+        f"  {src}:3: the same question and context as {src}:1 (a duplicate){hint}",
+    ]
 
 
 def test_keep_first_drops_the_repeats_so_no_question_is_both_trained_and_evaluated(tmp_path, capsys):
@@ -509,6 +594,27 @@ def test_answers_that_are_the_text_of_a_list(tmp_path, capsys):
     assert run([src, "--eval-out", ev, "--answer-lists", "literal"], capsys)[0] == 0
     items = [json.loads(line) for line in ev.read_text().splitlines()]
     assert [scoring.golds(i) for i in items] == [[r["answers"]] for r in rows]
+
+
+def test_answers_that_are_the_text_of_a_list_of_numbers(tmp_path, capsys):
+    # "[1984]" was taken as one answer, the text "[1984]", which no reply matches; it is a list like '["1984"]'.
+    rows = [
+        {"question": "Which year?", "answers": "[1984]", "context": "In 1984."},
+        {"question": "Which years?", "answers": "[1984, '1985']", "context": "In 1984 and 1985."},
+        {"question": "Which flag?", "answers": "[True]", "context": "A flag."},  # not numbers: one answer
+    ]
+    src = tmp_path / "qa.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), src)
+    ev = tmp_path / "eval_1.jsonl"
+    code, _, err = run([src, "--eval-out", ev], capsys)
+    hint = "not one answer: --answer-lists parse reads it as that list, --answer-lists literal keeps it as one answer"
+    assert code == 2 and err.splitlines()[1:] == [
+        f"  {src}: row 0 field 'answers': the text of a list, '[1984]', {hint}",
+        f"  {src}: row 1 field 'answers': the text of a list, \"[1984, '1985']\", {hint}",
+    ]
+    assert run([src, "--eval-out", ev, "--answer-lists", "parse"], capsys)[0] == 0
+    items = [json.loads(line) for line in ev.read_text().splitlines()]
+    assert [scoring.golds(i) for i in items] == [["1984"], ["1984", "1985"], ["[True]"]]
 
 
 # -- the README's worked example runs as written ------------------------------------------------------------

@@ -8,8 +8,12 @@ would sit in its retries instead of exiting. The dying servers are driven by req
 from __future__ import annotations
 
 import asyncio
+import errno
 import importlib.util
+import io
 import json
+import os
+import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,6 +23,7 @@ import pytest
 from eval_fixtures import harness_argv, hotpotqa_set, read_lines
 from process_helpers import load_script
 
+from memagent.memory_eval import run as run_module
 from memagent.memory_eval.report import main as report_main
 from memagent.memory_eval.run import main as run_main
 from recurrent.serving import free_port
@@ -454,3 +459,150 @@ def test_a_success_ends_a_streak_of_connection_failures(tmp_path, capsys, tiny_m
     assert sorted(errors) == sorted(ids)
     assert [i for i in ids if errors[i]] == [ids[1], ids[2], ids[4]]
     assert "tiny direct hotpotqa_2: 3 failed, 0 not run" in err
+
+
+# ---- issue 36: text no model can be sent; the machine's own faults, in one line ----
+
+
+@pytest.mark.parametrize(
+    ("item", "said"),
+    [
+        (GOOD | {"input": "q\ud800?"}, "field 'input' holds a lone surrogate, '\\ud800' at character 1"),
+        (GOOD | {"context": "some \udfff text"}, "field 'context' holds a lone surrogate, '\\udfff' at character 5"),
+        (GOOD | {"answers": ["a", "b\udc00"]}, "field 'answers'[1] holds a lone surrogate, '\\udc00' at character 1"),
+    ],
+)
+def test_a_lone_surrogate_stops_the_run_naming_file_line_and_field(tmp_path, capsys, item, said):
+    # Once an item that failed with "TypeError: TextEncodeInput must be Union[...]" (or, in the question, a run
+    # stopped by "'utf-8' codec can't encode character" naming no file): "\ud800" is half of a pair, not text.
+    code, path, out = run_on(tmp_path, _line(GOOD) + _line(item | {"index": 1}))
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert f"error: {path}:2: {said}: not a character, no model can be sent it" in err
+    assert not list(out.glob("*/*.jsonl"))
+
+
+def test_a_whole_surrogate_pair_is_one_character_and_runs(tmp_path, capsys):
+    # The escape of 😀 as a pair is one character to json.loads: nothing to refuse (the closed port then skips it).
+    code, _, _ = run_on(tmp_path, _line('{"index": 0, "input": "q \\ud83d\\ude00?", "context": "c", "answers": ["a"]}'))
+    assert code == 1 and "lone surrogate" not in capsys.readouterr().err
+
+
+def test_a_results_folder_it_cannot_write_is_one_line(tmp_path, capsys, monkeypatch):
+    # The tests run as root, whom a read-only folder does not stop: the lock file's open raises what it would.
+    real_open = Path.open
+
+    def read_only(self, mode="r", *args, **kwargs):
+        if self.name == ".lock":
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return real_open(self, mode, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", read_only)
+    code, _, out = run_on(tmp_path, _line(GOOD))
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.strip().splitlines() == [
+        f"error: cannot go on: {out / '.lock'}: Permission denied (EACCES); make the folder writable or pass another "
+        "--results-dir: the items finished are saved whole, and the same command resumes after them"
+    ]
+
+
+class FullDisk(io.FileIO):
+    """A results file on a disk with ``room`` bytes left: writes fill it, then fail as a full disk's do."""
+
+    room = 0
+
+    def write(self, data) -> int:
+        if FullDisk.room <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as a raw write raises it: no file named
+        written = super().write(bytes(data)[: FullDisk.room])
+        FullDisk.room -= written
+        return written
+
+
+def test_a_full_disk_mid_run_is_one_line_and_keeps_whole_items(tmp_path, capsys, monkeypatch, tiny_model_dir):
+    real_open = Path.open
+
+    def on_full_disk(self, mode="r", *args, **kwargs):
+        if mode == "ab" and self.suffix == ".jsonl":  # the results file, appended a line per item
+            return FullDisk(self, "ab")
+        return real_open(self, mode, *args, **kwargs)
+
+    for folder in (tmp_path / "data", tmp_path / "measure" / "data"):
+        folder.mkdir(parents=True)
+        hotpotqa_set(folder, 2, items=8)
+    # The first two items' lines, measured on a disk with room, to fill the disk part-way into the third line (a
+    # line's "seconds" may differ by a few characters between runs; a line is hundreds).
+    with monkeypatch.context() as patch:
+        FullDisk.room = 10**9
+        patch.setattr(Path, "open", on_full_disk)
+        code, results, _ = _dying_run(tmp_path / "measure", ScriptedServer(drop=lambda n: False), "--limit", "2")
+        two = results.read_bytes()
+    assert code == 0 and two.count(b"\n") == 2 and len(two) > 400
+    monkeypatch.setattr(Path, "open", on_full_disk)
+    FullDisk.room = len(two) + 40  # two lines and a bit of the third
+    code, results, eval_file = _dying_run(tmp_path, ScriptedServer(drop=lambda n: False))
+    err = capsys.readouterr().err
+    assert code == 1
+    assert (
+        "Traceback" not in err
+        and (
+            f"error: cannot go on: {results}: No space left on device (ENOSPC); free some space, then run the same "
+            "command again: the items finished are saved whole, and the same command resumes after them"
+        )
+        in err.splitlines()
+    )
+    ids = [r["index"] for r in read_lines(eval_file)]
+    assert results.read_bytes().count(b"\n") == 2 and results.read_bytes().endswith(b"\n")  # no part of the third
+    assert [r["id"] for r in read_lines(results)] == ids[:2]
+    # Space freed: the same command runs the other 6, once each.
+    monkeypatch.setattr(Path, "open", real_open)
+    again = ScriptedServer(drop=lambda n: False)
+    assert _dying_run(tmp_path, again)[0] == 0 and again.answered == 6
+    assert [r["id"] for r in read_lines(results)] == ids
+
+
+def _quickstart_module():
+    spec = importlib.util.spec_from_file_location("quickstart_args", REPO / "quickstart.py")
+    quickstart = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(quickstart)
+    return quickstart
+
+
+@pytest.mark.parametrize(("value", "said"), [(v, s) for f, v, s in BAD_TIMEOUT_FLAGS if f == "--timeout"])
+def test_quickstart_refuses_a_bad_timeout(capsys, value, said):
+    # --timeout nan / 0 / -1 was taken, and every request then failed after the server had started.
+    with pytest.raises(SystemExit) as stop:
+        _quickstart_module().main(["--timeout", value, "--model", "tiny"])
+    assert stop.value.code == 2
+    assert f"error: argument --timeout: {said}" in capsys.readouterr().err
+
+
+def test_quickstart_exits_143_when_stopped_by_sigterm(capsys, monkeypatch):
+    # The signal arrives while the question runs (raised in this process: its handler runs before raise_signal
+    # returns); 143 is 128 + SIGTERM, the shells' convention, where the quickstart said 130 (Ctrl-C's).
+    quickstart = _quickstart_module()
+    monkeypatch.setattr(quickstart, "run", lambda args: signal.raise_signal(signal.SIGTERM))
+    before = signal.getsignal(signal.SIGTERM)
+    assert quickstart.main(["--model", "tiny"]) == 143
+    assert "interrupted" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before  # its handler is put back
+
+
+def test_quickstart_exits_130_on_ctrl_c(capsys, monkeypatch):
+    quickstart = _quickstart_module()
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(quickstart, "run", interrupted)
+    assert quickstart.main(["--model", "tiny"]) == 130
+
+
+def test_the_harness_exits_143_when_stopped_by_sigterm(tmp_path, capsys, monkeypatch):
+    # The fast form of tests/memory_eval/test_eval_harness.py's real SIGTERM: the signal arrives while models run.
+    monkeypatch.setattr(run_module, "run_models", lambda *args: signal.raise_signal(signal.SIGTERM))
+    before = signal.getsignal(signal.SIGTERM)
+    code, _, _ = run_on(tmp_path, _line(GOOD))
+    assert code == 143 and "interrupted: finished items are saved" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before

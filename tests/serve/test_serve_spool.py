@@ -125,6 +125,21 @@ def test_malformed_json_is_refused_naming_the_problem_and_where(data, said):
     assert said in str(refused.value)
 
 
+@pytest.mark.parametrize("block", [1, 3, 4096, 1 << 18])
+def test_bytes_that_are_not_utf8_are_named_by_their_offset_in_the_body(monkeypatch, block):
+    # Issue 36: a string read in pieces named the byte by its offset in the piece (89,337 for 1,400,057).
+    monkeypatch.setattr(spool_module, "READ_BLOCK", block)
+    head = b'{"messages": [{"role": "user", "content": "'
+    for filler, bad in [(b"a" * 1_400_000, b"\xff"), (b"\xc3\xa9" * 700_000, b"\xc3("), (b"ab", b"\xe9x")]:
+        if block < 4096 and len(filler) > 100:
+            continue  # a byte at a time through 1.4 MB is slow; the seams are the same
+        data = head + filler + bad + b'"}]}'
+        at = len(head) + len(filler)  # the first byte of ``bad``, counted by hand
+        with pytest.raises(ValueError) as refused:
+            parse(data, 8)
+        assert f"can't decode byte 0x{bad[0]:02x} in position {at}: " in str(refused.value)
+
+
 # ---- the question modes on a text on disk ----
 
 

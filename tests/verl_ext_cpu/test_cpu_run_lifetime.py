@@ -135,6 +135,69 @@ def test_a_finished_command_leaves_nothing_and_gives_its_status(tmp_path):
     ]
 
 
+KILLED = "[supervise] killed: "
+
+
+def test_a_killed_supervisor_leaves_its_launcher_to_say_how_the_run_ended(tmp_path):
+    # kill -9 of the supervisor: it cannot write its last line, and train.log ended on what the trainer printed
+    # last (a progress bar). The launcher's shell outlives it: stop_supervised ends the run and says so.
+    (tmp_path / "program.py").write_text(PROGRAM)
+    launcher = tmp_path / "launcher.sh"
+    launcher.write_text(
+        f"PYTHON={sys.executable}\nsource {REPO}/scripts/lib/session.sh\ntrap stop_supervised EXIT\n"
+        f'start_supervised {tmp_path}/train.log {tmp_path}/scratch -- "$PYTHON" {tmp_path}/program.py\n'
+        'echo "session=$SUPERVISOR_PID"\nwait "$SUPERVISOR_PID"\n'
+    )
+    (tmp_path / "scratch").mkdir()
+    out = tmp_path / "launcher.out"
+    with open(out, "w") as stdout:
+        proc = subprocess.Popen(["bash", str(launcher)], stdout=stdout, stderr=subprocess.STDOUT)
+    try:
+        sid = int(wait_for("the supervisor's session", lambda: launcher_line(out, r"session=(\d+)"), 60).group(1))
+        log = tmp_path / "train.log"
+        worker = int(wait_for("the worker", lambda: launcher_line(log, r"worker=(\d+)"), 60).group(1))
+        os.kill(sid, signal.SIGKILL)  # the supervisor leads its session: its pid is the session's id
+        assert proc.wait(timeout=120) == 137  # the launcher's wait: 128 + SIGKILL, the supervisor's end
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not session_members(sid) and not pid_alive(worker)  # the launcher ended what was left of the run
+    lines = log.read_text().splitlines()
+    assert lines[1:] == [
+        f"started worker={worker}",
+        f"{KILLED}the supervisor (pid {sid}) was killed before it wrote how the run ended; its launcher ended what "
+        "was left of the run",
+    ]
+
+
+def test_the_next_run_says_when_the_last_one_left_no_last_line(tmp_path):
+    # Supervisor and launcher both killed with -9: nothing was left to write; the next run into the log says it.
+    log = tmp_path / "train.log"
+    log.write_bytes(b"[supervise] trainer pid=12\nepoch 1: 40%|####      | 4/10\repoch 1: 50%|#####     | 5/10")
+    launcher = tmp_path / "launcher.sh"
+    launcher.write_text(
+        f"PYTHON={sys.executable}\nsource {REPO}/scripts/lib/session.sh\n"
+        f'start_supervised {log} -- "$PYTHON" -c "print(\'bye\')"\n'
+        'wait "$SUPERVISOR_PID"; rc=$?; stop_supervised; exit $rc\n'
+    )
+    assert subprocess.run(["bash", str(launcher)], capture_output=True, timeout=120).returncode == 0
+    lines = log.read_bytes().decode().split("\n")  # read_text would split at the bar's carriage return
+    assert lines[:3] == [
+        "[supervise] trainer pid=12",
+        "epoch 1: 40%|####      | 4/10\repoch 1: 50%|#####     | 5/10",
+        f"{KILLED}the run above ended without a last line: its supervisor was killed (kill -9) or the machine stopped",
+    ]
+    assert lines[3].startswith("[supervise] trainer pid=") and lines[4:] == [
+        "bye",
+        "[supervise] done: exit status 0; no process of the run left",
+        "",
+    ]
+    # A log that ends with how its run ended gets no such line: the same command again adds only its own run.
+    subprocess.run(["bash", str(launcher)], capture_output=True, timeout=120, check=True)
+    assert log.read_text().count(KILLED) == 1
+
+
 # ---- the real launcher and trainer (a start-up each: Ray up, its workers spawned) ----
 
 
