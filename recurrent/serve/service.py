@@ -20,9 +20,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -33,7 +34,7 @@ from recurrent.functions import AnswerNotLastReplyError
 from recurrent.interface import Episode, Reply, Turn, WorkflowRegistration, load_register
 from recurrent.serve.protocol import ApiError, ChatRequest, bad_request, upstream_error
 from recurrent.serve.questions import QUESTION_MODES, Found, QuestionError, find_question
-from recurrent.serve.spool import MAX_REQUEST_BYTES, SPOOL_BYTES, LongText, Spools, as_str
+from recurrent.serve.spool import MAX_REQUEST_BYTES, SPOOL_BYTES, LongText, Spools, Stopped, as_str
 from recurrent.tokens import SeamError, encode_long, encode_windows
 
 log = logging.getLogger("recurrent.serve")
@@ -114,9 +115,11 @@ class Outcome:
 
 @dataclass(eq=False)  # identity: documents live in a set
 class Document:
-    """One request in the service: its events feed a stream, its task runs the turns."""
+    """One request in the service: its events feed a stream, its task runs the turns. A long request waits for
+    its slot as its body on disk: ``request`` is None until its task has parsed it (``ready`` is set then, or
+    when the task ends first)."""
 
-    request: ChatRequest
+    request: ChatRequest | None
     id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -130,6 +133,10 @@ class Document:
     cancel_reason: str | None = None
     counted: str | None = None  # the counter it went to once it ended: completed, failed, cancelled
     spools: Spools | None = None  # a long request's files, closed when its task ends
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set when the task is cancelled: the work it handed to a thread (parsing, tokenizing) stops at its next check.
+    stop: threading.Event = field(default_factory=threading.Event)
+    parse: Callable[[Spools, threading.Event], ChatRequest] | None = None  # a long request's, until it is parsed
 
     def progress(self) -> str:
         if self.episode is not None:
@@ -152,7 +159,7 @@ class Counters:
     completed: int = 0
     failed: int = 0  # answered with an error after admission
     cancelled: int = 0  # stopped by a client disconnect or a shutdown
-    rejected: int = 0  # refused before a slot: queue full, queue timeout, shutting down
+    rejected: int = 0  # refused before a slot (queue full, queue timeout, shutting down) or a long request's 4xx
     turns: int = 0  # upstream replies
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -290,20 +297,66 @@ class MemAgentService:
         passes through. The document takes ``spools`` (a long request's files): its task's end closes them; a
         400 here leaves them to the caller."""
         doc = Document(request)
+        await self._prepare(doc)
+        doc.ready.set()
+        return self._launch(doc, spools)
+
+    def start_spooled(self, spools: Spools, parse: Callable[[Spools, threading.Event], ChatRequest]) -> Document:
+        """Start a long request that is still its body on disk (``spools.body``): it waits for its slot so, and
+        ``parse(spools, stop)`` makes it a request once admitted, in a worker thread that a client that leaves
+        stops. Its 400s then come from its task; the task's end closes ``spools``."""
+        doc = Document(None)
+        doc.parse = parse
+        return self._launch(doc, spools)
+
+    async def _prepare(self, doc: Document) -> None:
+        """What a request needs before it runs: whether it passes through, else where its question is."""
+        request = doc.request
         if not self.reads_documents:
             request.messages = [{**m, "content": as_str(m["content"])} for m in request.messages]
         elif self.reads_chunks and self._passes_through(request, check_tokens=False):
-            doc.passthrough = await asyncio.to_thread(self._passes_through, request, True)
+            doc.passthrough = await self._in_thread(doc, self._passes_through, request, True)
         if doc.passthrough:
             request.messages = [{**m, "content": as_str(m["content"])} for m in request.messages]
         elif self.reads_documents:
             doc.found = self._find(request)
+
+    async def _parse(self, doc: Document) -> None:
+        """A long request, admitted: parsed from its body on disk, then prepared (its 4xx count as rejected)."""
+        try:
+            doc.request = await self._in_thread(doc, doc.parse, doc.spools, doc.stop)
+            await self._prepare(doc)
+        except ApiError as err:
+            if err.status < 500:
+                doc.counted = "rejected"
+                self.counters.rejected += 1
+            raise
+        doc.ready.set()
+
+    async def _in_thread(self, doc: Document, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(*args)`` in a worker thread. Cancelled, the document's ``stop`` is set and the thread is
+        awaited before the cancellation goes on: the work stops (docs/serving.md, "What a request costs"), and
+        the request's files close only once nothing reads them."""
+        future = asyncio.ensure_future(asyncio.to_thread(function, *args))
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            doc.stop.set()
+            await asyncio.gather(future, return_exceptions=True)
+            raise
+
+    def _launch(self, doc: Document, spools: Spools | None) -> Document:
         doc.spools = spools
         doc.task = asyncio.create_task(self._drive(doc))
         self.documents.add(doc)
         # However the task ends, even cancelled before its first step (when no finally of it runs).
         doc.task.add_done_callback(
-            lambda _: (self.documents.discard(doc), self._close_spools(doc), doc.events.put_nowait(("end",)))
+            lambda _: (
+                self.documents.discard(doc),
+                self._close_spools(doc),
+                doc.events.put_nowait(("end",)),
+                doc.ready.set(),
+            )
         )
         return doc
 
@@ -344,6 +397,8 @@ class MemAgentService:
             async with self._slot(doc):
                 try:
                     async with asyncio.timeout(self.settings.document_timeout):
+                        if doc.request is None:
+                            await self._parse(doc)
                         if doc.passthrough:
                             outcome = await self._pass_through(doc)
                         elif self.reads_chunks:
@@ -370,7 +425,7 @@ class MemAgentService:
             log.info("%s cancelled (%s) %s", doc.id, doc.cancel_reason or "cancelled", doc.progress())
             raise
         except ApiError as err:
-            if doc.state != "new" and doc.state != "queued":
+            if doc.state != "new" and doc.state != "queued" and doc.counted is None:
                 self._counted(doc, "failed")
             log.warning("%s answered %d: %s", doc.id, err.status, err.message)
             raise
@@ -425,7 +480,7 @@ class MemAgentService:
         long = self.document_column is not None and len(sample[self.document_column]) > INLINE_TOKENIZE_CHARS
         try:  # a long document is tokenized in a worker thread, as the memory agent's is
             doc.episode = (
-                await asyncio.to_thread(self.workflow.episode, sample) if long else self.workflow.episode(sample)
+                await self._in_thread(doc, self.workflow.episode, sample) if long else self.workflow.episode(sample)
             )
         except (KeyError, ValueError, TypeError) as err:
             raise bad_request(f"agent {self.name!r} cannot run this request: {err}") from None
@@ -468,10 +523,11 @@ class MemAgentService:
         )
 
     def _spooled_session(
-        self, workflow: MemoryWorkflow, question: str, document: LongText, spools: Spools
+        self, workflow: MemoryWorkflow, question: str, document: LongText, spools: Spools, stop: threading.Event
     ) -> MemoryEpisode:
         """The episode of a document held on disk: ``workflow.episode({"input": question, "context": document})``
-        with the ids written to a file window by window (exactly ``encode_long``'s ids) and mapped, not held."""
+        with the ids written to a file window by window (exactly ``encode_long``'s ids) and mapped, not held;
+        ``stop`` set (the document cancelled) ends it at the next window with :class:`Stopped`."""
         context = document.strip()  # what the workflow's context_text does (strip_context)
         ids = spools.new_ids()
         window = self.settings.tokenize_window
@@ -480,6 +536,8 @@ class MemAgentService:
             if backend is None or len(context) <= window:
                 raise SeamError("no fast tokenizer" if backend is None else "one window")
             for part in encode_windows(context, backend, window, min(1_000, window // 4)):
+                if stop.is_set():
+                    raise Stopped("tokenizing stopped")
                 ids.write(part)
         except SeamError as err:
             if backend is not None and len(context) > window:
@@ -540,14 +598,16 @@ class MemAgentService:
         request.drop_texts()
         try:
             if isinstance(document, LongText):  # on disk: tokenized into a file of ids, read back a chunk at a time
-                doc.session = await asyncio.to_thread(self._spooled_session, workflow, question, document, doc.spools)
+                doc.session = await self._in_thread(
+                    doc, self._spooled_session, workflow, question, document, doc.spools, doc.stop
+                )
             else:
                 sample = {"input": question, "context": document.strip()}  # as the harness builds its items
                 del document
                 if len(sample["context"]) <= INLINE_TOKENIZE_CHARS:
                     doc.session = workflow.episode(sample)
                 else:
-                    doc.session = await asyncio.to_thread(workflow.episode, sample)
+                    doc.session = await self._in_thread(doc, workflow.episode, sample)
                 del sample
         except ValueError as err:
             raise bad_request(f"cannot read this document: {err}") from None
