@@ -95,9 +95,10 @@ async def _receive(request: Request, settings: ServeSettings) -> tuple[bytearray
     return buffer, spools
 
 
-def _spooled_parser(settings: ServeSettings) -> Callable[[Spools, threading.Event], ChatRequest]:
+def _spooled_parser(service: MemAgentService) -> Callable[[Spools, threading.Event], ChatRequest]:
     """How a long request's body on disk becomes a request, once admitted (in a worker thread): its long strings,
     and its short ones past a bound, stay on disk (:func:`recurrent.serve.spool.parse_spooled`)."""
+    settings = service.settings
 
     def parse(spools: Spools, stop: threading.Event) -> ChatRequest:
         spools.body.seek(0)
@@ -107,7 +108,7 @@ def _spooled_parser(settings: ServeSettings) -> Callable[[Spools, threading.Even
         except (ValueError, UnicodeDecodeError) as err:
             raise bad_request(f"the request body is not valid JSON: {err}") from None
         spools.close_body()
-        return parse_request(body, settings.model)
+        return parse_request(body, settings.model, service.max_model_len)
 
     return parse
 
@@ -244,7 +245,7 @@ def build_app(service: MemAgentService) -> FastAPI:
             except (ValueError, UnicodeDecodeError) as err:
                 return bad_request(f"the request body is not valid JSON: {err}").response()
             try:
-                parsed = parse_request(body, settings.model)
+                parsed = parse_request(body, settings.model, service.max_model_len)
                 del body  # the parsed structure: the request keeps the texts it needs, the rest goes now
                 doc = await service.start(parsed)
             except ApiError as err:
@@ -256,7 +257,7 @@ def build_app(service: MemAgentService) -> FastAPI:
         finally:
             gone.cancel()
 
-    parse_spooled_request = _spooled_parser(settings)
+    parse_spooled_request = _spooled_parser(service)
 
     async def _abandon(doc: Document) -> Response:
         """The client went away: its document stops (its turns, or its parsing or tokenizing in a thread)."""

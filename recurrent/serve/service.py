@@ -50,6 +50,12 @@ INLINE_TOKENIZE_CHARS = 32_768
 # tokenized whole only up to this many characters (~190 bytes of memory a character while it is encoded: ~200 MB);
 # a longer one is refused (413) instead of taking gigabytes (docs/serving.md, "Long requests").
 WHOLE_TOKENIZE_CHARS = 1 << 20
+# The model's context when neither --max-model-len nor the tokenizer tells it (a tokenizer without a real
+# model_max_length, an agent without a tokenizer): 128K tokens, the longest native context of the model families
+# served here (docs/serving.md, "What a request costs").
+DEFAULT_MODEL_LEN = 131_072
+# A tokenizer's model_max_length above this is transformers' "unknown" placeholder (int(1e30)), not a context.
+KNOWN_MODEL_LEN = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -84,9 +90,14 @@ class ServeSettings:
     spool_dir: str | None = None  # where its files are made (unlinked at once); None: the system's temp folder
     spool_string_chars: int = 65_536  # in a body on disk, a longer string stays on disk
     tokenize_window: int = 64_000  # a document on disk is tokenized this many characters at a time
+    # The model's context in tokens: a request's max_tokens over it is 400; it caps an attempt's timeout. None:
+    # the tokenizer's model_max_length, else DEFAULT_MODEL_LEN (context_length).
+    max_model_len: int | None = None
     server_key: str | None = field(default=None, repr=False)  # clients must send it (Bearer), when set
 
     def __post_init__(self) -> None:
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1 (None: the tokenizer's), got {self.max_model_len}")
         for name in ("chunk_size", "max_new", "final_max_new", "max_documents", "spool_string_chars"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -174,6 +185,17 @@ def _cut_stop(text: str, stops: list[str]) -> str:
     return text
 
 
+def context_length(settings: ServeSettings, tokenizer: Any) -> int:
+    """The model's context in tokens: ``settings.max_model_len``, else the tokenizer's ``model_max_length`` when it
+    is a real one, else :data:`DEFAULT_MODEL_LEN`."""
+    if settings.max_model_len is not None:
+        return settings.max_model_len
+    known = getattr(tokenizer, "model_max_length", None)
+    if isinstance(known, int) and 0 < known <= KNOWN_MODEL_LEN:
+        return known
+    return DEFAULT_MODEL_LEN
+
+
 def agent_options(settings: ServeSettings, register: WorkflowRegistration) -> dict[str, Any]:
     """The options the served agent is built with (``register.for_inference``): an agent with its own inference
     builder (the memory agent's, whose keywords are the harness's budgets too) takes the server's budgets; every
@@ -214,6 +236,9 @@ class MemAgentService:
         self.settings = settings
         self.tokenizer = tokenizer
         self.client = client
+        self.max_model_len = context_length(settings, tokenizer)
+        if client.max_model_len is None:  # a turn's timeout has a ceiling no request lifts
+            client.max_model_len = self.max_model_len
         self.register = register if register is not None else load_register(settings.agent)
         self.name = self.register.name
         self.options = agent_options(settings, self.register)
