@@ -146,7 +146,9 @@ class OpenAIChatClient:
     timeouts, HTTP 429 and 5xx) are retried ``max_retries`` times after ``backoff * 2**attempt`` seconds
     (capped at 60 s, longer if the server sends ``Retry-After``). ``default_sampling`` is merged under each
     call's sampling. ``token_limit_param`` names the field that carries ``max_tokens`` (OpenAI's o-series want
-    ``max_completion_tokens``; ``transformers serve`` ignores that one).
+    ``max_completion_tokens``; ``transformers serve`` ignores that one). ``max_model_len``, when given, caps the
+    tokens an attempt's timeout counts (no model reads or writes more than its context): the timeout then has a
+    ceiling that no ``max_tokens`` lifts.
     """
 
     def __init__(
@@ -162,6 +164,7 @@ class OpenAIChatClient:
         default_sampling: dict[str, Any] | None = None,
         extra_headers: dict[str, str] | None = None,
         token_limit_param: str = "max_tokens",
+        max_model_len: int | None = None,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
@@ -176,6 +179,7 @@ class OpenAIChatClient:
         self.backoff = backoff
         self.default_sampling = dict(default_sampling or {})
         self.token_limit_param = token_limit_param
+        self.max_model_len = max_model_len
         self._api_key = api_key or os.environ.get("API_KEY") or DEFAULT_API_KEY
         self._headers = {**(extra_headers or {}), "api-key": self._api_key}
         self.stats = ClientStats()
@@ -233,7 +237,10 @@ class OpenAIChatClient:
     def attempt_timeout(self, messages: list[dict[str, str]], max_tokens: int) -> float:
         """Seconds one attempt of this request may take."""
         prompt_tokens = sum(len(str(m.get("content") or "")) for m in messages) // CHARS_PER_TOKEN
-        return self.timeout + self.timeout_per_token * (max_tokens + prompt_tokens)
+        tokens = max_tokens + prompt_tokens
+        if self.max_model_len is not None:
+            tokens = min(tokens, self.max_model_len)
+        return self.timeout + self.timeout_per_token * tokens
 
     def _redact(self, text: str) -> str:
         return text.replace(self._api_key, "***") if self._api_key else text

@@ -30,6 +30,14 @@ tokenized whole, at ~190 bytes of memory a character: docs/serving.md, "Long req
 
     .venv/bin/python scripts/bench_serve.py [--tokens 5000,50000,500000,3500000] [--repeats 30,10,4,2]
         [--chunk 5000 --max-new 1024 --final-max-new 1024] [--text english|unbroken] [--json FILE]
+
+``--soak``: hostile clients at once against an endpoint with one slot (bounded in count, ``--soak-*``, and in time,
+``--soak-limit``): many-message requests whose client leaves once it has sent them, uploads that stall half-way,
+JSON nested 100,000 and 1,000,000 deep; printed: the endpoint's RSS before, at its peak and after, its CPU seconds,
+the seconds until a normal request is answered and until its CPU is idle again, and what its log grew by.
+
+    .venv/bin/python scripts/bench_serve.py --soak [--soak-abandoned 3 --soak-messages 60000 --soak-stalled 4
+        --soak-deep 4 --soak-limit 300] [--json FILE]
 """
 
 from __future__ import annotations
@@ -40,9 +48,11 @@ import http.client
 import json
 import os
 import random
+import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -164,7 +174,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--final-max-new", type=int, default=1024)
     parser.add_argument("--text", choices=("english", "unbroken"), default="english", help="the documents' text")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--soak", action="store_true", help="the hostile-client soak instead (docs/serving.md)")
+    parser.add_argument("--soak-abandoned", type=int, default=3, help="many-message requests whose client leaves")
+    parser.add_argument("--soak-messages", type=int, default=60_000, help="one-KB messages in each of them")
+    parser.add_argument("--soak-stalled", type=int, default=4, help="uploads that stop after 2 MB of 8 MB")
+    parser.add_argument("--soak-deep", type=int, default=4, help="requests of JSON nested 100,000+ deep")
+    parser.add_argument("--soak-limit", type=float, default=300.0, help="seconds the soak waits for idle, at most")
     args = parser.parse_args(argv)
+    if args.soak:
+        return soak(args)
     lengths = [int(x) for x in args.tokens.split(",")]
     repeats = [int(x) for x in args.repeats.split(",")]
     if len(repeats) != len(lengths):
@@ -316,6 +334,126 @@ def body_of(document: str, model: str = MODEL) -> bytes:
     (the endpoint's default question mode)."""
     message = {"role": "user", "content": f"{document.strip()}\n\n{QUESTION}"}
     return json.dumps({"model": model, "messages": [message], "temperature": 0.0}).encode()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the hostile-client soak (--soak)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def many_messages_body(tokenizer: Any, messages: int) -> bytes:
+    """A chat of ``messages`` one-KB user messages and a question: the many-messages shape of a long request."""
+    block = "\n".join(_english_like_corpus(0, lines=40))[:1000]
+    chat = [{"role": "user", "content": block} for _ in range(messages)] + [{"role": "user", "content": QUESTION}]
+    return json.dumps({"model": MODEL, "messages": chat, "temperature": 0.0}).encode()
+
+
+def deep_body(depth: int) -> bytes:
+    return ('{"model": "instant", "messages": ' + "[" * depth + "]" * depth + "}").encode()
+
+
+def raw_post(port: int, body: bytes, length: int | None = None) -> socket.socket:
+    """A connection that has sent a chat request's head and ``body`` (which may be part of ``length`` bytes)."""
+    connection = socket.create_connection(("127.0.0.1", port))
+    head = "POST /v1/chat/completions HTTP/1.1\r\nHost: soak\r\nContent-Type: application/json\r\n"
+    connection.sendall(f"{head}Content-Length: {length or len(body)}\r\n\r\n".encode() + body)
+    return connection
+
+
+class Sampler:
+    """The endpoint's RSS, read every ``interval`` seconds in a thread: its peak while the soak runs."""
+
+    def __init__(self, pid: int, interval: float = 0.1) -> None:
+        self.pid, self.interval, self.peak_kib = pid, interval, 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.interval):
+            self.peak_kib = max(self.peak_kib, rss_kib(self.pid)[0])
+
+    def __enter__(self) -> Sampler:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def wait_idle(pid: int, limit: float, window: float = 1.0, busy: float = 0.05) -> float | None:
+    """Seconds until the endpoint uses under ``busy`` CPU seconds over a ``window``; None past ``limit``."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < limit:
+        before = cpu_seconds(pid)
+        time.sleep(window)
+        if cpu_seconds(pid) - before < busy:
+            return time.perf_counter() - start - window
+    return None
+
+
+def soak(args: argparse.Namespace) -> int:
+    """N abandoned many-message requests, stalled uploads and deep JSON at once, against an endpoint with one
+    slot: its RSS and CPU before, during and after, the time until a normal request is answered and until its
+    CPU is idle again (the work stopped), and what its log grew by (docs/serving.md, "What a request costs")."""
+    tiny = resolve_model_path(TINY)
+    tokenizer = load_tokenizer(tiny)
+    logs = Path(tempfile.mkdtemp(prefix="bench-soak-"))
+    upstream_port, port = free_port(), free_port()
+    upstream_root = f"http://127.0.0.1:{upstream_port}"
+    upstream_cmd = [sys.executable, str(Path(__file__).with_name("instant_server.py")), "--port", str(upstream_port),
+                    "--served-model-name", MODEL]  # fmt: skip
+    endpoint_cmd = [sys.executable, "-m", "memagent.serve", "--upstream", f"{upstream_root}/v1", "--model", MODEL,
+                    "--tokenizer", str(tiny), "--port", str(port), "--max-documents", "1"]  # fmt: skip
+    abandoned = many_messages_body(tokenizer, args.soak_messages)
+    stalled_length = 8 << 20
+    probe = body_of("A short note about the river.")
+    with (
+        managed_server(upstream_cmd, health_probe(f"{upstream_root}/health"), logs / "upstream.log", 60, 0.05),
+        managed_server(
+            endpoint_cmd, health_probe(f"http://127.0.0.1:{port}/health"), logs / "endpoint.log", 120, 0.1
+        ) as process,
+    ):
+        pid, endpoint = process.pid, Endpoint(port)
+        endpoint.chat(probe)
+        rss_before, cpu_before, log_before = rss_kib(pid)[0], cpu_seconds(pid), (logs / "endpoint.log").stat().st_size
+        print(f"soak: {args.soak_abandoned} x {len(abandoned) / 2**20:.1f} MiB abandoned, {args.soak_stalled} stalled "
+              f"uploads, {args.soak_deep} deep JSON; endpoint RSS {rss_before / 1024:.0f} MiB", flush=True)  # fmt: skip
+        with Sampler(pid) as sampler:
+            stalled = [raw_post(port, b'{"messages": [' + b" " * (2 << 20), stalled_length)
+                       for _ in range(args.soak_stalled)]  # fmt: skip
+            gone = [raw_post(port, abandoned) for _ in range(args.soak_abandoned)]
+            for connection in gone:
+                connection.close()  # the client leaves once its request is sent
+            left = time.perf_counter()
+            # 100,000 deep in memory, 1,000,000 deep (2 MB) on disk, in turn
+            depths = [(100_000, 1_000_000)[k % 2] for k in range(args.soak_deep)]
+            deep = [endpoint.request("POST", "/v1/chat/completions", deep_body(d))[1] for d in depths]
+            _, status, _ = endpoint.request("POST", "/v1/chat/completions", probe)
+            to_answer = time.perf_counter() - left
+            to_idle = wait_idle(pid, args.soak_limit)
+            health = get_json(f"http://127.0.0.1:{port}/health")["documents"]
+            rss_during = sampler.peak_kib
+            for connection in stalled:
+                connection.close()
+        after = wait_idle(pid, args.soak_limit)
+        figures = {
+            "rss_before_mib": rss_before / 1024,
+            "rss_peak_mib": rss_during / 1024,
+            "rss_after_mib": rss_kib(pid)[0] / 1024,
+            "cpu_s": cpu_seconds(pid) - cpu_before,
+            "probe_status": status,
+            "deep_statuses": deep,
+            "s_until_probe_answered": to_answer,
+            "s_until_idle": (time.perf_counter() - left) if to_idle is None else to_answer + to_idle,
+            "idle_within_limit": to_idle is not None and after is not None,
+            "health_after": health,
+            "log_kib_added": ((logs / "endpoint.log").stat().st_size - log_before) / 1024,
+        }
+    print(json.dumps(figures, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
 
 
 if __name__ == "__main__":

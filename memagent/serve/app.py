@@ -9,14 +9,16 @@ import contextlib
 import hmac
 import json
 import logging
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
-from memagent.serve.protocol import LONG_TEXT_FIELDS, ApiError, bad_request, parse_request
+from memagent.serve.protocol import LONG_TEXT_FIELDS, ApiError, ChatRequest, bad_request, parse_request
 from memagent.serve.service import Document, MemAgentService, Outcome, ServeSettings
 from memagent.serve.spool import Spools, parse_spooled
 
@@ -31,15 +33,6 @@ async def _client_gone(request: Request) -> None:
     disconnect)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-async def _read_json(request: Request) -> Any:
-    """The request body parsed as JSON, read once into one buffer that is gone before the parse ends (Starlette's
-    ``request.body()`` joins the parts and keeps the bytes for the whole request: a long document twice more)."""
-    buffer = bytearray()
-    async for part in request.stream():
-        buffer += part
-    return _loads(buffer)
 
 
 def _loads(buffer: bytearray) -> Any:
@@ -62,18 +55,17 @@ def _too_large(settings: ServeSettings, size: int | None = None, received: int |
     return ApiError(413, message, code="request_too_large")
 
 
-async def _read_body(request: Request, settings: ServeSettings) -> tuple[Any, Spools | None]:
-    """The request body parsed as JSON, and the files of a long one: a body over ``settings.spool_bytes`` (by its
-    Content-Length, or as it arrives) is read into a temporary file and parsed from there with its long strings
-    kept on disk (:mod:`memagent.serve.spool`). A body over ``settings.max_request_bytes`` is refused (413) by its
-    Content-Length before it is read, or once that much has arrived. The files are closed here if reading or
-    parsing fails."""
+async def _receive(request: Request, settings: ServeSettings) -> tuple[bytearray, Spools | None]:
+    """The request body as it arrives: in memory up to ``settings.spool_bytes``, past that in a temporary file
+    (``spools.body``; the buffer is then empty) that is parsed only once the request has a slot: a queued request
+    holds its bytes on disk and nothing else (docs/serving.md, "What a request costs"). A body over
+    ``settings.max_request_bytes`` is refused (413) by its Content-Length before it is read, or once that much has
+    arrived. A client that leaves half-way is one INFO line (ClientDisconnect goes on to the caller). The files
+    are closed here if reading fails."""
     limit = settings.max_request_bytes
     length = request.headers.get("content-length", "")
     if limit is not None and length.isdigit() and int(length) > limit:
         raise _too_large(settings, int(length))
-    if length.isdigit() and int(length) <= settings.spool_bytes:
-        return await _read_json(request), None
     buffer = bytearray()
     spools: Spools | None = None
     received = 0
@@ -90,17 +82,35 @@ async def _read_body(request: Request, settings: ServeSettings) -> tuple[Any, Sp
                 spools = Spools(settings.spool_dir)
                 spools.new_body().write(buffer)
                 buffer = bytearray()
-        if spools is None:
-            return _loads(buffer), None
-        spools.body.seek(0)
-        text, limit = spools.new_text(), settings.spool_string_chars
-        body = await asyncio.to_thread(parse_spooled, spools.body, text, limit, LONG_TEXT_FIELDS)
-        spools.close_body()
-        return body, spools
+    except ClientDisconnect:
+        said = f" of {int(length):,}" if length.isdigit() else ""
+        log.info("a client left during its upload, after %s%s bytes of its request", f"{received:,}", said)
+        if spools is not None:
+            spools.close()
+        raise
     except BaseException:
         if spools is not None:
             spools.close()
         raise
+    return buffer, spools
+
+
+def _spooled_parser(service: MemAgentService) -> Callable[[Spools, threading.Event], ChatRequest]:
+    """How a long request's body on disk becomes a request, once admitted (in a worker thread): its long strings,
+    and its short ones past a bound, stay on disk (:func:`memagent.serve.spool.parse_spooled`)."""
+    settings = service.settings
+
+    def parse(spools: Spools, stop: threading.Event) -> ChatRequest:
+        spools.body.seek(0)
+        text = spools.new_text()
+        try:
+            body = parse_spooled(spools.body, text, settings.spool_string_chars, LONG_TEXT_FIELDS, stop)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise bad_request(f"the request body is not valid JSON: {err}") from None
+        spools.close_body()
+        return parse_request(body, settings.model, service.max_model_len)
+
+    return parse
 
 
 def _chunk(doc: Document, model: str, **fields: Any) -> str:
@@ -222,55 +232,77 @@ def build_app(service: MemAgentService) -> FastAPI:
         if not authorized(request):
             return unauthorized.response()
         try:
-            body, spools = await _read_body(request, settings)
-        except (ValueError, UnicodeDecodeError) as err:
-            return bad_request(f"the request body is not valid JSON: {err}").response()
+            buffer, spools = await _receive(request, settings)
+        except ClientDisconnect:  # logged as one line where it was read
+            return Response(status_code=CLIENT_CLOSED)
         except ApiError as err:  # over the size limit
             return err.response()
-        doc = None
-        try:
-            parsed = parse_request(body, settings.model)
-            del body  # the parsed structure: the request keeps the texts it needs, the rest goes now
-            doc = await service.start(parsed, spools)
-        except ApiError as err:
-            return err.response()
-        finally:
-            if doc is None and spools is not None:
-                spools.close()  # refused before its document started: nothing else will close them
-        del parsed
+        if spools is not None:
+            doc = service.start_spooled(spools, parse_spooled_request)
+        else:
+            try:
+                body = _loads(buffer)
+            except (ValueError, UnicodeDecodeError) as err:
+                return bad_request(f"the request body is not valid JSON: {err}").response()
+            try:
+                parsed = parse_request(body, settings.model, service.max_model_len)
+                del body  # the parsed structure: the request keeps the texts it needs, the rest goes now
+                doc = await service.start(parsed)
+            except ApiError as err:
+                return err.response()
+            del parsed
         gone = asyncio.ensure_future(_client_gone(request))
         try:
-            if doc.request.stream:
-                return await _stream(doc, gone)
-            await asyncio.wait({doc.task, gone}, return_when=asyncio.FIRST_COMPLETED)
-            if not doc.task.done():  # the client went away: stop its turns
-                doc.cancel("client disconnected")
-                await asyncio.gather(doc.task, return_exceptions=True)
-                return Response(status_code=CLIENT_CLOSED)
-            error = _failure(doc)
-            if error is not None:
-                return error.response()
-            outcome: Outcome = doc.task.result()
-            return JSONResponse(
-                {
-                    "id": doc.id,
-                    "object": "chat.completion",
-                    "created": doc.created,
-                    "model": settings.model,
-                    "choices": [
-                        {
-                            "index": 0,
-                            "message": {"role": "assistant", "content": outcome.answer},
-                            "finish_reason": outcome.finish_reason,
-                            "logprobs": None,
-                        }
-                    ],
-                    "usage": _usage(outcome),
-                    "memagent": outcome.memagent,
-                }
-            )
+            return await _answer(doc, gone)
         finally:
             gone.cancel()
+
+    parse_spooled_request = _spooled_parser(service)
+
+    async def _abandon(doc: Document) -> Response:
+        """The client went away: its document stops (its turns, or its parsing or tokenizing in a thread)."""
+        doc.cancel("client disconnected")
+        await asyncio.gather(doc.task, return_exceptions=True)
+        return Response(status_code=CLIENT_CLOSED)
+
+    async def _answer(doc: Document, gone: asyncio.Future) -> Response:
+        """The answer of a started document; a long one is parsed after it waited for its slot, so whether it
+        streams is known once it is ready."""
+        ready = asyncio.ensure_future(doc.ready.wait())
+        await asyncio.wait({ready, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not ready.done():
+            ready.cancel()
+            return await _abandon(doc)
+        if doc.request is None:  # its task ended before its request was parsed: refused
+            await asyncio.gather(doc.task, return_exceptions=True)
+            return _failure(doc).response()
+        if doc.request.stream:
+            return await _stream(doc, gone)
+        await asyncio.wait({doc.task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not doc.task.done():  # the client went away: stop its turns
+            return await _abandon(doc)
+        error = _failure(doc)
+        if error is not None:
+            return error.response()
+        outcome: Outcome = doc.task.result()
+        return JSONResponse(
+            {
+                "id": doc.id,
+                "object": "chat.completion",
+                "created": doc.created,
+                "model": settings.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": outcome.answer},
+                        "finish_reason": outcome.finish_reason,
+                        "logprobs": None,
+                    }
+                ],
+                "usage": _usage(outcome),
+                "memagent": outcome.memagent,
+            }
+        )
 
     # A plain Starlette route: the handler takes the request as it is, so FastAPI's parameter resolution (its
     # dependency machinery) has nothing to do; skipping it saves ~0.1 ms of CPU a request (docs/third_party_eval.md).

@@ -159,6 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="seconds added to an attempt's timeout per prompt token (estimated) and per max_tokens (default 0)",
     )
+    svc.add_argument(
+        "--max-model-len",
+        type=non_negative_int,
+        default=0,
+        help="the model's context in tokens: a request's max_tokens over it is 400, and it caps a turn's timeout "
+        "(default 0: the tokenizer's model_max_length, else 131072)",
+    )
     svc.add_argument("--max-retries", type=non_negative_int, default=2, help="retries of a failed upstream request (2)")
     svc.add_argument("--backoff", type=seconds, default=1.0, help="first retry delay in seconds, doubling (1)")
     svc.add_argument(
@@ -266,6 +273,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         spool_bytes=args.spool_bytes,
         spool_dir=args.spool_dir,
         max_request_bytes=args.max_request_bytes or None,
+        max_model_len=args.max_model_len or None,
         server_key=os.environ[args.server_key_env] if args.server_key_env else None,
     )
 

@@ -161,8 +161,9 @@ def _sampling_value(body: dict, name: str, rule: str | None = None) -> Any:
         raise bad_request(str(err), name) from None
 
 
-def parse_request(body: Any, served_model: str) -> ChatRequest:
-    """A chat-completions body checked field by field; :class:`ApiError` (400, 404 for another model) otherwise."""
+def parse_request(body: Any, served_model: str, max_model_len: int | None = None) -> ChatRequest:
+    """A chat-completions body checked field by field; :class:`ApiError` (400, 404 for another model) otherwise.
+    ``max_model_len``: the model's context; a ``max_tokens`` over it is 400, as vLLM answers it."""
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
     model = body.get("model")
@@ -207,6 +208,12 @@ def parse_request(body: Any, served_model: str) -> ChatRequest:
     for name in ("max_completion_tokens", "max_tokens"):
         value = _sampling_value(body, name, "max_tokens")
         if value is not None:
+            if max_model_len is not None and value > max_model_len:
+                raise bad_request(
+                    f"{name} is {value}, over this model's maximum context length of {max_model_len} tokens; "
+                    f"ask for at most {max_model_len}",
+                    name,
+                )
             max_tokens = value
     try:
         stop = check_stop(body.get("stop"))

@@ -20,16 +20,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from memagent.agent import FINAL_TEMPLATES, MemoryEpisode, MemoryWorkflow
 from memagent.serve.protocol import ApiError, ChatRequest, bad_request, upstream_error
 from memagent.serve.questions import QUESTION_MODES, Found, QuestionError, find_question
-from memagent.serve.spool import MAX_REQUEST_BYTES, SPOOL_BYTES, LongText, Spools, as_str
+from memagent.serve.spool import MAX_REQUEST_BYTES, SPOOL_BYTES, LongText, Spools, Stopped, as_str
 from recurrent.async_manager import check_finished, run_session
 from recurrent.client import ChatRequestError, OpenAIChatClient
 from recurrent.functions import AnswerNotLastReplyError
@@ -49,6 +50,12 @@ INLINE_TOKENIZE_CHARS = 32_768
 # tokenized whole only up to this many characters (~190 bytes of memory a character while it is encoded: ~200 MB);
 # a longer one is refused (413) instead of taking gigabytes (docs/serving.md, "Long requests").
 WHOLE_TOKENIZE_CHARS = 1 << 20
+# The model's context when neither --max-model-len nor the tokenizer tells it (a tokenizer without a real
+# model_max_length, an agent without a tokenizer): 128K tokens, the longest native context of the model families
+# served here (docs/serving.md, "What a request costs").
+DEFAULT_MODEL_LEN = 131_072
+# A tokenizer's model_max_length above this is transformers' "unknown" placeholder (int(1e30)), not a context.
+KNOWN_MODEL_LEN = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -83,9 +90,14 @@ class ServeSettings:
     spool_dir: str | None = None  # where its files are made (unlinked at once); None: the system's temp folder
     spool_string_chars: int = 65_536  # in a body on disk, a longer string stays on disk
     tokenize_window: int = 64_000  # a document on disk is tokenized this many characters at a time
+    # The model's context in tokens: a request's max_tokens over it is 400; it caps an attempt's timeout. None:
+    # the tokenizer's model_max_length, else DEFAULT_MODEL_LEN (context_length).
+    max_model_len: int | None = None
     server_key: str | None = field(default=None, repr=False)  # clients must send it (Bearer), when set
 
     def __post_init__(self) -> None:
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1 (None: the tokenizer's), got {self.max_model_len}")
         for name in ("chunk_size", "max_new", "final_max_new", "max_documents", "spool_string_chars"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -114,9 +126,11 @@ class Outcome:
 
 @dataclass(eq=False)  # identity: documents live in a set
 class Document:
-    """One request in the service: its events feed a stream, its task runs the turns."""
+    """One request in the service: its events feed a stream, its task runs the turns. A long request waits for
+    its slot as its body on disk: ``request`` is None until its task has parsed it (``ready`` is set then, or
+    when the task ends first)."""
 
-    request: ChatRequest
+    request: ChatRequest | None
     id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -130,6 +144,10 @@ class Document:
     cancel_reason: str | None = None
     counted: str | None = None  # the counter it went to once it ended: completed, failed, cancelled
     spools: Spools | None = None  # a long request's files, closed when its task ends
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set when the task is cancelled: the work it handed to a thread (parsing, tokenizing) stops at its next check.
+    stop: threading.Event = field(default_factory=threading.Event)
+    parse: Callable[[Spools, threading.Event], ChatRequest] | None = None  # a long request's, until it is parsed
 
     def progress(self) -> str:
         if self.episode is not None:
@@ -152,7 +170,7 @@ class Counters:
     completed: int = 0
     failed: int = 0  # answered with an error after admission
     cancelled: int = 0  # stopped by a client disconnect or a shutdown
-    rejected: int = 0  # refused before a slot: queue full, queue timeout, shutting down
+    rejected: int = 0  # refused before a slot (queue full, queue timeout, shutting down) or a long request's 4xx
     turns: int = 0  # upstream replies
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -165,6 +183,17 @@ def _cut_stop(text: str, stops: list[str]) -> str:
         if text.endswith(stop):
             return text[: -len(stop)]
     return text
+
+
+def context_length(settings: ServeSettings, tokenizer: Any) -> int:
+    """The model's context in tokens: ``settings.max_model_len``, else the tokenizer's ``model_max_length`` when it
+    is a real one, else :data:`DEFAULT_MODEL_LEN`."""
+    if settings.max_model_len is not None:
+        return settings.max_model_len
+    known = getattr(tokenizer, "model_max_length", None)
+    if isinstance(known, int) and 0 < known <= KNOWN_MODEL_LEN:
+        return known
+    return DEFAULT_MODEL_LEN
 
 
 def agent_options(settings: ServeSettings, register: WorkflowRegistration) -> dict[str, Any]:
@@ -207,6 +236,9 @@ class MemAgentService:
         self.settings = settings
         self.tokenizer = tokenizer
         self.client = client
+        self.max_model_len = context_length(settings, tokenizer)
+        if client.max_model_len is None:  # a turn's timeout has a ceiling no request lifts
+            client.max_model_len = self.max_model_len
         self.register = register if register is not None else load_register(settings.agent)
         self.name = self.register.name
         self.options = agent_options(settings, self.register)
@@ -290,20 +322,66 @@ class MemAgentService:
         passes through. The document takes ``spools`` (a long request's files): its task's end closes them; a
         400 here leaves them to the caller."""
         doc = Document(request)
+        await self._prepare(doc)
+        doc.ready.set()
+        return self._launch(doc, spools)
+
+    def start_spooled(self, spools: Spools, parse: Callable[[Spools, threading.Event], ChatRequest]) -> Document:
+        """Start a long request that is still its body on disk (``spools.body``): it waits for its slot so, and
+        ``parse(spools, stop)`` makes it a request once admitted, in a worker thread that a client that leaves
+        stops. Its 400s then come from its task; the task's end closes ``spools``."""
+        doc = Document(None)
+        doc.parse = parse
+        return self._launch(doc, spools)
+
+    async def _prepare(self, doc: Document) -> None:
+        """What a request needs before it runs: whether it passes through, else where its question is."""
+        request = doc.request
         if not self.reads_documents:
             request.messages = [{**m, "content": as_str(m["content"])} for m in request.messages]
         elif self.reads_chunks and self._passes_through(request, check_tokens=False):
-            doc.passthrough = await asyncio.to_thread(self._passes_through, request, True)
+            doc.passthrough = await self._in_thread(doc, self._passes_through, request, True)
         if doc.passthrough:
             request.messages = [{**m, "content": as_str(m["content"])} for m in request.messages]
         elif self.reads_documents:
             doc.found = self._find(request)
+
+    async def _parse(self, doc: Document) -> None:
+        """A long request, admitted: parsed from its body on disk, then prepared (its 4xx count as rejected)."""
+        try:
+            doc.request = await self._in_thread(doc, doc.parse, doc.spools, doc.stop)
+            await self._prepare(doc)
+        except ApiError as err:
+            if err.status < 500:
+                doc.counted = "rejected"
+                self.counters.rejected += 1
+            raise
+        doc.ready.set()
+
+    async def _in_thread(self, doc: Document, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(*args)`` in a worker thread. Cancelled, the document's ``stop`` is set and the thread is
+        awaited before the cancellation goes on: the work stops (docs/serving.md, "What a request costs"), and
+        the request's files close only once nothing reads them."""
+        future = asyncio.ensure_future(asyncio.to_thread(function, *args))
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            doc.stop.set()
+            await asyncio.gather(future, return_exceptions=True)
+            raise
+
+    def _launch(self, doc: Document, spools: Spools | None) -> Document:
         doc.spools = spools
         doc.task = asyncio.create_task(self._drive(doc))
         self.documents.add(doc)
         # However the task ends, even cancelled before its first step (when no finally of it runs).
         doc.task.add_done_callback(
-            lambda _: (self.documents.discard(doc), self._close_spools(doc), doc.events.put_nowait(("end",)))
+            lambda _: (
+                self.documents.discard(doc),
+                self._close_spools(doc),
+                doc.events.put_nowait(("end",)),
+                doc.ready.set(),
+            )
         )
         return doc
 
@@ -344,6 +422,8 @@ class MemAgentService:
             async with self._slot(doc):
                 try:
                     async with asyncio.timeout(self.settings.document_timeout):
+                        if doc.request is None:
+                            await self._parse(doc)
                         if doc.passthrough:
                             outcome = await self._pass_through(doc)
                         elif self.reads_chunks:
@@ -370,7 +450,7 @@ class MemAgentService:
             log.info("%s cancelled (%s) %s", doc.id, doc.cancel_reason or "cancelled", doc.progress())
             raise
         except ApiError as err:
-            if doc.state != "new" and doc.state != "queued":
+            if doc.state != "new" and doc.state != "queued" and doc.counted is None:
                 self._counted(doc, "failed")
             log.warning("%s answered %d: %s", doc.id, err.status, err.message)
             raise
@@ -425,7 +505,7 @@ class MemAgentService:
         long = self.document_column is not None and len(sample[self.document_column]) > INLINE_TOKENIZE_CHARS
         try:  # a long document is tokenized in a worker thread, as the memory agent's is
             doc.episode = (
-                await asyncio.to_thread(self.workflow.episode, sample) if long else self.workflow.episode(sample)
+                await self._in_thread(doc, self.workflow.episode, sample) if long else self.workflow.episode(sample)
             )
         except (KeyError, ValueError, TypeError) as err:
             raise bad_request(f"agent {self.name!r} cannot run this request: {err}") from None
@@ -468,10 +548,11 @@ class MemAgentService:
         )
 
     def _spooled_session(
-        self, workflow: MemoryWorkflow, question: str, document: LongText, spools: Spools
+        self, workflow: MemoryWorkflow, question: str, document: LongText, spools: Spools, stop: threading.Event
     ) -> MemoryEpisode:
         """The episode of a document held on disk: ``workflow.episode({"input": question, "context": document})``
-        with the ids written to a file window by window (exactly ``encode_long``'s ids) and mapped, not held."""
+        with the ids written to a file window by window (exactly ``encode_long``'s ids) and mapped, not held;
+        ``stop`` set (the document cancelled) ends it at the next window with :class:`Stopped`."""
         context = document.strip()  # what the workflow's context_text does (strip_context)
         ids = spools.new_ids()
         window = self.settings.tokenize_window
@@ -480,6 +561,8 @@ class MemAgentService:
             if backend is None or len(context) <= window:
                 raise SeamError("no fast tokenizer" if backend is None else "one window")
             for part in encode_windows(context, backend, window, min(1_000, window // 4)):
+                if stop.is_set():
+                    raise Stopped("tokenizing stopped")
                 ids.write(part)
         except SeamError as err:
             if backend is not None and len(context) > window:
@@ -540,14 +623,16 @@ class MemAgentService:
         request.drop_texts()
         try:
             if isinstance(document, LongText):  # on disk: tokenized into a file of ids, read back a chunk at a time
-                doc.session = await asyncio.to_thread(self._spooled_session, workflow, question, document, doc.spools)
+                doc.session = await self._in_thread(
+                    doc, self._spooled_session, workflow, question, document, doc.spools, doc.stop
+                )
             else:
                 sample = {"input": question, "context": document.strip()}  # as the harness builds its items
                 del document
                 if len(sample["context"]) <= INLINE_TOKENIZE_CHARS:
                     doc.session = workflow.episode(sample)
                 else:
-                    doc.session = await asyncio.to_thread(workflow.episode, sample)
+                    doc.session = await self._in_thread(doc, workflow.episode, sample)
                 del sample
         except ValueError as err:
             raise bad_request(f"cannot read this document: {err}") from None

@@ -130,6 +130,9 @@ def test_the_flags_zero_for_no_limit_build_settings_without_a_limit():
     settings = serve_settings(parse_args([*upstream, "--max-request-bytes", "0", "--max-context", "0"]))
     assert settings.max_request_bytes is None and settings.max_context is None  # 0: no limit (the flags' help)
     assert serve_settings(parse_args([*upstream, "--max-request-bytes", "10"])).max_request_bytes == 10
+    # The model's context: 0 (the default) is the tokenizer's, a number is that many tokens (docs/serving.md).
+    assert serve_settings(parse_args(upstream)).max_model_len is None
+    assert serve_settings(parse_args([*upstream, "--max-model-len", "4096"])).max_model_len == 4096
 
 
 def test_the_readme_section_runs(scripted, tiny_tokenizer, capsys):
