@@ -105,8 +105,9 @@ class RecordingRoute:
         else:
             upstream = {"tools": tools} if tools else {}
             reply = await self.recorder.chat(messages, max_tokens, **upstream, **sampling)
+        completion = self.completion(reply, str(request.get("model", "")), parse=tools is not None)
         self.calls += 1
-        return self.completion(reply, str(request.get("model", "")), parse=tools is not None)
+        return completion
 
     def completion(self, reply: Reply, model: str, parse: bool) -> dict[str, Any]:
         """A ``ChatCompletion`` (as vLLM answers): with tools, the text split into content and calls."""
