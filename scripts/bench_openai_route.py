@@ -9,7 +9,9 @@ same agent on the ``openai`` client (recurrent/agents/calculator_openai.py), thr
   trajectories at once (train_batch_size x rollout.n), greedy so both agents get the same replies: the rollout
   part of a CPU training step. Its rollout is part of a step, so the share added here bounds the step's from above.
 
-The agents alternate and each keeps its fastest repeat (other load only slows a run down). One torch thread.
+The agents alternate and each keeps its fastest repeat (other load only slows a run down). One torch thread. Last,
+the scripted per-call overhead times the calls of a step of the recorded CPU calculator run
+(docs/calculator_cpu/metrics.jsonl), as a share of that step's time.
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_openai_route.py [--trajectories 200] [--repeats 3]
 """
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -26,6 +30,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 AGENTS = ("calculator", "calculator_openai")
+# The tiny tokenizer spends 68 tokens on the call: rows wide enough for it (as tests/verl_ext/test_vx_openai_rows.py).
+WIDE = ("recurrent.config.max_tokens_per_turn=96", "data.max_response_length=96", "data.max_prompt_length=640")
 CALL = '<tool_call>{"name": "calculate", "arguments": {"expression": "37 * 48"}}</tool_call>'
 
 
@@ -52,7 +58,9 @@ def rollout_of(agent: str, model_dir: str, tokenizer):
     from verl_ext.rollout import AgentRollout
 
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
-        config = compose("calculator_cpu", [f"actor_rollout_ref.model.path={model_dir}", f"recurrent.agent={agent}"])
+        config = compose(
+            "calculator_cpu", [f"actor_rollout_ref.model.path={model_dir}", f"recurrent.agent={agent}", *WIDE]
+        )
     return AgentRollout.get(config, tokenizer)
 
 
@@ -75,7 +83,7 @@ async def timed(rollout, server, trajectories: int, concurrent: bool, sampling: 
     return time.perf_counter() - start, sum(rows)
 
 
-def side_by_side(name: str, rollouts: dict, server, trajectories: int, repeats: int, concurrent: bool) -> None:
+def side_by_side(name: str, rollouts: dict, server, trajectories: int, repeats: int, concurrent: bool) -> float:
     sampling = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
     best: dict[str, tuple[float, int]] = {}
     for _ in range(repeats):
@@ -90,6 +98,16 @@ def side_by_side(name: str, rollouts: dict, server, trajectories: int, repeats: 
         seconds, rows = best[agent]
         print(f"  {agent:18s} {seconds:8.3f} s  {rows:5d} calls  {seconds / rows * 1e6:9.0f} us/call")
     print(f"  ratio openai/text {route_s / text_s:.3f}  (route adds {per_call:.0f} us a call)")
+    return per_call
+
+
+def recorded_step() -> tuple[float, float]:
+    """The median seconds and model calls of a step of the recorded CPU calculator run (docs/calculator_cpu.md)."""
+    lines = (REPO / "docs" / "calculator_cpu" / "metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(line)["data"] for line in lines]
+    steps = [d for d in steps if "timing_s/step" in d]
+    calls = [d["recurrent/num_trajectories"] * d["recurrent/turns_per_sample/mean"] for d in steps]
+    return statistics.median(d["timing_s/step"] for d in steps), statistics.median(calls)
 
 
 def main() -> None:
@@ -108,9 +126,14 @@ def main() -> None:
     model_dir = str(materialize(TINY))
     tokenizer = load_tokenizer(model_dir)
     rollouts = {agent: rollout_of(agent, model_dir, tokenizer) for agent in AGENTS}
-    side_by_side("scripted", rollouts, ScriptedServer(tokenizer), args.trajectories, args.repeats, concurrent=False)
-    tiny = HFTokenServer(model_dir, tokenizer)
-    side_by_side("tiny", rollouts, tiny, args.batch, args.repeats, concurrent=True)
+    per_call = side_by_side("scripted", rollouts, ScriptedServer(tokenizer), args.trajectories, args.repeats, False)
+    side_by_side("tiny", rollouts, HFTokenServer(model_dir, tokenizer), args.batch, args.repeats, concurrent=True)
+    step_s, calls = recorded_step()
+    added = per_call * 1e-6 * calls
+    print(
+        f"a CPU calculator step (docs/calculator_cpu.md: median {step_s:.2f} s, {calls:.0f} calls): the route adds "
+        f"{added * 1e3:.0f} ms = {added / step_s:.1%} (target <= 10%)"
+    )
 
 
 if __name__ == "__main__":
