@@ -20,12 +20,13 @@ function: it returns its last call's reply text (``message.content`` of a reply 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from openai import AsyncOpenAI
 
 from recurrent.functions import AgentFunction, CallRecorder, FunctionWorkflow, RowWidthsOf
-from recurrent.interface import Columns, WorkflowConfig, WorkflowRegistration
+from recurrent.interface import Columns, Workflow, WorkflowConfig, WorkflowRegistration
 from recurrent.openai_route import RecordingRoute, Render, recording_client
 from recurrent.templating import chat_prompt_ids
 from recurrent.tool_calls import as_text_messages, renders_tools, template_messages
@@ -79,13 +80,27 @@ def openai_agent(
         columns_of = registration.columns_of(config)
         return FunctionWorkflow(config, tokenizer, name=name, agent=run, columns=columns_of, row_widths=row_widths)
 
-    registration = WorkflowRegistration(
+    registration = OpenAIAgentRegistration(
         name=name,
         config_cls=config_cls,
         build=lambda config, tokenizer: make(config, tokenizer, template_render(tokenizer)),
-        inference=lambda tokenizer, **options: make(registration.make_config(options), tokenizer, None),
+        upstream_build=lambda config, tokenizer: make(config, tokenizer, None),
         columns=columns,
         large_columns=large_columns,
         needs_tokenizer=False,
     )
     return registration
+
+
+@dataclass(frozen=True)
+class OpenAIAgentRegistration(WorkflowRegistration):
+    """An ``openai``-client agent's registration: built for training, its route renders each request into token
+    ids; built for evaluation and serving, the route sends it upstream as it is. (Not through ``inference``: that
+    builder takes the memory agent's budget flags: docs/serving.md, "Another agent")."""
+
+    upstream_build: Callable[[WorkflowConfig, Any], Workflow] | None = None
+
+    def for_inference(self, tokenizer: Any, **options: Any) -> Workflow:
+        if self.upstream_build is None:
+            return super().for_inference(tokenizer, **options)
+        return self.upstream_build(self.make_config(options), tokenizer)
