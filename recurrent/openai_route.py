@@ -105,7 +105,8 @@ class RecordingRoute:
         else:
             upstream = {"tools": tools} if tools else {}
             reply = await self.recorder.chat(messages, max_tokens, **upstream, **sampling)
-        completion = self.completion(reply, str(request.get("model", "")), parse=tools is not None)
+        parse = tools is not None and request.get("tool_choice") != "none"  # vLLM parses no calls under "none"
+        completion = self.completion(reply, str(request.get("model", "")), parse=parse)
         self.calls += 1
         return completion
 

@@ -71,13 +71,16 @@ def call_text(name: str, arguments: Any) -> str:
 
 def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The messages as vLLM hands them to a chat template: tool-call arguments parsed from their JSON strings (an
-    empty or null one becomes ``{}``), an empty list of calls dropped, a missing content "". Copies: the agent's
-    messages are left as they were."""
+    empty or null one becomes ``{}``), an empty list of calls dropped, a missing content "", a content of text parts
+    one text. Copies: the agent's messages are left as they were."""
     out = []
     for message in messages:
         message = dict(message)
-        if message.get("content") is None:
+        content = message.get("content")
+        if content is None:
             message["content"] = ""
+        elif isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+            message["content"] = "\n".join(p.get("text", "") for p in content)  # text parts, joined as vLLM does
         if message.get("role") == "assistant" and "tool_calls" in message:
             calls = [_template_call(call) for call in message.get("tool_calls") or []]
             if calls:

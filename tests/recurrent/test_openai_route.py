@@ -229,3 +229,12 @@ def test_calls_that_run_out_end_on_the_last_reply_as_the_answer(tokenizer):
     episode = train(load_register("calculator_openai"), tokenizer, backend, {"prompt": "What is 6 * 7?"}, **config)
     # The agent returned the last completion's content ("Again "); the answer is the reply the reward scores.
     assert episode.answer == "Again " + CALL == episode.history[-1].reply.text
+
+
+def test_tool_choice_none_goes_upstream_and_parses_no_calls():
+    upstream = Upstream([CALL])
+    options = json.dumps({"max_tokens": 4, "tools": TOOLS, "tool_choice": "none"})
+    episode = ASK.for_inference(None, options=options).episode({})
+    asyncio.run(run_session(episode, upstream))
+    assert upstream.sent[0][2] == {"tools": TOOLS, "tool_choice": "none"}
+    assert episode.answer == CALL  # the reply's text as content: vLLM reads no calls under "none"

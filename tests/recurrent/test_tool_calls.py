@@ -36,6 +36,8 @@ def test_messages_reach_the_template_as_vllm_hands_them():
     assert messages[1]["tool_calls"][0]["function"]["arguments"] == '{"x": "1 + 2"}'  # the agent's own left alone
     empty = {"role": "assistant", "content": "hi", "tool_calls": []}
     assert template_messages([empty]) == [{"role": "assistant", "content": "hi"}]  # vLLM drops an empty list
+    parts = {"role": "tool", "content": [{"type": "text", "text": "3"}, {"type": "text", "text": "4"}]}
+    assert template_messages([parts]) == [{"role": "tool", "content": "3\n4"}]  # OpenAI's parts, as one text
     null = {**CALLED, "tool_calls": [{"function": {"name": "f", "arguments": ""}}]}
     assert template_messages([null])[0]["tool_calls"][0]["function"]["arguments"] == {}
 
