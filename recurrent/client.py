@@ -23,6 +23,7 @@ import openai
 from openai import AsyncOpenAI
 
 from recurrent.interface import FinishReason, Reply
+from recurrent.tool_calls import call_text
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,22 @@ def _reply_text(choice: dict[str, Any], stop: Any) -> str:
     finished = choice.get("finish_reason") == "stop"
     if finished and isinstance(matched, str) and matched in stops and not text.endswith(matched):
         text += matched
-    return text
+    return text + _calls_text((choice.get("message") or {}).get("tool_calls"))
+
+
+def _calls_text(calls: Any) -> str:
+    """Tool calls a server parsed out of the text (``vllm serve --tool-call-parser hermes``, hosted APIs), written
+    back in the Qwen format after the content, where vLLM's parser took them from: the reply's text stays the
+    model's, and the recording route reads the same calls out of it (recurrent/tool_calls.py)."""
+    written = []
+    for call in calls or []:
+        function = (call.get("function") if isinstance(call, dict) else None) or {}
+        try:
+            arguments = json.loads(function.get("arguments") or "{}")
+        except (TypeError, ValueError):
+            arguments = function.get("arguments")
+        written.append(call_text(str(function.get("name", "")), arguments))
+    return "".join(written)
 
 
 class OpenAIChatClient:

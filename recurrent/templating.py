@@ -97,11 +97,15 @@ class TokenTemplate:
         return f"TokenTemplate(keys={self.keys}, length={self.length})"
 
 
-def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """A call's messages as the policy sees them, in ids: the chat template with the generation prompt. Training
-    (recurrent/training/rollout.py), the agents' row widths and the warm starts' rows all render a conversation this
-    way, so a model is trained and evaluated on the same prompt ids."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+def chat_prompt_ids(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+) -> list[int]:
+    """A call's messages as the policy sees them, in ids: the chat template with the generation prompt (and the
+    request's ``tools``, which a template may render). Training (recurrent/training/rollout.py), the agents' row widths
+    and
+    the warm starts' rows all render a conversation this way, so a model is trained and evaluated on the same ids."""
+    extra = {"tools": tools} if tools else {}
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra)
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers 5 returns a BatchEncoding
         ids = ids["input_ids"]
     return [int(t) for t in ids]

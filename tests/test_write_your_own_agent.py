@@ -20,7 +20,9 @@ PAGE = REPO / "docs" / "write_your_own_agent.md"
 
 
 def blocks(language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", PAGE.read_text(), flags=re.DOTALL)
+    """The tutorial's blocks, from section 1 on ("Bring the agent you have" is tests/test_bring_your_agent.py's)."""
+    tutorial = PAGE.read_text().split("\n## 1. ", 1)[1]
+    return re.findall(rf"```{language}\n(.*?)```", tutorial, flags=re.DOTALL)
 
 
 def forgetful_app(seen: list[list[dict]]) -> web.Application:

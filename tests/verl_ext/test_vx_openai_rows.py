@@ -1,0 +1,114 @@
+"""The calculator written against the ``openai`` client and its tools API (experiments/calculator/openai_agent.py)
+trains the same rows as the text calculator (experiments/calculator/agent.py), token for token, through verl's agent
+loop and the calculator's CPU config, on the same scripted replies: the two contracts train the same thing. Its own
+sampling is refused there with the trainer's message, and sync mode (lockstep rounds) gives it the same rows."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import openai
+import pytest
+from omegaconf import open_dict
+from verl.workers.rollout.replica import TokenOutput
+from vx_helpers import compose_config, recurrent_agent_loop
+
+from recurrent.openai_agents import openai_agent
+
+SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
+CALL = '<tool_call>{"name": "calculate", "arguments": {"expression": "37 * 48"}}</tool_call>'
+WIDE = (
+    "recurrent.config.max_tokens_per_turn=96",
+    "data.max_response_length=96",
+    "data.max_prompt_length=640",
+    "actor_rollout_ref.rollout.max_model_len=736",
+)
+
+
+class CalculatorTokenServer:
+    """Reads the prompt it is sent: a tool result gets ``\\boxed{result}``, a question gets ``prefix`` and a call."""
+
+    def __init__(self, tokenizer, prefix: str = "") -> None:
+        self.tokenizer = tokenizer
+        self.prefix = prefix
+        self.replies: list[list[int]] = []
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **_):
+        result = re.findall(r"<tool_response>(-?\d+)</tool_response>", self.tokenizer.decode(prompt_ids))
+        reply = f"So \\boxed{{{result[-1]}}}" if result else self.prefix + CALL
+        ids = self.tokenizer.encode(reply, add_special_tokens=False)[: sampling_params["max_tokens"] - 1]
+        ids.append(self.tokenizer.eos_token_id)
+        self.replies.append(ids)
+        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason="completed", extra_fields={})
+
+
+def rows_of(agent: str, tiny_model_dir, tokenizer, prefix: str = "", settings: bool = True):
+    config = compose_config(
+        "calculator_cpu", [f"actor_rollout_ref.model.path={tiny_model_dir}", f"recurrent.agent={agent}", *WIDE]
+    )
+    if not settings:
+        with open_dict(config):
+            config.recurrent.config = {}  # a stand-in agent without the calculator's settings
+    server = CalculatorTokenServer(tokenizer, prefix)
+    return recurrent_agent_loop(config, tokenizer, server), server
+
+
+def chat(question: str) -> dict:
+    messages = [{"role": "user", "content": question}]
+    return {"uid": "u1", "session_id": 0, "index": 0, "prompt": messages, "raw_prompt": messages, "data_source": "c"}
+
+
+@pytest.mark.parametrize("prefix", ["", "Let me compute that. "])
+async def test_the_openai_calculator_trains_the_text_calculators_rows(tiny_model_dir, tiny_tokenizer, prefix):
+    rows = {}
+    for agent in ("calculator", "calculator_openai"):
+        loop, server = rows_of(agent, tiny_model_dir, tiny_tokenizer, prefix)
+        outputs = await loop.run(dict(SAMPLING), **chat("What is 37 * 48?"))
+        assert [o.response_ids for o in outputs] == server.replies  # the ids sampled
+        rows[agent] = [
+            (o.prompt_ids, o.response_ids, o.response_logprobs, o.extra_fields["turn_kind"]) for o in outputs
+        ]
+    assert len(rows["calculator"]) == 2  # the tool call, then the answer
+    assert rows["calculator_openai"] == rows["calculator"]
+    second_prompt = tiny_tokenizer.decode(rows["calculator"][1][0])
+    assert f"{prefix}{CALL}<|im_end|>" in second_prompt and "<tool_response>1776</tool_response>" in second_prompt
+
+
+async def own_sampling(sample, client, config):
+    messages = [{"role": "user", "content": "hi"}]
+    completion = await client.chat.completions.create(model="m", messages=messages, max_tokens=4, temperature=0.0)
+    return completion.choices[0].message.content
+
+
+@dataclass
+class Nothing:
+    pass
+
+
+OWN_SAMPLING = openai_agent("own_sampling", Nothing, own_sampling)
+
+
+async def test_its_own_sampling_is_refused_in_training_with_the_trainers_message(tiny_model_dir, tiny_tokenizer):
+    loop, _ = rows_of(f"{__file__}:OWN_SAMPLING", tiny_model_dir, tiny_tokenizer, settings=False)
+    with pytest.raises(openai.BadRequestError, match=r"passed sampling parameters \['temperature'\] in training"):
+        await loop.run(dict(SAMPLING), **chat("What is 1 + 1?"))
+
+
+async def test_lockstep_rounds_give_the_openai_calculator_the_same_rows(tiny_model_dir, tiny_tokenizer):
+    from recurrent.training.lockstep import Trajectory, run_trajectories
+    from recurrent.training.rollout import AgentRollout
+
+    questions = ["What is 37 * 48?", "What is 1 + 1?"]
+    loop, _ = rows_of("calculator_openai", tiny_model_dir, tiny_tokenizer)
+    in_async = [await loop.run(dict(SAMPLING), **chat(q)) for q in questions]
+    overrides = [f"actor_rollout_ref.model.path={tiny_model_dir}", "recurrent.agent=calculator_openai", *WIDE]
+    config = compose_config("calculator_cpu", [*overrides, "recurrent.mode=sync"])
+    trajectories = [Trajectory(chat(q), 0, dict(SAMPLING)) for q in questions]
+    server = CalculatorTokenServer(tiny_tokenizer)
+    in_sync = await run_trajectories(AgentRollout.get(config, tiny_tokenizer), server, trajectories)
+    assert not [r for r in in_sync if isinstance(r, Exception)], in_sync
+    for sync_rows, async_rows in zip(in_sync, in_async, strict=True):
+        assert len(sync_rows) == 2
+        for ours, theirs in zip(sync_rows, async_rows, strict=True):
+            assert (ours.prompt_ids, ours.response_ids) == (theirs.prompt_ids, theirs.response_ids)
