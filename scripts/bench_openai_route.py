@@ -1,7 +1,8 @@
 """Benchmark: the recording route (an ``openai.AsyncOpenAI`` served in process, recurrent/openai_route.py) against the
 framework's own chat client, side by side in one run: the calculator (experiments/calculator/agent.py) and the
 same agent on the ``openai`` client (experiments/calculator/openai_agent.py), through training's rollout code
-(recurrent/training/rollout.py: episodes, the token client, one row per call) with configs/calculator_cpu.yaml's settings.
+(recurrent/training/rollout.py: episodes, the token client, one row per call) with
+configs/calculator_cpu.yaml's settings.
 
 - ``scripted``: a token server that answers at once (a calculator call, then the boxed result): the framework's
   own cost per call, where the route's overhead is all there is to see;

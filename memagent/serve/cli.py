@@ -44,7 +44,7 @@ evaluation protocol (the harness's memory method): --chunk-size 5000 --max-new 1
 document, --final-prompt answer_is; at temperature 0 an answer equals the harness's for the same item and budgets.
 Where the question is: --question-mode (auto, field, messages, split), also per request in the memagent field.
 Every option can come from --config FILE (YAML, keys as the long flags); flags on the command line win.
-Another agent: --agent NAME (registered: memory, direct, calculator) or --agent path/to/agent.py, its settings from
+Another agent: --agent NAME (a registered name) or --agent path/to/agent.py, its settings from
 --agent-config FILE (YAML or JSON, the fields of its config class); a tokenizer is loaded only for an agent that
 counts tokens.
 """
@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--agent",
         default="memory",
-        help="the agent to serve: a registered name (memory, direct, calculator), a module path, or a file path "
+        help="the agent to serve: a registered name (memory, direct, calculator, ...), a module path, or a file path "
         "(path/to/agent.py, relative to the working directory); default memory: each request's document is read "
         "by the memory agent",
     )
