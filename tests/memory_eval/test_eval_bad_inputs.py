@@ -141,7 +141,7 @@ TABLES = {
     "an unknown method": (
         "models:\n  - {name: a, checkpoint: tiny, method: recurrent}\n",
         ":2: model 'a': field 'method' must be one of memory, memory-boxed, direct, direct-boxed, calculator, "
-        "got 'recurrent'",
+        "calculator_openai, got 'recurrent'",
     ),
     "no checkpoint": ("models:\n  - {name: a}\n", ":2: model 'a': field 'checkpoint' is missing; fields: name"),
     "duplicate names": (
