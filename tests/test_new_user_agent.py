@@ -93,6 +93,25 @@ def scripted_app(seen: list[str]) -> web.Application:
     return app
 
 
+def train_as_user(command: str, user: Path) -> None:
+    """Run a documented training command in the user's folder as a user would (the CPU platform not preset),
+    its output in ``user/train.log``; a run past the time limit is stopped through the launcher's trap."""
+    env = {**user_env(), "PYTHON": sys.executable}
+    env.pop("VERL_PLATFORM", None)
+    log_path = user / "train.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            ["bash", "-c", command], cwd=user, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            rc = process.wait(TRAIN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGTERM)  # the launcher's trap ends the trainer's session
+            process.wait(60)
+            rc = -1
+    assert rc == 0, log_path.read_text()[-5000:]
+
+
 def user_env() -> dict[str, str]:
     """The user's shell: the project installed (here: this checkout first on the path), one thread a process."""
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
@@ -225,20 +244,7 @@ def test_train_it_two_steps_and_read_its_rows(user: Path):
     (command,) = re.findall(r"```bash\n(.*?)```", PAGE.read_text(), flags=re.DOTALL)
     command = command.strip().replace("bash REPO/", f"bash {REPO}/")
     assert "CONFIG=my_agent_cpu.yaml" in command and "MODEL=tiny" in command and "STEPS=2" in command
-    env = {**user_env(), "PYTHON": sys.executable}
-    env.pop("VERL_PLATFORM", None)
-    log_path = user / "train.log"
-    with log_path.open("w") as log:
-        process = subprocess.Popen(
-            ["bash", "-c", command], cwd=user, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        try:
-            rc = process.wait(TRAIN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.send_signal(signal.SIGTERM)  # the launcher's trap ends the trainer's session
-            process.wait(60)
-            rc = -1
-    assert rc == 0, log_path.read_text()[-5000:]
+    train_as_user(command, user)
     out = user / "runs" / "my_agent"
     # It learns in its run: the learning rate of both steps is the run's, not a warm-up's 0.
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

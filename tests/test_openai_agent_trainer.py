@@ -9,21 +9,17 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_new_user_agent import REPO, problems_frame, run, user_env
+from test_new_user_agent import REPO, problems_frame, run, train_as_user
 
 from recurrent.models import load_tokenizer
 
 AGENT_FILE = Path(__file__).resolve().parent / "openai_user_agent.py"
 DRAFT = "{question}\nWrite a short draft answer."
 CHECK = "Check the draft and put the final answer in \\boxed{}."
-TRAIN_TIMEOUT_S = 1500
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow(seconds=300), pytest.mark.timeout(2400)]
 
@@ -61,19 +57,7 @@ reward:
 def train(user: Path) -> None:
     settings = "CONFIG=my_openai_agent_cpu.yaml DATA_DIR=data MODEL=tiny STEPS=2 OUT_DIR=runs/openai"
     command = f"{settings} bash {REPO}/scripts/train_tiny_cpu.sh"
-    env = {**user_env(), "PYTHON": sys.executable}
-    env.pop("VERL_PLATFORM", None)
-    with (user / "train.log").open("w") as log:
-        process = subprocess.Popen(
-            ["bash", "-c", command], cwd=user, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        try:
-            rc = process.wait(TRAIN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.send_signal(signal.SIGTERM)  # the launcher's trap ends the trainer's session
-            process.wait(60)
-            rc = -1
-    assert rc == 0, (user / "train.log").read_text()[-5000:]
+    train_as_user(command, user)
 
 
 def test_an_openai_client_agent_trains_two_steps_one_row_per_call(tmp_path: Path):

@@ -11,13 +11,12 @@ results are never trained on), and the last call, the answer, is the one the rew
 
 from __future__ import annotations
 
-import ast
 import json
-import operator
 import re
 from dataclasses import dataclass
 from typing import Any
 
+from experiments.calculator.tool import calculate
 from recurrent.functions import CallRecorder, agent_function
 from recurrent.interface import RowWidths, WorkflowConfig, question_text
 from recurrent.templating import chat_prompt_ids
@@ -29,17 +28,6 @@ SYSTEM_PROMPT = (
     "When you know the answer, put it in \\boxed{}."
 )
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-_OPERATORS = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
-    ast.USub: operator.neg,
-    ast.UAdd: operator.pos,
-}
 
 
 @dataclass
@@ -77,28 +65,6 @@ async def solve(sample: dict[str, Any], client: CallRecorder, config: Calculator
             {"role": "user", "content": f"<tool_response>{result[: config.max_result_chars]}</tool_response>"}
         )
     return reply.text
-
-
-def calculate(expression: str) -> str:
-    """Evaluate an arithmetic expression safely (numbers, + - * / // % **, parentheses); errors as text."""
-    try:
-        value = _evaluate(ast.parse(expression, mode="eval").body)
-    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError, TypeError, RecursionError) as err:
-        return f"error: {err}"
-    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
-
-
-def _evaluate(node: ast.AST) -> float | int:
-    if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
-        return node.value
-    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-        left, right = _evaluate(node.left), _evaluate(node.right)
-        if isinstance(node.op, ast.Pow) and abs(right) > 64:
-            raise ValueError("exponent too large")
-        return _OPERATORS[type(node.op)](left, right)
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
-        return _OPERATORS[type(node.op)](_evaluate(node.operand))
-    raise ValueError(f"unsupported expression: {ast.dump(node)[:80]}")
 
 
 def parse_tool_call(text: str) -> str | None:

@@ -12,14 +12,13 @@ the system prompt describes it as the text calculator's does.
 
 from __future__ import annotations
 
-import ast
 import json
-import operator
 from dataclasses import dataclass
 from typing import Any
 
 from openai import AsyncOpenAI
 
+from experiments.calculator.tool import calculate  # the tool itself: plain Python, no framework
 from recurrent.openai_agents import openai_agent
 
 SYSTEM_PROMPT = (
@@ -43,17 +42,6 @@ TOOLS = [
     }
 ]
 MALFORMED = "error: malformed tool call"  # the text calculator's answer to a call it cannot read
-_OPERATORS = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
-    ast.USub: operator.neg,
-    ast.UAdd: operator.pos,
-}
 
 
 @dataclass
@@ -102,28 +90,6 @@ def run_tool(name: str, arguments: str) -> str:
     except (json.JSONDecodeError, KeyError, TypeError):
         return MALFORMED
     return calculate(str(expression)) if name == "calculate" else MALFORMED
-
-
-def calculate(expression: str) -> str:
-    """Evaluate an arithmetic expression safely; errors as text."""
-    try:
-        value = _evaluate(ast.parse(expression, mode="eval").body)
-    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError, TypeError, RecursionError) as err:
-        return f"error: {err}"
-    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
-
-
-def _evaluate(node: ast.AST) -> float | int:
-    if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
-        return node.value
-    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-        left, right = _evaluate(node.left), _evaluate(node.right)
-        if isinstance(node.op, ast.Pow) and abs(right) > 64:
-            raise ValueError("exponent too large")
-        return _OPERATORS[type(node.op)](left, right)
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
-        return _OPERATORS[type(node.op)](_evaluate(node.operand))
-    raise ValueError(f"unsupported expression: {ast.dump(node)[:80]}")
 
 
 REGISTER = openai_agent("calculator_openai", CalculatorConfig, solve, columns=lambda config: (config.question_key,))

@@ -9,7 +9,8 @@ from dataclasses import asdict
 import pytest
 from transformers import AutoTokenizer
 
-from experiments.calculator.agent import CalculatorConfig, calculate, parse_tool_call, row_widths
+from experiments.calculator.agent import CalculatorConfig, parse_tool_call, row_widths
+from experiments.calculator.tool import calculate
 from recurrent.async_manager import run_session
 from recurrent.functions import FunctionEpisode
 from recurrent.interface import Reply, load_register

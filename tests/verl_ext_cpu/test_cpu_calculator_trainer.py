@@ -40,7 +40,8 @@ import pytest
 from omegaconf import OmegaConf
 from trainer_run import REPO, grpo_by_hand, read_jsonl, read_metrics, run_script, tail, trajectories
 
-from experiments.calculator.agent import calculate, parse_tool_call
+from experiments.calculator.agent import parse_tool_call
+from experiments.calculator.tool import calculate
 
 BUILD_TIMEOUT_S = 1200  # the quick warm start: ~55 s of one core, once (then cached with the offline models)
 RUN_TIMEOUT_S = 900  # the fixture: ~170 s on 2 idle cores beside another trainer run, quick build included
