@@ -161,9 +161,195 @@ def _failure(doc: Document) -> ApiError | None:
     return error if isinstance(error, ApiError) else ApiError(500, f"{type(error).__name__}: {error}", "server_error")
 
 
+UNAUTHORIZED = ApiError(401, "missing or wrong API key", "invalid_request_error", "invalid_api_key")
+
+
+async def _http_error(request: Request, err: StarletteHTTPException) -> Response:
+    """Starlette's own answers (404 unknown route, 405 wrong method) in OpenAI's error shape, as every other error
+    here (docs/serving.md, "Errors"); its headers (Allow on a 405) kept."""
+    if err.status_code == 404:
+        message = f"no route {request.url.path}; this server answers {', '.join(ROUTES)}"
+    elif err.status_code == 405:
+        message = f"{request.method} is not allowed on {request.url.path} (allowed: {err.headers.get('Allow', '')})"
+    else:
+        message = f"{request.method} {request.url.path}: {err.detail}"
+    error = ApiError(err.status_code, message, code="not_found" if err.status_code == 404 else None)
+    response = error.response()
+    response.headers.update(err.headers or {})
+    return response
+
+
+async def _internal_error(request: Request, err: Exception) -> JSONResponse:
+    log.error("internal error on %s %s", request.method, request.url.path, exc_info=err)
+    return ApiError(500, f"internal error: {type(err).__name__}: {err}", "server_error").response()
+
+
+class _ChatRoute:
+    """``POST /v1/chat/completions`` of one service: the request received (spooled when long), started as a
+    document, and answered whole or as a stream; a client that leaves stops its document."""
+
+    def __init__(self, service: MemAgentService) -> None:
+        self.service = service
+        self.settings = service.settings
+        self.parse_spooled_request = _spooled_parser(service)
+
+    def authorized(self, request: Request) -> bool:
+        if self.settings.server_key is None:
+            return True
+        given = request.headers.get("authorization", "")
+        given = given[7:] if given.lower().startswith("bearer ") else request.headers.get("api-key", "")
+        return hmac.compare_digest(given.encode(), self.settings.server_key.encode())
+
+    async def handle(self, request: Request) -> Response:
+        if not self.authorized(request):
+            return UNAUTHORIZED.response()
+        try:
+            buffer, spools = await _receive(request, self.settings)
+        except ClientDisconnect:  # logged as one line where it was read
+            return Response(status_code=CLIENT_CLOSED)
+        except ApiError as err:  # over the size limit
+            return err.response()
+        if spools is not None:
+            doc = self.service.start_spooled(spools, self.parse_spooled_request)
+        else:
+            try:
+                body = _loads(buffer)
+            except (ValueError, UnicodeDecodeError) as err:
+                return bad_request(f"the request body is not valid JSON: {err}").response()
+            try:
+                parsed = parse_request(body, self.settings.model, self.service.max_model_len)
+                del body  # the parsed structure: the request keeps the texts it needs, the rest goes now
+                doc = await self.service.start(parsed)
+            except ApiError as err:
+                return err.response()
+            del parsed
+        gone = asyncio.ensure_future(_client_gone(request))
+        try:
+            return await self._answer(doc, gone)
+        finally:
+            gone.cancel()
+
+    async def _abandon(self, doc: Document) -> Response:
+        """The client went away: its document stops (its turns, or its parsing or tokenizing in a thread)."""
+        doc.cancel("client disconnected")
+        await asyncio.gather(doc.task, return_exceptions=True)
+        return Response(status_code=CLIENT_CLOSED)
+
+    async def _answer(self, doc: Document, gone: asyncio.Future) -> Response:
+        """The answer of a started document; a long one is parsed after it waited for its slot, so whether it
+        streams is known once it is ready."""
+        ready = asyncio.ensure_future(doc.ready.wait())
+        await asyncio.wait({ready, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not ready.done():
+            ready.cancel()
+            return await self._abandon(doc)
+        if doc.request is None:  # its task ended before its request was parsed: refused
+            await asyncio.gather(doc.task, return_exceptions=True)
+            return _failure(doc).response()
+        if doc.request.stream:
+            return await self._stream(doc, gone)
+        await asyncio.wait({doc.task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not doc.task.done():  # the client went away: stop its turns
+            return await self._abandon(doc)
+        error = _failure(doc)
+        if error is not None:
+            return error.response()
+        return JSONResponse(self._completion(doc, doc.task.result()))
+
+    def _completion(self, doc: Document, outcome: Outcome) -> dict[str, Any]:
+        return {
+            "id": doc.id,
+            "object": "chat.completion",
+            "created": doc.created,
+            "model": self.settings.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": outcome.answer},
+                    "finish_reason": outcome.finish_reason,
+                    "logprobs": None,
+                }
+            ],
+            "usage": _usage(outcome),
+            "memagent": outcome.memagent,
+        }
+
+    async def _stream(self, doc: Document, gone: asyncio.Future) -> Response:
+        """The stream opens once the first turn is in (or the document is done): an error before then is an
+        HTTP status, after it an error event in the stream."""
+        first = asyncio.ensure_future(doc.events.get())
+        await asyncio.wait({first, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not first.done():
+            first.cancel()
+            return await self._abandon(doc)
+        event = first.result()
+        if event[0] == "end":
+            error = _failure(doc)
+            if error is not None:
+                return error.response()
+        return _EventStream(self._events(doc, event), doc)
+
+    async def _events(self, doc: Document, event: tuple | None) -> AsyncIterator[str]:
+        """The stream's events; a fault while writing them ends it with an error event, counted failed."""
+        try:
+            async for text in self._event_texts(doc, event):
+                yield text
+        except Exception as err:  # a fault of this server, not of the document: the client is told, /health counts it
+            log.error("%s: the stream failed", doc.id, exc_info=err)
+            self.service.stream_failed(doc)
+            error = ApiError(500, f"internal error while streaming: {type(err).__name__}: {err}", "server_error")
+            yield f"data: {json.dumps(error.body(), ensure_ascii=False)}\n\n"
+            yield "data: [DONE]\n\n"
+
+    async def _event_texts(self, doc: Document, event: tuple | None) -> AsyncIterator[str]:
+        model = self.settings.model
+        # Progress as data chunks when the request asks (memagent.progress; the memory agent's return_memories),
+        # else as SSE comments, which OpenAI clients skip (docs/serving.md, "Streaming").
+        as_data = doc.request.ext.progress or doc.request.ext.return_memories
+        yield _chunk(doc, model, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}}])
+        while True:
+            if event is None:
+                try:
+                    event = await asyncio.wait_for(doc.events.get(), self.settings.keepalive)
+                except TimeoutError:
+                    yield ": keepalive\n\n"  # an SSE comment: clients skip it, proxies see the stream alive
+                    continue
+            if event[0] != "progress":
+                for text in self._final_texts(doc):
+                    yield text
+                return
+            progress, comment = event[1], event[2]
+            if progress is not None and as_data:
+                yield _chunk(doc, model, choices=[], memagent=progress)
+            elif comment is not None:
+                yield f": {comment}\n\n"
+            event = None
+
+    def _final_texts(self, doc: Document) -> list[str]:
+        """The stream's end: the answer and its finish reason (and usage when asked), or the error; then [DONE]."""
+        model = self.settings.model
+        error = _failure(doc)
+        if error is not None:
+            return [f"data: {json.dumps(error.body(), ensure_ascii=False)}\n\n", "data: [DONE]\n\n"]
+        outcome: Outcome = doc.task.result()
+        texts = [
+            _chunk(doc, model, choices=[{"index": 0, "delta": {"content": outcome.answer}}]),
+            _chunk(
+                doc,
+                model,
+                choices=[{"index": 0, "delta": {}, "finish_reason": outcome.finish_reason}],
+                memagent=outcome.memagent,
+            ),
+        ]
+        if doc.request.include_usage:
+            texts.append(_chunk(doc, model, choices=[], usage=_usage(outcome)))
+        return [*texts, "data: [DONE]\n\n"]
+
+
 def build_app(service: MemAgentService) -> FastAPI:
     """The FastAPI app of one service: ``GET /v1/models``, ``POST /v1/chat/completions``, ``GET /health``."""
     settings = service.settings
+    chat = _ChatRoute(service)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -176,15 +362,8 @@ def build_app(service: MemAgentService) -> FastAPI:
         service.stopped = True
 
     app = FastAPI(title="MemAgent", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-
-    def authorized(request: Request) -> bool:
-        if settings.server_key is None:
-            return True
-        given = request.headers.get("authorization", "")
-        given = given[7:] if given.lower().startswith("bearer ") else request.headers.get("api-key", "")
-        return hmac.compare_digest(given.encode(), settings.server_key.encode())
-
-    unauthorized = ApiError(401, "missing or wrong API key", "invalid_request_error", "invalid_api_key")
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _internal_error)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -195,184 +374,20 @@ def build_app(service: MemAgentService) -> FastAPI:
 
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:
-        if not authorized(request):
-            return unauthorized.response()
+        if not chat.authorized(request):
+            return UNAUTHORIZED.response()
         return JSONResponse({"object": "list", "data": [entry]})
 
     @app.get("/v1/models/{model:path}")
     async def model(model: str, request: Request) -> JSONResponse:
-        if not authorized(request):
-            return unauthorized.response()
+        if not chat.authorized(request):
+            return UNAUTHORIZED.response()
         if model != settings.model:
             message = f"model {model!r} is not served here; this server serves {settings.model!r}"
             return ApiError(404, message, code="model_not_found", param="model").response()
         return JSONResponse(entry)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, err: StarletteHTTPException) -> Response:
-        # Starlette's own answers (404 unknown route, 405 wrong method) in OpenAI's error shape, as every other
-        # error here (docs/serving.md, "Errors"); its headers (Allow on a 405) kept.
-        if err.status_code == 404:
-            message = f"no route {request.url.path}; this server answers {', '.join(ROUTES)}"
-        elif err.status_code == 405:
-            message = f"{request.method} is not allowed on {request.url.path} (allowed: {err.headers.get('Allow', '')})"
-        else:
-            message = f"{request.method} {request.url.path}: {err.detail}"
-        error = ApiError(err.status_code, message, code="not_found" if err.status_code == 404 else None)
-        response = error.response()
-        response.headers.update(err.headers or {})
-        return response
-
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, err: Exception) -> JSONResponse:
-        log.error("internal error on %s %s", request.method, request.url.path, exc_info=err)
-        return ApiError(500, f"internal error: {type(err).__name__}: {err}", "server_error").response()
-
-    async def chat_completions(request: Request) -> Response:
-        if not authorized(request):
-            return unauthorized.response()
-        try:
-            buffer, spools = await _receive(request, settings)
-        except ClientDisconnect:  # logged as one line where it was read
-            return Response(status_code=CLIENT_CLOSED)
-        except ApiError as err:  # over the size limit
-            return err.response()
-        if spools is not None:
-            doc = service.start_spooled(spools, parse_spooled_request)
-        else:
-            try:
-                body = _loads(buffer)
-            except (ValueError, UnicodeDecodeError) as err:
-                return bad_request(f"the request body is not valid JSON: {err}").response()
-            try:
-                parsed = parse_request(body, settings.model, service.max_model_len)
-                del body  # the parsed structure: the request keeps the texts it needs, the rest goes now
-                doc = await service.start(parsed)
-            except ApiError as err:
-                return err.response()
-            del parsed
-        gone = asyncio.ensure_future(_client_gone(request))
-        try:
-            return await _answer(doc, gone)
-        finally:
-            gone.cancel()
-
-    parse_spooled_request = _spooled_parser(service)
-
-    async def _abandon(doc: Document) -> Response:
-        """The client went away: its document stops (its turns, or its parsing or tokenizing in a thread)."""
-        doc.cancel("client disconnected")
-        await asyncio.gather(doc.task, return_exceptions=True)
-        return Response(status_code=CLIENT_CLOSED)
-
-    async def _answer(doc: Document, gone: asyncio.Future) -> Response:
-        """The answer of a started document; a long one is parsed after it waited for its slot, so whether it
-        streams is known once it is ready."""
-        ready = asyncio.ensure_future(doc.ready.wait())
-        await asyncio.wait({ready, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if not ready.done():
-            ready.cancel()
-            return await _abandon(doc)
-        if doc.request is None:  # its task ended before its request was parsed: refused
-            await asyncio.gather(doc.task, return_exceptions=True)
-            return _failure(doc).response()
-        if doc.request.stream:
-            return await _stream(doc, gone)
-        await asyncio.wait({doc.task, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if not doc.task.done():  # the client went away: stop its turns
-            return await _abandon(doc)
-        error = _failure(doc)
-        if error is not None:
-            return error.response()
-        outcome: Outcome = doc.task.result()
-        return JSONResponse(
-            {
-                "id": doc.id,
-                "object": "chat.completion",
-                "created": doc.created,
-                "model": settings.model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": outcome.answer},
-                        "finish_reason": outcome.finish_reason,
-                        "logprobs": None,
-                    }
-                ],
-                "usage": _usage(outcome),
-                "memagent": outcome.memagent,
-            }
-        )
-
     # A plain Starlette route: the handler takes the request as it is, so FastAPI's parameter resolution (its
     # dependency machinery) has nothing to do; skipping it saves ~0.1 ms of CPU a request (docs/third_party_eval.md).
-    app.router.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
-
-    async def _stream(doc: Document, gone: asyncio.Future) -> Response:
-        """The stream opens once the first turn is in (or the document is done): an error before then is an
-        HTTP status, after it an error event in the stream."""
-        first = asyncio.ensure_future(doc.events.get())
-        await asyncio.wait({first, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if not first.done():
-            first.cancel()
-            doc.cancel("client disconnected")
-            await asyncio.gather(doc.task, return_exceptions=True)
-            return Response(status_code=CLIENT_CLOSED)
-        event = first.result()
-        if event[0] == "end":
-            error = _failure(doc)
-            if error is not None:
-                return error.response()
-        return _EventStream(_events(doc, event), doc)
-
-    async def _events(doc: Document, event: tuple | None) -> AsyncIterator[str]:
-        """The stream's events; a fault while writing them ends it with an error event, counted failed."""
-        try:
-            async for text in _event_texts(doc, event):
-                yield text
-        except Exception as err:  # a fault of this server, not of the document: the client is told, /health counts it
-            log.error("%s: the stream failed", doc.id, exc_info=err)
-            service.stream_failed(doc)
-            error = ApiError(500, f"internal error while streaming: {type(err).__name__}: {err}", "server_error")
-            yield f"data: {json.dumps(error.body(), ensure_ascii=False)}\n\n"
-            yield "data: [DONE]\n\n"
-
-    async def _event_texts(doc: Document, event: tuple | None) -> AsyncIterator[str]:
-        model = settings.model
-        # Progress as data chunks when the request asks (memagent.progress; the memory agent's return_memories),
-        # else as SSE comments, which OpenAI clients skip (docs/serving.md, "Streaming").
-        as_data = doc.request.ext.progress or doc.request.ext.return_memories
-        yield _chunk(doc, model, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}}])
-        while True:
-            if event is None:
-                try:
-                    event = await asyncio.wait_for(doc.events.get(), settings.keepalive)
-                except TimeoutError:
-                    yield ": keepalive\n\n"  # an SSE comment: clients skip it, proxies see the stream alive
-                    continue
-            if event[0] == "progress":
-                progress, comment = event[1], event[2]
-                if progress is not None and as_data:
-                    yield _chunk(doc, model, choices=[], memagent=progress)
-                elif comment is not None:
-                    yield f": {comment}\n\n"
-            else:
-                error = _failure(doc)
-                if error is not None:
-                    yield f"data: {json.dumps(error.body(), ensure_ascii=False)}\n\n"
-                else:
-                    outcome: Outcome = doc.task.result()
-                    yield _chunk(doc, model, choices=[{"index": 0, "delta": {"content": outcome.answer}}])
-                    yield _chunk(
-                        doc,
-                        model,
-                        choices=[{"index": 0, "delta": {}, "finish_reason": outcome.finish_reason}],
-                        memagent=outcome.memagent,
-                    )
-                    if doc.request.include_usage:
-                        yield _chunk(doc, model, choices=[], usage=_usage(outcome))
-                yield "data: [DONE]\n\n"
-                return
-            event = None
-
+    app.router.add_route("/v1/chat/completions", chat.handle, methods=["POST"])
     return app
