@@ -209,6 +209,11 @@ def as_str(text: str | LongText) -> str:
 # How deep a long body's arrays and objects may nest (a request nests 5 deep): each level costs this parser a few
 # Python frames, and past Python's recursion limit it would fail with RecursionError, a 500 (docs/serving.md).
 MAX_DEPTH = 200
+# How many JSON values (objects, arrays, strings, numbers, literals) a long body may hold: each costs the parsed
+# request about 300 bytes of memory however short its text (60,000 one-KB messages, 180,000 values: 54 MiB), so
+# this bounds a running request's memory at about 90 MiB whatever its shape (docs/serving.md, "What a request
+# costs"). A chat request holds 3-4 values a message: 75,000 messages and more.
+MAX_VALUES = 300_000
 
 
 class _Parser:
@@ -226,6 +231,7 @@ class _Parser:
         self.string_chars = string_chars
         self.stop = stop
         self.held = 0  # characters of the keys' strings kept in memory so far
+        self.values = 0  # JSON values parsed so far (MAX_VALUES)
         self.buf = b""
         self.pos = 0
         self.base = 0  # offset in the body of buf[0]
@@ -277,6 +283,9 @@ class _Parser:
     def value(self, depth: int, long: bool) -> Any:
         if depth > MAX_DEPTH:
             raise self.error(f"the JSON nests too deep (over {MAX_DEPTH} levels)")
+        self.values += 1
+        if self.values > MAX_VALUES:
+            raise self.error(f"the JSON holds too many values (over {MAX_VALUES:,}: objects, arrays, strings, numbers)")
         self.skip_whitespace()
         self.fill(1)
         if self.pos >= len(self.buf):

@@ -200,3 +200,33 @@ def test_deep_json_on_disk_is_400_without_a_traceback(scripted, tiny_tokenizer, 
     assert "nest" in response.json()["error"]["message"]
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
     assert len(caplog.text.splitlines()) < 20
+
+
+# ---- 2. a body's count of JSON values is bounded, whatever their length ----
+
+
+def test_a_long_body_of_too_many_json_values_is_400_and_sends_nothing(scripted, tiny_tokenizer):
+    # 75,001 messages of one character: 3 values each (the object, its role, its content) plus the body object,
+    # the list and the model string: 225,006 values, under 300,000; 100,001 messages: 300,006, over it.
+    fits = [{"role": "user", "content": "x"}] * 75_001
+    over = [{"role": "user", "content": "x"}] * 100_001
+    with served(scripted.url, scripted.model, tiny_tokenizer, spool_bytes=0) as (base, _):
+        refused = post(base, json.dumps({"model": scripted.model, "messages": over}).encode())
+        sent_before = scripted.requests
+        answered = post(base, json.dumps({"model": scripted.model, "messages": fits}).encode())
+    assert refused.status_code == 400, refused.text
+    assert "too many values (over 300,000" in refused.json()["error"]["message"]
+    assert sent_before == 0  # the refused body sent nothing upstream
+    assert "too many values" not in answered.text  # under the limit: not refused for its count
+
+
+def test_the_value_count_is_exact_at_the_limit(tmp_path):
+    # A list of N zeros is N + 1 values (the list itself): 299,999 zeros fit, 300,000 do not.
+    for zeros, fits in ((299_999, True), (300_000, False)):
+        body = io.BytesIO(("[" + ",".join(["0"] * zeros) + "]").encode())
+        spool = TextSpool(str(tmp_path))
+        if fits:
+            assert len(parse_spooled(body, spool, 1 << 20, frozenset())) == zeros
+        else:
+            with pytest.raises(ValueError, match="too many values"):
+                parse_spooled(body, spool, 1 << 20, frozenset())
