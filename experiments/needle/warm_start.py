@@ -59,6 +59,7 @@ from typing import Any
 import torch
 
 from experiments.needle.needle import (
+    NEEDLE,
     NEEDLE_RE,
     filler_sentence,
     make_choice_document,
@@ -137,6 +138,25 @@ def paper_rows(workflow: MemoryWorkflow, rng: random.Random, count: int) -> list
         reading = workflow.prepare(sample_of(doc))
         prompt = reading.memory_prompt(reading.initial_memory, next(reading.chunks()))  # the first call's prompt
         rows.append((prompt.ids, tokenizer.encode(doc["needle"], add_special_tokens=False) + [tokenizer.eos_token_id]))
+    return rows
+
+
+def choice_rows(workflow: MemoryWorkflow, rng: random.Random, count: int, held: bool = False) -> list[Row]:
+    """The paper's memory prompt of a 1-chunk choosing document (1 to :data:`CHOOSE_DISTRACTORS` other needles,
+    empty memory) -> one of its needle sentences, drawn at random, + eos: once the key's first word is written, the
+    rest of that needle, not a blend of several. ``held``: the target's first tokens up to the key's first word move
+    into the prompt, so that a row's exact score is the copy that follows the choice."""
+    tokenizer = workflow.tokenizer
+    lead = len(tokenizer.encode(NEEDLE.split(" {key}")[0], add_special_tokens=False)) + 1  # up to the key's 1st word
+    rows = []
+    for i in range(count):
+        doc = make_choice_document(rng, tokenizer, 1, "train", 1 + i % CHOOSE_DISTRACTORS)
+        reading = workflow.prepare(sample_of(doc))
+        prompt = reading.memory_prompt(reading.initial_memory, next(reading.chunks())).ids
+        needle = rng.choice(NEEDLE_RE.findall(doc["context"]))
+        target = tokenizer.encode(NEEDLE.format(key=needle[0], value=needle[1]), add_special_tokens=False)
+        target += [tokenizer.eos_token_id]
+        rows.append((prompt + target[:lead], target[lead:]) if held else (prompt, target))
     return rows
 
 
@@ -297,6 +317,15 @@ class Scale:
     batch: int = 32
 
 
+@dataclass(frozen=True)
+class ChooseScale(Scale):
+    """The choosing task's build: also ``choice``, the step budget of its copy stage over several needles
+    (:func:`choice_rows`, between the paper and naive stages; 0: none), with its pool and held-out rows."""
+
+    choice: int = 0
+    choice_rows: tuple[int, int] = (3000, 200)
+
+
 # The warm start: the budgets are the steps of the measured build (docs/replication_cpu.md, "Warm start"), whose
 # stages stopped at time caps (synth, naive) or at their targets (needle, paper).
 FULL = Scale("replication-reader", steps=(1030, 200, 75, 146))
@@ -304,8 +333,17 @@ FULL = Scale("replication-reader", steps=(1030, 200, 75, 146))
 QUICK = Scale("replication-reader-quick", steps=(8, 2, 2, 2), pools=(64, 64, 16), held=(32, 16, 16, 4))
 # The choosing task's warm start (docs/replication_cpu.md, "The choosing task"): the same stages and budgets, its
 # own naive stage (choosing documents, choice_write), under its own names in the cache.
-CHOOSE = replace(FULL, name="replication-reader-choose")
-CHOOSE_QUICK = replace(QUICK, name="replication-reader-choose-quick")
+CHOOSE = ChooseScale(
+    "replication-reader-choose", steps=(*FULL.steps[:3], 600), pools=(*FULL.pools[:2], 4800), choice=200
+)
+CHOOSE_QUICK = ChooseScale(
+    "replication-reader-choose-quick",
+    steps=QUICK.steps,
+    pools=QUICK.pools,
+    held=QUICK.held,
+    choice=2,
+    choice_rows=(64, 16),
+)
 # Bump when the build changes (data, stages, optimizer), so a cached warm start built the old way is rebuilt.
 RECIPE_VERSION = 2  # 2: the reader reads numbers as two-digit tokens; numbers dealt to splits at random
 # The same for the choosing task's naive stage (its copy stages are the needle task's, RECIPE_VERSION).
@@ -352,11 +390,14 @@ def train(
         logs: list[dict[str, Any]] = []
         t_stage = time.perf_counter()
 
+        choice_steps = getattr(scale, "choice", 0) if task == "choose" else 0
+        stages = 5 if choice_steps else 4
+
         def stage(name: str, sample: Any, held: list[Row], lr: float, warmup: int, stop_key: str | None, every=25):
             nonlocal t_stage
-            budget = scale.steps[len(logs)]
+            budget = choice_steps if name == "choice" else scale.steps[min(len(logs), 3)]
             target = f"stop at {stop_key} >= {stop_at}" if stop_key else "no target"
-            log(f"stage {len(logs) + 1}/4 {name}: at most {budget} steps of batch {scale.batch}, {target}")
+            log(f"stage {len(logs) + 1}/{stages} {name}: at most {budget} steps of batch {scale.batch}, {target}")
             rec = train_stage(
                 model,
                 name,
@@ -404,6 +445,10 @@ def train(
                     model.save_pretrained(tmp)
                     state = {"key": copy_key, "stages": logs, "rng": rng.getstate(), "held_rng": held_rng.getstate()}
                     (tmp / COPY_STAGES).write_text(json.dumps(state) + "\n")
+        if choice_steps:
+            pool, held = scale.choice_rows
+            choice_pool, choice_held = choice_rows(workflow, rng, pool), choice_rows(workflow, held_rng, held, True)
+            stage("choice", lambda n: rng.sample(choice_pool, n), choice_held, 1e-3, 20, "exact")
         naive_pool, naive_held = transcripts(rng, scale.pools[2]), transcripts(held_rng, scale.held[3])
         stage("naive", lambda n: rng.sample(naive_pool, n), naive_held, 1e-3, 20, None, every=50)
     recipe = {
@@ -633,7 +678,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     torch.set_num_threads(args.threads)
     if args.out:
-        scale = QUICK if args.quick else FULL
+        scale = {"needle": QUICK if args.quick else FULL, "choose": CHOOSE_QUICK if args.quick else CHOOSE}[args.task]
         if args.steps:
             scale = replace(scale, steps=tuple(args.steps))
         recipe = build(

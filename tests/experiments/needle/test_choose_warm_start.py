@@ -13,9 +13,11 @@ from experiments.needle.reader import build_tokenizer
 from experiments.needle.warm_start import (
     CHOOSE_RECIPE_VERSION,
     RECIPE_VERSION,
+    ChooseScale,
     Scale,
     agent_config,
     cached_warm_start,
+    choice_rows,
     choice_write,
     teacher_document,
     teacher_transcript,
@@ -134,7 +136,30 @@ def test_the_naive_stages_documents_cycle_lengths_and_distractors(workflow):
     assert needle_doc["num_chunks"] == 3 and "distractors" not in needle_doc
 
 
-MICRO_CHOOSE = Scale("replication-reader-choose-test", steps=(3, 2, 2, 2), pools=(8, 8, 4), held=(8, 4, 4, 2), batch=4)
+def test_the_choice_stage_copies_one_whole_needle_of_the_chunk(workflow):
+    tokenizer = workflow.tokenizer
+    pattern = r"The special magic number for \S+ is \d{4}\."
+    rows = choice_rows(workflow, random.Random("choice"), 3)
+    held = choice_rows(workflow, random.Random("choice"), 3, held=True)  # the same documents and draws
+    for (prompt, target), (held_prompt, held_target), others in zip(rows, held, (1, 2, 3), strict=True):
+        text = tokenizer.decode(prompt)
+        found = re.findall(pattern, text[text.index("<section>") :])
+        assert len(found) == 1 + others and target[-1] == tokenizer.eos_token_id
+        assert tokenizer.decode(target[:-1]) in found
+        # held out: the target up to the key's first word is prompt, the rest of that needle is the target
+        assert held_prompt + held_target == prompt + target
+        assert tokenizer.decode(held_prompt[len(prompt) :]) == tokenizer.decode(target[:-1]).split("-")[0]
+
+
+MICRO_CHOOSE = ChooseScale(
+    "replication-reader-choose-test",
+    steps=(3, 2, 2, 2),
+    pools=(8, 8, 4),
+    held=(8, 4, 4, 2),
+    batch=4,
+    choice=2,
+    choice_rows=(8, 4),
+)
 MICRO_NEEDLE = Scale("replication-reader-test", steps=(3, 2, 2, 2), pools=(8, 8, 4), held=(8, 4, 4, 2), batch=4)
 
 
@@ -145,17 +170,23 @@ def test_the_choosing_build_has_its_own_cache_entry_and_reuses_the_copy_stages(t
     manifest = json.loads((folder / MANIFEST).read_text())
     assert manifest["recipe"] == CHOOSE_RECIPE_VERSION
     assert (manifest["task"], manifest["copy_recipe"], manifest["distractors"]) == ("choose", RECIPE_VERSION, 3)
+    assert (manifest["choice"], manifest["choice_rows"]) == (2, [8, 4])
     recipe = json.loads((folder / "warm_start.json").read_text())
     assert recipe["task"] == "choose"
-    assert [s["stage"] for s in recipe["stages"]] == ["synth", "needle", "paper", "naive"]
+    assert [s["stage"] for s in recipe["stages"]] == ["synth", "needle", "paper", "choice", "naive"]
+    assert [s["steps"] for s in recipe["stages"]] == [3, 2, 2, 2, 2]
     copy_dir = tmp_path / "replication-reader-test-copy-stages"
     assert (copy_dir / "copy_stages.json").is_file()
     # the needle task's build beside it: another folder and manifest; a forced rebuild of the choosing one reuses the
-    # kept copy stages and trains only the naive stage
+    # kept copy stages and trains only its own two
     needle = cached_warm_start(tmp_path, scale=MICRO_NEEDLE, log=lambda _: None)
     assert needle != folder and "task" not in json.loads((needle / MANIFEST).read_text())
     rebuilt: list[str] = []
     cached_warm_start(tmp_path, scale=MICRO_CHOOSE, task="choose", force=True, log=rebuilt.append)
-    assert [line.split(":")[0] for line in rebuilt if line.startswith("stage")] == ["stages 1-3", "stage 4/4 naive"]
+    assert [line.split(":")[0] for line in rebuilt if line.startswith("stage")] == [
+        "stages 1-3",
+        "stage 4/5 choice",
+        "stage 5/5 naive",
+    ]
     with pytest.raises(ValueError, match="unknown task"):
         cached_warm_start(tmp_path, task="haystack")
