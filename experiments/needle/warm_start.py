@@ -521,7 +521,8 @@ def cached_warm_start(
         save(tmp, model, tokenizer, recipe)
         log(f"{scale.name}: built in {(time.perf_counter() - t0) / 60:.1f} min")
 
-    what = f"steps at most {'/'.join(map(str, scale.steps))}, one thread"
+    choice = getattr(scale, "choice", 0) if choose else 0
+    what = f"steps at most {'/'.join(map(str, scale.steps))}{f', choice {choice}' if choice else ''}, one thread"
     version = CHOOSE_RECIPE_VERSION if choose else RECIPE_VERSION
     extra = manifest_extra(scale, task=task)
     return cached_build(root, scale.name, version, extra, build_into, force, what, log)
@@ -567,6 +568,21 @@ class HFGenerate:
         self.seconds += seconds
         text = self.tokenizer.decode(new, skip_special_tokens=True)
         return Reply(text, "stop" if stopped else "length", new, len(turn.prompt_ids), len(new), seconds)
+
+
+def whole_needles(sessions: list[Any], documents: list[dict[str, Any]]) -> dict[str, Any]:
+    """Of the choosing task's memories that mention a magic number (every memory after every chunk), the share that
+    is exactly one of the document's needle sentences (not a blend of several) and the share that is the asked one."""
+    mentions = whole = asked = 0
+    for session, doc in zip(sessions, documents, strict=True):
+        needles = {doc["needle"]} | {NEEDLE.format(key=d["key"], value=d["value"]) for d in doc["distractors"]}
+        for memory in session.memory_trace:
+            if "magic number" in memory:
+                mentions += 1
+                whole += memory.strip() in needles
+                asked += memory.strip() == doc["needle"]
+    share = (lambda k: round(k / mentions, 3)) if mentions else (lambda k: 0.0)
+    return {"needle_memories": mentions, "whole_needle": share(whole), "asked_needle": share(asked)}
 
 
 def evaluate(
@@ -617,6 +633,7 @@ def evaluate(
             ),
             "needle_written": round(sum(written) / docs, 3),
             "boxed": round(sum("\\boxed{" in (s.answer or "") for s in sessions) / docs, 3),
+            **(whole_needles(sessions, documents) if distractors else {}),
             "failed": run.num_failed,
             "wall_s": round(wall, 1),
             "tok_per_s": round(generate.tokens / generate.seconds),

@@ -21,6 +21,7 @@ from experiments.needle.warm_start import (
     choice_write,
     teacher_document,
     teacher_transcript,
+    whole_needles,
 )
 from memagent.agent import MemoryWorkflow
 from recurrent.models import MANIFEST
@@ -149,6 +150,21 @@ def test_the_choice_stage_copies_one_whole_needle_of_the_chunk(workflow):
         # held out: the target up to the key's first word is prompt, the rest of that needle is the target
         assert held_prompt + held_target == prompt + target
         assert tokenizer.decode(held_prompt[len(prompt) :]) == tokenizer.decode(target[:-1]).split("-")[0]
+
+
+def test_whole_needles_counts_exact_needle_sentences_among_the_memories_that_mention_one():
+    from types import SimpleNamespace
+
+    doc = {"needle": ASKED, "distractors": [{"key": "brave-tiger", "value": "7350"}]}
+    blend = "The special magic number for brave-tiger is 4821."  # B's key with the asked needle's number
+    sessions = [SimpleNamespace(memory_trace=[F1, B, blend]), SimpleNamespace(memory_trace=[ASKED, ASKED + " "])]
+    # four memories mention a magic number; B and the asked needle twice are whole (spaces around do not count)
+    assert whole_needles(sessions, [doc, doc]) == {"needle_memories": 4, "whole_needle": 0.75, "asked_needle": 0.5}
+    assert whole_needles([SimpleNamespace(memory_trace=[F1])], [doc]) == {
+        "needle_memories": 0,
+        "whole_needle": 0.0,
+        "asked_needle": 0.0,
+    }
 
 
 MICRO_CHOOSE = ChooseScale(
