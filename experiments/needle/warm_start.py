@@ -249,6 +249,23 @@ def teacher_document(rng: random.Random, tokenizer: Any, index: int, task: str =
     return make_document(rng, tokenizer, 1 + index % 4, "train")
 
 
+def teacher_rows(
+    workflow: MemoryWorkflow,
+    rng: random.Random,
+    count: int,
+    p_needle: float = 0.4,
+    p_keep: float = 0.9,
+    task: str = "needle",
+) -> list[Row]:
+    """Every turn of the naive teacher's transcripts of ``count`` documents (:func:`teacher_document`), the rows of
+    the naive stage."""
+    rows = []
+    for i in range(count):
+        doc = teacher_document(rng, workflow.tokenizer, i, task)
+        rows += [row for _, row, _ in teacher_transcript(workflow, doc, rng, p_needle, p_keep, task)]
+    return rows
+
+
 # ---------------------------------------------------------------------------------------------------------
 # training
 # ---------------------------------------------------------------------------------------------------------
@@ -380,13 +397,6 @@ def train(
         workflow = MemoryWorkflow(agent_config(), tokenizer)
         rng, held_rng = random.Random(f"train-{seed}"), random.Random(f"held-{seed}")
 
-        def transcripts(r: random.Random, count: int) -> list[Row]:
-            rows = []
-            for i in range(count):
-                doc = teacher_document(r, tokenizer, i, task)
-                rows += [row for _, row, _ in teacher_transcript(workflow, doc, r, p_needle, p_keep, task)]
-            return rows
-
         logs: list[dict[str, Any]] = []
         t_stage = time.perf_counter()
 
@@ -398,21 +408,8 @@ def train(
             budget = choice_steps if name == "choice" else scale.steps[min(len(logs), 3)]
             target = f"stop at {stop_key} >= {stop_at}" if stop_key else "no target"
             log(f"stage {len(logs) + 1}/{stages} {name}: at most {budget} steps of batch {scale.batch}, {target}")
-            rec = train_stage(
-                model,
-                name,
-                sample,
-                held,
-                pad,
-                lr,
-                warmup,
-                budget,
-                stop_key,
-                stop_at,
-                batch=scale.batch,
-                eval_every=every,
-                log=log,
-            )
+            kw = {"batch": scale.batch, "eval_every": every, "log": log}
+            rec = train_stage(model, name, sample, held, pad, lr, warmup, budget, stop_key, stop_at, **kw)
             now = time.perf_counter()  # the stage's wall time includes making its data
             logs.append(rec | {"wall_s": round(now - t_stage, 1)})
             t_stage = now
@@ -449,7 +446,8 @@ def train(
             pool, held = scale.choice_rows
             choice_pool, choice_held = choice_rows(workflow, rng, pool), choice_rows(workflow, held_rng, held, True)
             stage("choice", lambda n: rng.sample(choice_pool, n), choice_held, 1e-3, 20, "exact")
-        naive_pool, naive_held = transcripts(rng, scale.pools[2]), transcripts(held_rng, scale.held[3])
+        teacher = partial(teacher_rows, workflow, p_needle=p_needle, p_keep=p_keep, task=task)
+        naive_pool, naive_held = teacher(rng, scale.pools[2]), teacher(held_rng, scale.held[3])
         stage("naive", lambda n: rng.sample(naive_pool, n), naive_held, 1e-3, 20, None, every=50)
     recipe = {
         "reader": {"params": sum(p.numel() for p in model.parameters()), "vocab": len(tokenizer)},
