@@ -7,8 +7,10 @@
 #
 # Stages, each resumable (run the same command again after a kill: finished stages are skipped, an RL run resumes
 # from its last checkpoint, the evaluation from its last finished item):
-#   1. warm start   python -m experiments.needle.warm_start --cache: built once into the models cache
-#                   (~15 min on 1 thread; reused afterwards, like the other offline models); never committed
+#   1. warm start   python -m experiments.needle.warm_start --cache --task TASK: built once into the models cache
+#                   (~15 min on 1 thread; reused afterwards, like the other offline models); never committed. The
+#                   choosing task's has its own naive stage (choosing documents, a teacher that writes one whole
+#                   needle sentence) on the needle task's copy stages, kept beside it in the cache
 #   2. data         needle documents: training (1-4 chunks), validation (1, 2, 4 chunks), test (every eval length)
 #   3. RL           for each seed of SEEDS: scripts/train_tiny_cpu.sh TASK=needle (configs/replicate_cpu.yaml:
 #                   our trainer, the memory agent, strict reward, GRPO n=4, KL loss, 16 updates per step)
@@ -76,7 +78,7 @@ fi
 if [[ "$QUICK" == 1 ]]; then
   OUT_DIR="${OUT_DIR:-$REPO/.cache/${out_name}_quick}"
   STEPS="${STEPS:-2}" SEEDS="${SEEDS:-0}" ABLATION_SEEDS="${ABLATION_SEEDS-}" ABLATION_STEPS="${ABLATION_STEPS:-1}"
-  LENGTHS="${LENGTHS:-1 2}" EVAL_DOCS="${EVAL_DOCS:-2}" TRAIN_DOCS=64 VAL_DOCS=1 warm_args=(--cache --quick)
+  LENGTHS="${LENGTHS:-1 2}" EVAL_DOCS="${EVAL_DOCS:-2}" TRAIN_DOCS=64 VAL_DOCS=1 warm_args=(--cache --quick --task "$TASK")
   PARALLEL_MODELS="${PARALLEL_MODELS:-2}"
   # 2 prompts x n 2 per step (2 updates), validation once, at the end: the pipeline's artefacts in minutes. A step
   # costs about its trajectories; the launch's start-up (~60 s) is the rest of the stage and does not shrink.
@@ -85,7 +87,7 @@ if [[ "$QUICK" == 1 ]]; then
 else
   OUT_DIR="${OUT_DIR:-$REPO/.cache/$out_name}"
   STEPS="${STEPS:-30}" SEEDS="${SEEDS:-0 1}" ABLATION_SEEDS="${ABLATION_SEEDS-0}" ABLATION_STEPS="${ABLATION_STEPS:-$STEPS}"
-  LENGTHS="${LENGTHS:-1 2 4 8 16 32 64}" EVAL_DOCS="${EVAL_DOCS:-64}" TRAIN_DOCS=2000 VAL_DOCS=8 warm_args=(--cache)
+  LENGTHS="${LENGTHS:-1 2 4 8 16 32 64}" EVAL_DOCS="${EVAL_DOCS:-64}" TRAIN_DOCS=2000 VAL_DOCS=8 warm_args=(--cache --task "$TASK")
   # Two policies side by side ran 1.8 times as fast as one after another on 2 idle cores, three a little faster
   # still (the server's forward pass is the cost; more documents in flight per server slowed each turn).
   PARALLEL_MODELS="${PARALLEL_MODELS:-3}"

@@ -1,9 +1,9 @@
 """The warm start of the CPU replication: plain-torch SFT of the ~1M-parameter reader, and its measurement.
 
-    python -m experiments.needle.warm_start --cache [--quick] [--force]  # into the model cache; prints the folder
+    python -m experiments.needle.warm_start --cache [--quick] [--force] [--task choose]  # into the model cache
     python -m experiments.needle.warm_start --out DIR [--steps 1030 200 75 146] [--p-needle 0.4] [--seed 0]
-        [--stop-at 0.9] [--p-keep 0.9] [--copy-stages DIR]
-    python -m experiments.needle.warm_start --evaluate DIR [--docs 32] [--chunks 1 2 4] [--sample]
+        [--stop-at 0.9] [--p-keep 0.9] [--copy-stages DIR] [--task choose]
+    python -m experiments.needle.warm_start --evaluate DIR [--docs 32] [--chunks 1 2 4] [--sample] [--task choose]
 
 Build (AdamW, loss on target tokens only, one CPU thread), four stages, each stopped at its target or its step
 budget (:data:`FULL`: 1030 / 200 / 75 / 146 steps, those of the measured build; :data:`QUICK`: a few steps, for
@@ -26,6 +26,12 @@ needle with p = 0.5 and otherwise one of ~5 sentences at random decodes the need
 mode), so greedy accuracy would far exceed the teacher's. Transcripts are episodes of the real memory agent
 (``chunk_size`` 64, ``max_memorization_length`` 32) answered by the teacher, so the training prompts are the
 evaluation prompts token for token.
+
+The choosing task (``--task choose``; docs/replication_cpu.md, "The choosing task") has its own naive stage: its
+documents hold the asked needle and 1-3 others (:func:`teacher_document`), and its teacher (:func:`choice_write`)
+always writes one whole needle sentence, the asked one with probability ``p_needle``, so that RL has only to learn
+which one to keep. Its copy stages are the needle task's, kept in the cache beside it and reused
+(:func:`copy_stages_dir`); its cache entry is ``replication-reader-choose`` (:data:`CHOOSE_RECIPE_VERSION`).
 
 Saves a Hugging Face Qwen2 folder (model, tokenizer with chat template, generation config) with
 ``warm_start.json`` (recipe, stage logs with steps, stop reason, training and wall seconds).
@@ -52,7 +58,14 @@ from typing import Any
 
 import torch
 
-from experiments.needle.needle import NEEDLE_RE, filler_sentence, make_document, split_numbers
+from experiments.needle.needle import (
+    NEEDLE,
+    NEEDLE_RE,
+    filler_sentence,
+    make_choice_document,
+    make_document,
+    split_numbers,
+)
 from experiments.needle.reader import build_tokenizer, reader_config
 from experiments.sft import (
     Point,
@@ -73,10 +86,14 @@ from recurrent.async_manager import run_session
 from recurrent.atomic import atomic_path
 from recurrent.interface import Reply, Turn
 from recurrent.lockstep import run_lockstep
+from recurrent.models import models_dir
 
 CHUNK_SIZE = 64
 MEMORY_TOKENS = 32
 FINAL_TOKENS = 16
+# The choosing task's warm start: its naive stage's documents hold 1 to this many other needles.
+CHOOSE_DISTRACTORS = 3
+TASKS = ("needle", "choose")
 
 
 def agent_config(max_chunks: int | None = None) -> MemoryConfig:
@@ -124,20 +141,86 @@ def paper_rows(workflow: MemoryWorkflow, rng: random.Random, count: int) -> list
     return rows
 
 
+def choice_rows(workflow: MemoryWorkflow, rng: random.Random, count: int, held: bool = False) -> list[Row]:
+    """The paper's memory prompt of a 1-chunk choosing document (1 to :data:`CHOOSE_DISTRACTORS` other needles,
+    empty memory) -> one of its needle sentences, drawn at random, + eos: once the key's first word is written, the
+    rest of that needle, not a blend of several. ``held``: the target's first tokens up to the key's first word move
+    into the prompt, so that a row's exact score is the copy that follows the choice."""
+    tokenizer = workflow.tokenizer
+    lead = len(tokenizer.encode(NEEDLE.split(" {key}")[0], add_special_tokens=False)) + 1  # up to the key's 1st word
+    rows = []
+    for i in range(count):
+        doc = make_choice_document(rng, tokenizer, 1, "train", 1 + i % CHOOSE_DISTRACTORS)
+        reading = workflow.prepare(sample_of(doc))
+        prompt = reading.memory_prompt(reading.initial_memory, next(reading.chunks())).ids
+        needle = rng.choice(NEEDLE_RE.findall(doc["context"]))
+        target = tokenizer.encode(NEEDLE.format(key=needle[0], value=needle[1]), add_special_tokens=False)
+        target += [tokenizer.eos_token_id]
+        rows.append((prompt + target[:lead], target[lead:]) if held else (prompt, target))
+    return rows
+
+
 def complete_sentences(chunk_text: str, context: str) -> list[str]:
     """The context's sentences that lie whole in a chunk's text, in order."""
     found = [(chunk_text.find(s), s) for s in re.split(r"(?<=\.) ", context) if s and s in chunk_text]
     return [s for _, s in sorted(found)]
 
 
+def needle_write(
+    doc: dict[str, Any], memory: str, sentences: list[str], rng: random.Random, p_needle: float, p_keep: float
+) -> str:
+    """The needle task's naive teacher on one chunk (its complete ``sentences``, the ``memory`` before it): the
+    needle with probability ``p_needle`` on its chunk, else the chunk's first filler sentence; a needle in memory
+    kept with probability ``p_keep``, else the chunk's first sentence."""
+    fillers = [s for s in sentences if s != doc["needle"]] or [filler_sentence(rng)]
+    if doc["needle"] in sentences:
+        return doc["needle"] if rng.random() < p_needle else fillers[0]
+    if doc["needle"] == memory and rng.random() < p_keep:
+        return memory
+    return fillers[0]
+
+
+def choice_write(
+    doc: dict[str, Any], memory: str, sentences: list[str], rng: random.Random, p_needle: float, p_keep: float
+) -> str:
+    """The choosing task's naive teacher on one chunk: it writes one whole needle sentence, not yet the right one
+    (docs/replication_cpu.md, "The choosing task"). On the asked needle's chunk: the asked needle with probability
+    ``p_needle``, else another needle shown so far (the chunk's first other needle, else the needle in memory, else
+    the chunk's first filler sentence). On a chunk with other needles only: the asked needle in memory kept with
+    probability ``p_keep``, else the chunk's first needle. On a chunk without needles: a needle in memory kept with
+    probability ``p_keep``, else the chunk's first filler sentence."""
+    needles = [s for s in sentences if NEEDLE_RE.fullmatch(s)]
+    fillers = [s for s in sentences if s not in needles] or [filler_sentence(rng)]
+    held = memory if NEEDLE_RE.fullmatch(memory) else None
+    if doc["needle"] in needles:
+        if rng.random() < p_needle:
+            return doc["needle"]
+        others = [s for s in needles if s != doc["needle"]] + ([held] if held else [])
+        return others[0] if others else fillers[0]
+    if needles:
+        return held if held == doc["needle"] and rng.random() < p_keep else needles[0]
+    return held if held and rng.random() < p_keep else fillers[0]
+
+
+TEACHERS = {"needle": needle_write, "choose": choice_write}
+
+
 def teacher_transcript(
-    workflow: MemoryWorkflow, doc: dict[str, Any], rng: random.Random, p_needle: float = 0.4, p_keep: float = 0.9
+    workflow: MemoryWorkflow,
+    doc: dict[str, Any],
+    rng: random.Random,
+    p_needle: float = 0.4,
+    p_keep: float = 0.9,
+    task: str = "needle",
 ) -> list[tuple[str, Row, str]]:
     """The naive teacher's turns on one document, as (kind, (prompt ids, target ids), target text), built by
-    running the real agent with the teacher as its model (see the module docstring for the policy)."""
+    running the real agent with the teacher as its model: each memory turn is the task's policy
+    (:func:`needle_write`, :func:`choice_write`) on the chunk's complete sentences; the final turn boxes the
+    number in memory, else a random number of the train split."""
     tokenizer = workflow.tokenizer
     episode = workflow.episode(sample_of(doc))
     numbers = split_numbers("train")
+    write = TEACHERS[task]
     out = []
 
     class Teacher:  # answers each call as its whole Turn, to see whether it is the answer and which chunk it reads
@@ -148,20 +231,39 @@ def teacher_transcript(
                 text = f"\\boxed{{{match.group(2) if match else rng.choice(numbers)}}}"
             else:
                 chunk = tokenizer.decode(episode.context_ids[turn.meta["chunk"] * CHUNK_SIZE :][:CHUNK_SIZE])
-                sentences = complete_sentences(chunk, doc["context"])
-                fillers = [s for s in sentences if s != doc["needle"]] or [filler_sentence(rng)]
-                if doc["needle"] in sentences:
-                    text = doc["needle"] if rng.random() < p_needle else fillers[0]
-                elif doc["needle"] == memory and rng.random() < p_keep:
-                    text = memory
-                else:
-                    text = fillers[0]
+                text = write(doc, memory, complete_sentences(chunk, doc["context"]), rng, p_needle, p_keep)
             ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
             out.append(("final" if turn.final else "memory", (list(turn.prompt_ids), ids), text))
             return Reply(text, "stop", ids)
 
     asyncio.run(run_session(episode, Teacher()))
     return out
+
+
+def teacher_document(rng: random.Random, tokenizer: Any, index: int, task: str = "needle") -> dict[str, Any]:
+    """The ``index``-th document of the naive stage: 1-4 chunks in turn; for the choosing task 1 to
+    :data:`CHOOSE_DISTRACTORS` other needles in turn (a curriculum mixed in, not ordered)."""
+    if task == "choose":
+        distractors = 1 + index % CHOOSE_DISTRACTORS
+        return make_choice_document(rng, tokenizer, 1 + index % 4, "train", distractors)
+    return make_document(rng, tokenizer, 1 + index % 4, "train")
+
+
+def teacher_rows(
+    workflow: MemoryWorkflow,
+    rng: random.Random,
+    count: int,
+    p_needle: float = 0.4,
+    p_keep: float = 0.9,
+    task: str = "needle",
+) -> list[Row]:
+    """Every turn of the naive teacher's transcripts of ``count`` documents (:func:`teacher_document`), the rows of
+    the naive stage."""
+    rows = []
+    for i in range(count):
+        doc = teacher_document(rng, workflow.tokenizer, i, task)
+        rows += [row for _, row, _ in teacher_transcript(workflow, doc, rng, p_needle, p_keep, task)]
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -232,13 +334,37 @@ class Scale:
     batch: int = 32
 
 
+@dataclass(frozen=True)
+class ChooseScale(Scale):
+    """The choosing task's build: also ``choice``, the step budget of its copy stage over several needles
+    (:func:`choice_rows`, between the paper and naive stages; 0: none), with its pool and held-out rows."""
+
+    choice: int = 0
+    choice_rows: tuple[int, int] = (3000, 200)
+
+
 # The warm start: the budgets are the steps of the measured build (docs/replication_cpu.md, "Warm start"), whose
 # stages stopped at time caps (synth, naive) or at their targets (needle, paper).
 FULL = Scale("replication-reader", steps=(1030, 200, 75, 146))
 # The same four stages in seconds, for tests of the pipeline's artefacts (its accuracy is that of a random model).
 QUICK = Scale("replication-reader-quick", steps=(8, 2, 2, 2), pools=(64, 64, 16), held=(32, 16, 16, 4))
+# The choosing task's warm start (docs/replication_cpu.md, "The choosing task"): the same stages and budgets, its
+# own naive stage (choosing documents, choice_write), under its own names in the cache.
+CHOOSE = ChooseScale(
+    "replication-reader-choose", steps=(*FULL.steps[:3], 600), pools=(*FULL.pools[:2], 4800), choice=200
+)
+CHOOSE_QUICK = ChooseScale(
+    "replication-reader-choose-quick",
+    steps=QUICK.steps,
+    pools=QUICK.pools,
+    held=QUICK.held,
+    choice=2,
+    choice_rows=(64, 16),
+)
 # Bump when the build changes (data, stages, optimizer), so a cached warm start built the old way is rebuilt.
 RECIPE_VERSION = 2  # 2: the reader reads numbers as two-digit tokens; numbers dealt to splits at random
+# The same for the choosing task's naive stage (its copy stages are the needle task's, RECIPE_VERSION).
+CHOOSE_RECIPE_VERSION = 1
 COPY_STAGES = "copy_stages.json"  # in a copy_dir of train(): what the saved model's three stages were
 
 
@@ -251,12 +377,15 @@ def train(
     log: Any = print,
     stop_at: float = 0.9,
     copy_dir: Path | None = None,
+    task: str = "needle",
 ) -> tuple[Any, Any, dict[str, Any]]:
     """Train the warm start; returns the model, its tokenizer and the recipe with the stage logs. ``stop_at``: the
     held-out score at which the three copy stages stop (a higher one copies more exactly, in more steps).
     ``copy_dir``: where the model after the three copy stages is kept (with their logs and the random streams'
     states), reused by a later build of the same copy stages (seed, ``stop_at``, their budgets, pools, batch), so
-    that teacher variants train only the naive stage; the result is the build without it, weight for weight."""
+    that teacher variants train only the naive stage; the result is the build without it, weight for weight.
+    ``task``: the naive stage's documents and teacher (needle: :func:`needle_write`; choose: choosing documents,
+    :func:`teacher_document`, and :func:`choice_write`); the three copy stages are the same for both."""
     from transformers import AutoModelForCausalLM
 
     t_build = time.perf_counter()
@@ -268,36 +397,19 @@ def train(
         workflow = MemoryWorkflow(agent_config(), tokenizer)
         rng, held_rng = random.Random(f"train-{seed}"), random.Random(f"held-{seed}")
 
-        def transcripts(r: random.Random, count: int) -> list[Row]:
-            rows = []
-            for i in range(count):
-                doc = make_document(r, tokenizer, 1 + i % 4, "train")
-                rows += [row for _, row, _ in teacher_transcript(workflow, doc, r, p_needle, p_keep)]
-            return rows
-
         logs: list[dict[str, Any]] = []
         t_stage = time.perf_counter()
 
+        choice_steps = getattr(scale, "choice", 0) if task == "choose" else 0
+        stages = 5 if choice_steps else 4
+
         def stage(name: str, sample: Any, held: list[Row], lr: float, warmup: int, stop_key: str | None, every=25):
             nonlocal t_stage
-            budget = scale.steps[len(logs)]
+            budget = choice_steps if name == "choice" else scale.steps[min(len(logs), 3)]
             target = f"stop at {stop_key} >= {stop_at}" if stop_key else "no target"
-            log(f"stage {len(logs) + 1}/4 {name}: at most {budget} steps of batch {scale.batch}, {target}")
-            rec = train_stage(
-                model,
-                name,
-                sample,
-                held,
-                pad,
-                lr,
-                warmup,
-                budget,
-                stop_key,
-                stop_at,
-                batch=scale.batch,
-                eval_every=every,
-                log=log,
-            )
+            log(f"stage {len(logs) + 1}/{stages} {name}: at most {budget} steps of batch {scale.batch}, {target}")
+            kw = {"batch": scale.batch, "eval_every": every, "log": log}
+            rec = train_stage(model, name, sample, held, pad, lr, warmup, budget, stop_key, stop_at, **kw)
             now = time.perf_counter()  # the stage's wall time includes making its data
             logs.append(rec | {"wall_s": round(now - t_stage, 1)})
             t_stage = now
@@ -330,10 +442,16 @@ def train(
                     model.save_pretrained(tmp)
                     state = {"key": copy_key, "stages": logs, "rng": rng.getstate(), "held_rng": held_rng.getstate()}
                     (tmp / COPY_STAGES).write_text(json.dumps(state) + "\n")
-        naive_pool, naive_held = transcripts(rng, scale.pools[2]), transcripts(held_rng, scale.held[3])
+        if choice_steps:
+            pool, held = scale.choice_rows
+            choice_pool, choice_held = choice_rows(workflow, rng, pool), choice_rows(workflow, held_rng, held, True)
+            stage("choice", lambda n: rng.sample(choice_pool, n), choice_held, 1e-3, 20, "exact")
+        teacher = partial(teacher_rows, workflow, p_needle=p_needle, p_keep=p_keep, task=task)
+        naive_pool, naive_held = teacher(rng, scale.pools[2]), teacher(held_rng, scale.held[3])
         stage("naive", lambda n: rng.sample(naive_pool, n), naive_held, 1e-3, 20, None, every=50)
     recipe = {
         "reader": {"params": sum(p.numel() for p in model.parameters()), "vocab": len(tokenizer)},
+        "task": task,
         "teacher": {"p_needle": p_needle, "p_keep": p_keep, "filler": "first complete sentence of the chunk"},
         "seed": seed,
         "stop_at": stop_at,
@@ -347,34 +465,65 @@ def train(
 
 def build(out: Path, scale: Scale = FULL, p_needle: float = 0.4, p_keep: float = 0.9, seed: int = 0, **kw: Any) -> dict:
     """Build the warm start into the folder ``out`` (written in place: see :func:`cached_warm_start` for the
-    cache); returns the recipe with the stage logs. ``kw``: ``threads``, ``log``, ``stop_at`` of :func:`train`."""
+    cache); returns the recipe with the stage logs. ``kw``: ``threads``, ``log``, ``stop_at``, ``copy_dir``,
+    ``task`` of :func:`train`."""
     model, tokenizer, recipe = train(scale, p_needle, p_keep, seed, **kw)
     save(out, model, tokenizer, recipe)
     return recipe
 
 
-def manifest_extra(scale: Scale, seed: int = 0, p_needle: float = 0.4, p_keep: float = 0.9) -> dict[str, Any]:
-    """What the cache manifest records besides name and recipe version: what changes the weights."""
-    return {"seed": seed, "p_needle": p_needle, "p_keep": p_keep, **scale_sizes(scale)}
+def manifest_extra(
+    scale: Scale, seed: int = 0, p_needle: float = 0.4, p_keep: float = 0.9, task: str = "needle"
+) -> dict[str, Any]:
+    """What the cache manifest records besides name and recipe version: what changes the weights (the choosing
+    task's: also its task, the copy stages' recipe version and the most distractors of its naive stage)."""
+    extra = {"seed": seed, "p_needle": p_needle, "p_keep": p_keep, **scale_sizes(scale)}
+    if task == "choose":
+        extra |= {"task": task, "copy_recipe": RECIPE_VERSION, "distractors": CHOOSE_DISTRACTORS}
+    return extra
+
+
+def copy_stages_dir(root: Path | None, scale: Scale) -> Path:
+    """Where the choosing task's cached build keeps its three copy stages (:func:`train`'s ``copy_dir``): beside
+    the builds, ``<root>/replication-reader-copy-stages`` (quick: ``replication-reader-quick-copy-stages``)."""
+    return (root or models_dir()) / f"{scale.name.replace('-choose', '')}-copy-stages"
 
 
 def cached_warm_start(
-    root: Path | None = None, quick: bool = False, force: bool = False, scale: Scale | None = None, log: Any = print
+    root: Path | None = None,
+    quick: bool = False,
+    force: bool = False,
+    scale: Scale | None = None,
+    log: Any = print,
+    task: str = "needle",
 ) -> Path:
     """The warm start in the model cache (``root``, default :func:`recurrent.models.models_dir`), built unless an
     up-to-date copy is there: ``<root>/replication-reader`` (``quick``: ``replication-reader-quick``; ``scale``:
-    another size, ``scale.name``). The build trains in memory, then writes the folder under a temporary name with
-    the manifest last and renames it, so a killed build leaves no folder that looks complete."""
-    scale = scale or (QUICK if quick else FULL)
+    another size, ``scale.name``; ``task`` choose: ``replication-reader-choose``, ``-choose-quick``, its copy stages
+    kept in :func:`copy_stages_dir` and reused). The build trains in memory, then writes the folder under a
+    temporary name with the manifest last and renames it, so a killed build leaves no folder that looks complete."""
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; one of {TASKS}")
+    choose = task == "choose"
+    scale = (
+        scale
+        or {(False, False): FULL, (True, False): QUICK, (False, True): CHOOSE, (True, True): CHOOSE_QUICK}[
+            (quick, choose)
+        ]
+    )
+    copy_dir = copy_stages_dir(root, scale) if choose else None
     t0 = time.perf_counter()
 
     def build_into(tmp: Path) -> None:
-        model, tokenizer, recipe = train(scale, log=log)
+        model, tokenizer, recipe = train(scale, log=log, copy_dir=copy_dir, task=task)
         save(tmp, model, tokenizer, recipe)
         log(f"{scale.name}: built in {(time.perf_counter() - t0) / 60:.1f} min")
 
-    what = f"steps at most {'/'.join(map(str, scale.steps))}, one thread"
-    return cached_build(root, scale.name, RECIPE_VERSION, manifest_extra(scale), build_into, force, what, log)
+    choice = getattr(scale, "choice", 0) if choose else 0
+    what = f"steps at most {'/'.join(map(str, scale.steps))}{f', choice {choice}' if choice else ''}, one thread"
+    version = CHOOSE_RECIPE_VERSION if choose else RECIPE_VERSION
+    extra = manifest_extra(scale, task=task)
+    return cached_build(root, scale.name, version, extra, build_into, force, what, log)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -419,11 +568,32 @@ class HFGenerate:
         return Reply(text, "stop" if stopped else "length", new, len(turn.prompt_ids), len(new), seconds)
 
 
+def whole_needles(sessions: list[Any], documents: list[dict[str, Any]]) -> dict[str, Any]:
+    """Of the choosing task's memories that mention a magic number (every memory after every chunk), the share that
+    is exactly one of the document's needle sentences (not a blend of several) and the share that is the asked one."""
+    mentions = whole = asked = 0
+    for session, doc in zip(sessions, documents, strict=True):
+        needles = {doc["needle"]} | {NEEDLE.format(key=d["key"], value=d["value"]) for d in doc["distractors"]}
+        for memory in session.memory_trace:
+            if "magic number" in memory:
+                mentions += 1
+                whole += memory.strip() in needles
+                asked += memory.strip() == doc["needle"]
+    share = (lambda k: round(k / mentions, 3)) if mentions else (lambda k: 0.0)
+    return {"needle_memories": mentions, "whole_needle": share(whole), "asked_needle": share(asked)}
+
+
 def evaluate(
-    folder: Path, docs: int = 32, chunks: tuple[int, ...] = (1, 2, 4), sample: bool = False, split: str = "validation"
+    folder: Path,
+    docs: int = 32,
+    chunks: tuple[int, ...] = (1, 2, 4),
+    sample: bool = False,
+    split: str = "validation",
+    distractors: int = 0,
 ) -> dict[str, Any]:
     """Strict accuracy per length of the memory agent driven by the model in ``folder``, plus how often the
-    final memory holds the needle sentence / the needle's number, and generation tokens/s."""
+    final memory holds the needle sentence / the needle's number, and generation tokens/s. ``distractors``: the
+    choosing task's documents with that many other needles (the needle: the asked one)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -431,7 +601,12 @@ def evaluate(
     workflow = MemoryWorkflow(agent_config(), tokenizer)
     results = {}
     for n in chunks:
-        documents = [make_document(random.Random(f"eval-{split}-{n}-{k}"), tokenizer, n, split) for k in range(docs)]
+        documents = [
+            make_choice_document(random.Random(f"eval-{split}-{n}-{k}"), tokenizer, n, split, distractors)
+            if distractors
+            else make_document(random.Random(f"eval-{split}-{n}-{k}"), tokenizer, n, split)
+            for k in range(docs)
+        ]
         sessions = [workflow.episode(sample_of(d)) for d in documents]
         generate = HFGenerate(model, tokenizer, sample=sample, seed=n)
         t0 = time.perf_counter()
@@ -456,6 +631,7 @@ def evaluate(
             ),
             "needle_written": round(sum(written) / docs, 3),
             "boxed": round(sum("\\boxed{" in (s.answer or "") for s in sessions) / docs, 3),
+            **(whole_needles(sessions, documents) if distractors else {}),
             "failed": run.num_failed,
             "wall_s": round(wall, 1),
             "tok_per_s": round(generate.tokens / generate.seconds),
@@ -465,7 +641,8 @@ def evaluate(
                 "gold": documents[0]["value"],
             },
         }
-    return {"folder": str(folder), "split": split, "sample": sample, "lengths": results}
+    out = {"folder": str(folder), "split": split, "sample": sample, "lengths": results}
+    return out | ({"distractors": distractors} if distractors else {})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -476,6 +653,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="build the warm start into this folder, then evaluate it")
     parser.add_argument("--evaluate", type=Path, help="evaluate the warm start in this folder")
     parser.add_argument("--steps", type=int, nargs=4, help="with --out: step budgets of the 4 stages")
+    parser.add_argument(
+        "--task",
+        choices=TASKS,
+        default="needle",
+        help="the naive stage's documents and teacher, and the evaluation's documents (choose: "
+        f"{CHOOSE_DISTRACTORS} other needles; the cache: replication-reader-choose)",
+    )
     parser.add_argument("--p-needle", type=float, default=0.4)
     parser.add_argument("--p-keep", type=float, default=0.9)
     parser.add_argument("--seed", type=int, default=0)
@@ -505,11 +689,11 @@ def main(argv: list[str] | None = None) -> None:
         )
     log = partial(print, flush=True)
     if args.cache:
-        print(cached_warm_start(args.root, quick=args.quick, force=args.force, log=log), flush=True)
+        print(cached_warm_start(args.root, quick=args.quick, force=args.force, log=log, task=args.task), flush=True)
         return
     torch.set_num_threads(args.threads)
     if args.out:
-        scale = QUICK if args.quick else FULL
+        scale = {"needle": QUICK if args.quick else FULL, "choose": CHOOSE_QUICK if args.quick else CHOOSE}[args.task]
         if args.steps:
             scale = replace(scale, steps=tuple(args.steps))
         recipe = build(
@@ -522,10 +706,12 @@ def main(argv: list[str] | None = None) -> None:
             log=log,
             stop_at=args.stop_at,
             copy_dir=args.copy_stages,
+            task=args.task,
         )
         print(json.dumps({k: v for k, v in recipe.items() if k != "stages"}))
     folder = args.evaluate or args.out
-    result = evaluate(folder, args.docs, tuple(args.chunks), args.sample)
+    distractors = CHOOSE_DISTRACTORS if args.task == "choose" else 0
+    result = evaluate(folder, args.docs, tuple(args.chunks), args.sample, distractors=distractors)
     print(json.dumps(result, indent=1), flush=True)
 
 

@@ -1,0 +1,208 @@
+"""The choosing task's warm start (docs/replication_cpu.md, "The choosing task"): its naive teacher's memory targets,
+worked by hand on hand-built chunks and a hand-built document, its documents, and its place in the model cache
+beside the needle task's (a micro build of a few seconds of CPU)."""
+
+import json
+import random
+import re
+
+import pytest
+
+from experiments.needle.needle import NEEDLE, QUESTION, chunk_texts
+from experiments.needle.reader import build_tokenizer
+from experiments.needle.warm_start import (
+    CHOOSE_RECIPE_VERSION,
+    RECIPE_VERSION,
+    ChooseScale,
+    Scale,
+    agent_config,
+    cached_warm_start,
+    choice_rows,
+    choice_write,
+    teacher_document,
+    teacher_transcript,
+    whole_needles,
+)
+from memagent.agent import MemoryWorkflow
+from recurrent.models import MANIFEST
+from recurrent.tokens import encode_long
+
+ASKED = NEEDLE.format(key="brave-otter", value="4821")
+B = NEEDLE.format(key="brave-tiger", value="7350")
+C = NEEDLE.format(key="calm-falcon", value="1296")
+D = NEEDLE.format(key="dark-lemon", value="5555")
+F1, F2 = "The farmer walked to the red barn.", "A small dog found an old map."
+DOC = {"needle": ASKED}
+
+
+def write(memory, sentences, p_needle, p_keep):
+    return choice_write(DOC, memory, sentences, random.Random(0), p_needle, p_keep)
+
+
+def test_on_the_asked_needles_chunk_it_writes_the_asked_one_or_another_needle_shown_so_far():
+    assert write("", [F1, ASKED, C], 1.0, 1.0) == ASKED
+    assert write(B, [F1, ASKED, C], 1.0, 0.0) == ASKED
+    # else: the chunk's first other needle, before the one in memory
+    assert write(B, [F1, C, ASKED, D], 0.0, 1.0) == C
+    # no other needle in the chunk: the one in memory; none shown yet: the chunk's first filler sentence
+    assert write(B, [F1, ASKED, F2], 0.0, 1.0) == B
+    assert write("", [ASKED, F1, F2], 0.0, 1.0) == F1
+    assert write(F2, [ASKED, F1], 0.0, 1.0) == F1
+
+
+def test_on_a_chunk_of_other_needles_only_the_asked_one_is_kept_the_others_give_way():
+    assert write(ASKED, [F1, C, D], 0.0, 1.0) == ASKED
+    assert write(ASKED, [F1, C, D], 1.0, 0.0) == C  # not kept: the chunk's first needle
+    assert write(B, [F1, C, D], 1.0, 1.0) == C  # another key's needle in memory: the newest needle replaces it
+    assert write("", [D, F1], 1.0, 1.0) == D
+
+
+def test_on_a_chunk_without_needles_a_needle_in_memory_is_kept_or_dropped_for_filler():
+    assert write(ASKED, [F1, F2], 0.0, 1.0) == ASKED
+    assert write(B, [F1, F2], 0.0, 1.0) == B
+    assert write(B, [F1, F2], 1.0, 0.0) == F1
+    assert write(F2, [F1, F2], 1.0, 1.0) == F1  # a filler sentence in memory is not kept
+
+
+# A 3-chunk document built by hand: chunk 0 holds B, chunk 1 the asked needle and then C, chunk 2 filler only.
+FILLER = [
+    "The farmer walked to the red barn.",
+    "The baker painted a tall tree after lunch.",
+    "A small dog found an old map.",
+    "The pilot opened the blue house at noon.",
+    "Our guide cleaned the school on Sunday.",
+    "The mayor bought a warm coat.",
+    "My neighbor watched the morning train.",
+    "The captain carried a heavy bag.",
+    "The teacher visited the city market.",
+    "Her brother repaired a broken clock.",
+    "The children opened an empty box.",
+    "The doctor found the stone bridge.",
+]
+CONTEXT = " ".join([*FILLER[0:1], B, *FILLER[1:7], ASKED, C, *FILLER[7:12], FILLER[1], FILLER[2]])
+HAND_DOC = {
+    "key": "brave-otter",
+    "value": "4821",
+    "needle": ASKED,
+    "question": QUESTION.format(key="brave-otter"),
+    "context": CONTEXT,
+}
+
+
+@pytest.fixture(scope="module")
+def workflow():
+    return MemoryWorkflow(agent_config(), build_tokenizer())
+
+
+def test_the_hand_built_document_has_the_chunks_the_expectations_assume(workflow):
+    texts = chunk_texts(encode_long(CONTEXT, workflow.tokenizer), workflow.tokenizer)
+    assert len(texts) == 3
+    assert B in texts[0] and ASKED not in texts[0] and C not in texts[0]
+    assert texts[1].index(ASKED) < texts[1].index(C)
+    assert "magic" not in texts[2] and FILLER[1] in texts[2]
+
+
+@pytest.mark.parametrize(
+    ("p_needle", "p_keep", "memories", "answer"),
+    [
+        (1.0, 1.0, [B, ASKED, ASKED], "\\boxed{4821}"),  # the asked needle written and kept: right
+        (0.0, 1.0, [B, C, C], "\\boxed{1296}"),  # another needle of the chunk written instead: C's number
+        (1.0, 0.0, [B, ASKED, FILLER[1]], None),  # written, then dropped for chunk 2's first sentence
+        (0.0, 0.0, [B, C, FILLER[1]], None),
+    ],
+)
+def test_the_teachers_memory_after_each_chunk_of_a_hand_built_document(workflow, p_needle, p_keep, memories, answer):
+    turns = teacher_transcript(workflow, HAND_DOC, random.Random(0), p_needle, p_keep, task="choose")
+    assert [kind for kind, _, _ in turns] == ["memory"] * 3 + ["final"]
+    assert [text for _, _, text in turns[:3]] == memories
+    final = turns[-1][2]
+    if answer is None:  # no needle in memory: a random 4-digit guess of the train split
+        assert re.fullmatch(r"\\boxed\{\d{4}\}", final)
+    else:
+        assert final == answer
+    tokenizer = workflow.tokenizer
+    assert [target for _, (_, target), _ in turns] == [
+        tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id] for _, _, text in turns
+    ]
+    again = teacher_transcript(workflow, HAND_DOC, random.Random(0), p_needle, p_keep, task="choose")
+    assert again == turns
+
+
+def test_the_naive_stages_documents_cycle_lengths_and_distractors(workflow):
+    rng = random.Random("curriculum")
+    docs = [teacher_document(rng, workflow.tokenizer, i, "choose") for i in range(6)]
+    assert [d["num_chunks"] for d in docs] == [1, 2, 3, 4, 1, 2]
+    assert [len(d["distractors"]) for d in docs] == [1, 2, 3, 1, 2, 3]
+    needle_doc = teacher_document(random.Random("curriculum"), workflow.tokenizer, 2)
+    assert needle_doc["num_chunks"] == 3 and "distractors" not in needle_doc
+
+
+def test_the_choice_stage_copies_one_whole_needle_of_the_chunk(workflow):
+    tokenizer = workflow.tokenizer
+    pattern = r"The special magic number for \S+ is \d{4}\."
+    rows = choice_rows(workflow, random.Random("choice"), 3)
+    held = choice_rows(workflow, random.Random("choice"), 3, held=True)  # the same documents and draws
+    for (prompt, target), (held_prompt, held_target), others in zip(rows, held, (1, 2, 3), strict=True):
+        text = tokenizer.decode(prompt)
+        found = re.findall(pattern, text[text.index("<section>") :])
+        assert len(found) == 1 + others and target[-1] == tokenizer.eos_token_id
+        assert tokenizer.decode(target[:-1]) in found
+        # held out: the target up to the key's first word is prompt, the rest of that needle is the target
+        assert held_prompt + held_target == prompt + target
+        assert tokenizer.decode(held_prompt[len(prompt) :]) == tokenizer.decode(target[:-1]).split("-")[0]
+
+
+def test_whole_needles_counts_exact_needle_sentences_among_the_memories_that_mention_one():
+    from types import SimpleNamespace
+
+    doc = {"needle": ASKED, "distractors": [{"key": "brave-tiger", "value": "7350"}]}
+    blend = "The special magic number for brave-tiger is 4821."  # B's key with the asked needle's number
+    sessions = [SimpleNamespace(memory_trace=[F1, B, blend]), SimpleNamespace(memory_trace=[ASKED, ASKED + " "])]
+    # four memories mention a magic number; B and the asked needle twice are whole (spaces around do not count)
+    assert whole_needles(sessions, [doc, doc]) == {"needle_memories": 4, "whole_needle": 0.75, "asked_needle": 0.5}
+    assert whole_needles([SimpleNamespace(memory_trace=[F1])], [doc]) == {
+        "needle_memories": 0,
+        "whole_needle": 0.0,
+        "asked_needle": 0.0,
+    }
+
+
+MICRO_CHOOSE = ChooseScale(
+    "replication-reader-choose-test",
+    steps=(3, 2, 2, 2),
+    pools=(8, 8, 4),
+    held=(8, 4, 4, 2),
+    batch=4,
+    choice=2,
+    choice_rows=(8, 4),
+)
+MICRO_NEEDLE = Scale("replication-reader-test", steps=(3, 2, 2, 2), pools=(8, 8, 4), held=(8, 4, 4, 2), batch=4)
+
+
+def test_the_choosing_build_has_its_own_cache_entry_and_reuses_the_copy_stages(tmp_path):
+    lines: list[str] = []
+    folder = cached_warm_start(tmp_path, scale=MICRO_CHOOSE, task="choose", log=lines.append)
+    assert folder.name == "replication-reader-choose-test"
+    manifest = json.loads((folder / MANIFEST).read_text())
+    assert manifest["recipe"] == CHOOSE_RECIPE_VERSION
+    assert (manifest["task"], manifest["copy_recipe"], manifest["distractors"]) == ("choose", RECIPE_VERSION, 3)
+    assert (manifest["choice"], manifest["choice_rows"]) == (2, [8, 4])
+    recipe = json.loads((folder / "warm_start.json").read_text())
+    assert recipe["task"] == "choose"
+    assert [s["stage"] for s in recipe["stages"]] == ["synth", "needle", "paper", "choice", "naive"]
+    assert [s["steps"] for s in recipe["stages"]] == [3, 2, 2, 2, 2]
+    copy_dir = tmp_path / "replication-reader-test-copy-stages"
+    assert (copy_dir / "copy_stages.json").is_file()
+    # the needle task's build beside it: another folder and manifest; a forced rebuild of the choosing one reuses the
+    # kept copy stages and trains only its own two
+    needle = cached_warm_start(tmp_path, scale=MICRO_NEEDLE, log=lambda _: None)
+    assert needle != folder and "task" not in json.loads((needle / MANIFEST).read_text())
+    rebuilt: list[str] = []
+    cached_warm_start(tmp_path, scale=MICRO_CHOOSE, task="choose", force=True, log=rebuilt.append)
+    assert [line.split(":")[0] for line in rebuilt if line.startswith("stage")] == [
+        "stages 1-3",
+        "stage 4/5 choice",
+        "stage 5/5 naive",
+    ]
+    with pytest.raises(ValueError, match="unknown task"):
+        cached_warm_start(tmp_path, task="haystack")
