@@ -34,8 +34,11 @@
 #                   keys; the memory holds two needle sentences at most: docs/replication_cpu.md, "The choosing
 #                   task") [needle]
 #   DISTRACTORS     the choosing task's other needles per document [3; needle: 0]
-#   OUT_DIR         everything the run writes [.cache/replicate_cpu (choose: .cache/replicate_cpu_choose); Q: the
-#                   same with _quick]
+#   CHOOSE_RECIPE   the choosing task's warm start: choice (a choice stage, whole-sentence memories) or recall (a
+#                   recall stage, number memories: docs/replication_cpu.md, "The choice taught with its answer")
+#                   [choice]
+#   OUT_DIR         everything the run writes [.cache/replicate_cpu (choose: .cache/replicate_cpu_choose, recall
+#                   recipe: .cache/replicate_cpu_choose_recall); Q: the same with _quick]
 #   STEPS           RL steps per run [30; Q: 2]
 #   SEEDS           RL seeds (actor_rollout_ref.rollout.seed) ["0 1"; Q: "0"]
 #   ABLATIONS       credit variants of the ablation ["final_same_step final_token_mean"]
@@ -71,6 +74,13 @@ case "$TASK" in
   choose) DISTRACTORS="${DISTRACTORS:-3}" out_name=replicate_cpu_choose ;;
   *) echo "TASK=$TASK: one of needle, choose" >&2; exit 2 ;;
 esac
+CHOOSE_RECIPE="${CHOOSE_RECIPE:-choice}"
+case "$TASK:$CHOOSE_RECIPE" in
+  *:choice) ;;
+  choose:recall) out_name=replicate_cpu_choose_recall ;;
+  choose:*) echo "CHOOSE_RECIPE=$CHOOSE_RECIPE: one of choice, recall" >&2; exit 2 ;;
+  *) echo "CHOOSE_RECIPE=$CHOOSE_RECIPE is a recipe of the choosing task (TASK=choose)" >&2; exit 2 ;;
+esac
 if [[ ! "$DISTRACTORS" =~ ^[0-9]+$ ]] || { [[ "$TASK" == choose ]] && ((DISTRACTORS < 1)); }; then
   echo "DISTRACTORS=$DISTRACTORS: the choosing task needs a whole number >= 1" >&2
   exit 2
@@ -78,7 +88,7 @@ fi
 if [[ "$QUICK" == 1 ]]; then
   OUT_DIR="${OUT_DIR:-$REPO/.cache/${out_name}_quick}"
   STEPS="${STEPS:-2}" SEEDS="${SEEDS:-0}" ABLATION_SEEDS="${ABLATION_SEEDS-}" ABLATION_STEPS="${ABLATION_STEPS:-1}"
-  LENGTHS="${LENGTHS:-1 2}" EVAL_DOCS="${EVAL_DOCS:-2}" TRAIN_DOCS=64 VAL_DOCS=1 warm_args=(--cache --quick --task "$TASK")
+  LENGTHS="${LENGTHS:-1 2}" EVAL_DOCS="${EVAL_DOCS:-2}" TRAIN_DOCS=64 VAL_DOCS=1 warm_args=(--cache --quick --task "$TASK" --recipe "$CHOOSE_RECIPE")
   PARALLEL_MODELS="${PARALLEL_MODELS:-2}"
   # 2 prompts x n 2 per step (2 updates), validation once, at the end: the pipeline's artefacts in minutes. A step
   # costs about its trajectories; the launch's start-up (~60 s) is the rest of the stage and does not shrink.
@@ -87,7 +97,7 @@ if [[ "$QUICK" == 1 ]]; then
 else
   OUT_DIR="${OUT_DIR:-$REPO/.cache/$out_name}"
   STEPS="${STEPS:-30}" SEEDS="${SEEDS:-0 1}" ABLATION_SEEDS="${ABLATION_SEEDS-0}" ABLATION_STEPS="${ABLATION_STEPS:-$STEPS}"
-  LENGTHS="${LENGTHS:-1 2 4 8 16 32 64}" EVAL_DOCS="${EVAL_DOCS:-64}" TRAIN_DOCS=2000 VAL_DOCS=8 warm_args=(--cache --task "$TASK")
+  LENGTHS="${LENGTHS:-1 2 4 8 16 32 64}" EVAL_DOCS="${EVAL_DOCS:-64}" TRAIN_DOCS=2000 VAL_DOCS=8 warm_args=(--cache --task "$TASK" --recipe "$CHOOSE_RECIPE")
   # Two policies side by side ran 1.8 times as fast as one after another on 2 idle cores, three a little faster
   # still (the server's forward pass is the cost; more documents in flight per server slowed each turn).
   PARALLEL_MODELS="${PARALLEL_MODELS:-3}"
@@ -114,7 +124,7 @@ PIPELINE=replicate_cpu
 source "$REPO/scripts/lib/stages.sh"  # say, timed, last_step, record_run, record_total
 
 # What ran, for the report (docs/replication_cpu.md): the settings that shape the experiment and the command line.
-record_run "TASK=$TASK DISTRACTORS=$DISTRACTORS QUICK=$QUICK STEPS=$STEPS SEEDS='$SEEDS' ABLATIONS='$ABLATIONS'" \
+record_run "TASK=$TASK CHOOSE_RECIPE=$CHOOSE_RECIPE DISTRACTORS=$DISTRACTORS QUICK=$QUICK STEPS=$STEPS SEEDS='$SEEDS' ABLATIONS='$ABLATIONS'" \
   "ABLATION_SEEDS='$ABLATION_SEEDS' ABLATION_STEPS=$ABLATION_STEPS LENGTHS='$LENGTHS' EVAL_DOCS=$EVAL_DOCS NGPUS=$NGPUS" \
   "PARALLEL_MODELS=$PARALLEL_MODELS LATE_START=$LATE_START DECOY_START=$DECOY_START${WARM_START:+ WARM_START=$WARM_START} bash scripts/replicate_cpu.sh $*"
 

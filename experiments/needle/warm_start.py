@@ -1,6 +1,6 @@
 """The warm start of the CPU replication: plain-torch SFT of the ~1M-parameter reader, and its measurement.
 
-    python -m experiments.needle.warm_start --cache [--quick] [--force] [--task choose]  # into the model cache
+    python -m experiments.needle.warm_start --cache [--quick] [--force] [--task choose [--recipe recall]]
     python -m experiments.needle.warm_start --out DIR [--steps 1030 200 75 146] [--p-needle 0.4] [--seed 0]
         [--stop-at 0.9] [--p-keep 0.9] [--copy-stages DIR] [--task choose]
     python -m experiments.needle.warm_start --evaluate DIR [--docs 32] [--chunks 1 2 4] [--sample] [--task choose]
@@ -29,9 +29,12 @@ evaluation prompts token for token.
 
 The choosing task (``--task choose``; docs/replication_cpu.md, "The choosing task") has its own naive stage: its
 documents hold the asked needle and 1-3 others (:func:`teacher_document`), and its teacher (:func:`choice_write`)
-always writes one whole needle sentence, the asked one with probability ``p_needle``, so that RL has only to learn
-which one to keep. Its copy stages are the needle task's, kept in the cache beside it and reused
-(:func:`copy_stages_dir`); its cache entry is ``replication-reader-choose`` (:data:`CHOOSE_RECIPE_VERSION`).
+always writes one whole needle, the asked one with probability ``p_needle``, so that RL has only to learn which one
+to keep. Its copy stages are the needle task's, kept in the cache beside it and reused (:func:`copy_stages_dir`).
+Two recipes (``--recipe``, :data:`CHOOSE_RECIPES`): ``choice`` (the default; cache ``replication-reader-choose``)
+adds a choice stage (copy a random needle of several, :func:`choice_rows`) and writes whole sentences; ``recall``
+(``replication-reader-choose-recall``; "The choice taught with its answer") adds a recall stage instead (answer
+the asked key's number from a short document, :func:`recall_rows`, stopped at exact 0.95) and writes numbers.
 
 Saves a Hugging Face Qwen2 folder (model, tokenizer with chat template, generation config) with
 ``warm_start.json`` (recipe, stage logs with steps, stop reason, training and wall seconds).
@@ -94,6 +97,9 @@ FINAL_TOKENS = 16
 # The choosing task's warm start: its naive stage's documents hold 1 to this many other needles.
 CHOOSE_DISTRACTORS = 3
 TASKS = ("needle", "choose")
+# What the choosing task's teacher writes of the needle it picks: its number (the default) or its whole sentence.
+FORMS = ("number", "sentence")
+NUMBER_RE = re.compile(r"\d{4}")
 
 
 def agent_config(max_chunks: int | None = None) -> MemoryConfig:
@@ -160,6 +166,34 @@ def choice_rows(workflow: MemoryWorkflow, rng: random.Random, count: int, held: 
     return rows
 
 
+def recall_rows(
+    tokenizer: Any,
+    rng: random.Random,
+    count: int,
+    split: str = "train",
+    target: str = "number",
+    prompt: str = "bare",
+) -> tuple[list[Row], list[int]]:
+    """The recall stage's rows: ``count`` 1-chunk choosing documents of ``split`` (1 to :data:`CHOOSE_DISTRACTORS`
+    other needles in turn) whose target is the *asked* needle's number (``target`` sentence: its whole sentence), +
+    eos; also each row's number of needles. ``prompt`` bare: the document, the question and ``"\\nanswer:"`` (the
+    stage's rows: question answering, not a memory turn); paper: the memory agent's first prompt (what RL sees)."""
+    workflow = MemoryWorkflow(agent_config(), tokenizer) if prompt == "paper" else None
+    rows, needles = [], []
+    for i in range(count):
+        doc = make_choice_document(rng, tokenizer, 1, split, 1 + i % CHOOSE_DISTRACTORS)
+        if workflow is None:
+            ids = tokenizer.encode(f"{doc['context']}\n{doc['question']}\nanswer:", add_special_tokens=False)
+            text = " " + (doc["value"] if target == "number" else doc["needle"])
+        else:
+            reading = workflow.prepare(sample_of(doc))
+            ids = reading.memory_prompt(reading.initial_memory, next(reading.chunks())).ids
+            text = doc["value"] if target == "number" else doc["needle"]
+        rows.append((ids, tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]))
+        needles.append(len(NEEDLE_RE.findall(doc["context"])))
+    return rows, needles
+
+
 def complete_sentences(chunk_text: str, context: str) -> list[str]:
     """The context's sentences that lie whole in a chunk's text, in order."""
     found = [(chunk_text.find(s), s) for s in re.split(r"(?<=\.) ", context) if s and s in chunk_text]
@@ -181,24 +215,35 @@ def needle_write(
 
 
 def choice_write(
-    doc: dict[str, Any], memory: str, sentences: list[str], rng: random.Random, p_needle: float, p_keep: float
+    doc: dict[str, Any],
+    memory: str,
+    sentences: list[str],
+    rng: random.Random,
+    p_needle: float,
+    p_keep: float,
+    form: str = "sentence",
 ) -> str:
-    """The choosing task's naive teacher on one chunk: it writes one whole needle sentence, not yet the right one
-    (docs/replication_cpu.md, "The choosing task"). On the asked needle's chunk: the asked needle with probability
-    ``p_needle``, else another needle shown so far (the chunk's first other needle, else the needle in memory, else
-    the chunk's first filler sentence). On a chunk with other needles only: the asked needle in memory kept with
-    probability ``p_keep``, else the chunk's first needle. On a chunk without needles: a needle in memory kept with
-    probability ``p_keep``, else the chunk's first filler sentence."""
-    needles = [s for s in sentences if NEEDLE_RE.fullmatch(s)]
-    fillers = [s for s in sentences if s not in needles] or [filler_sentence(rng)]
-    held = memory if NEEDLE_RE.fullmatch(memory) else None
-    if doc["needle"] in needles:
+    """The choosing task's naive teacher on one chunk: it writes one needle, not yet the right one
+    (docs/replication_cpu.md, "The choosing task"), as its whole sentence (``form`` sentence, the default) or
+    its number (``form`` number, the recall recipe). On the asked needle's chunk: the asked needle with probability
+    ``p_needle``, else another needle shown so far (the chunk's first other needle, else the needle in memory,
+    else the chunk's first filler sentence). On a chunk with other needles only: the asked needle in memory kept
+    with probability ``p_keep``, else the chunk's first needle. On a chunk without needles: a needle in memory kept
+    with probability ``p_keep``, else the chunk's first filler sentence."""
+    if form not in FORMS:
+        raise ValueError(f"unknown memory form {form!r}; one of {FORMS}")
+    as_written = (lambda s: NEEDLE_RE.fullmatch(s).group(2)) if form == "number" else (lambda s: s)
+    needles = [as_written(s) for s in sentences if NEEDLE_RE.fullmatch(s)]
+    fillers = [s for s in sentences if not NEEDLE_RE.fullmatch(s)] or [filler_sentence(rng)]
+    held = memory if (NUMBER_RE.fullmatch(memory) if form == "number" else NEEDLE_RE.fullmatch(memory)) else None
+    asked = as_written(doc["needle"])
+    if asked in needles:
         if rng.random() < p_needle:
-            return doc["needle"]
-        others = [s for s in needles if s != doc["needle"]] + ([held] if held else [])
+            return asked
+        others = [s for s in needles if s != asked] + ([held] if held else [])
         return others[0] if others else fillers[0]
     if needles:
-        return held if held == doc["needle"] and rng.random() < p_keep else needles[0]
+        return held if held == asked and rng.random() < p_keep else needles[0]
     return held if held and rng.random() < p_keep else fillers[0]
 
 
@@ -212,6 +257,7 @@ def teacher_transcript(
     p_needle: float = 0.4,
     p_keep: float = 0.9,
     task: str = "needle",
+    form: str = "sentence",
 ) -> list[tuple[str, Row, str]]:
     """The naive teacher's turns on one document, as (kind, (prompt ids, target ids), target text), built by
     running the real agent with the teacher as its model: each memory turn is the task's policy
@@ -220,15 +266,15 @@ def teacher_transcript(
     tokenizer = workflow.tokenizer
     episode = workflow.episode(sample_of(doc))
     numbers = split_numbers("train")
-    write = TEACHERS[task]
+    write = partial(choice_write, form=form) if task == "choose" else TEACHERS[task]
     out = []
 
     class Teacher:  # answers each call as its whole Turn, to see whether it is the answer and which chunk it reads
         async def send_turn(self, turn: Turn, **_: Any) -> Reply:
             memory = episode.reading.memory_text or ""
             if turn.final:
-                match = NEEDLE_RE.search(memory)
-                text = f"\\boxed{{{match.group(2) if match else rng.choice(numbers)}}}"
+                match = NUMBER_RE.search(memory)  # a needle sentence or a bare number; filler has no digits
+                text = f"\\boxed{{{match.group(0) if match else rng.choice(numbers)}}}"
             else:
                 chunk = tokenizer.decode(episode.context_ids[turn.meta["chunk"] * CHUNK_SIZE :][:CHUNK_SIZE])
                 text = write(doc, memory, complete_sentences(chunk, doc["context"]), rng, p_needle, p_keep)
@@ -256,13 +302,14 @@ def teacher_rows(
     p_needle: float = 0.4,
     p_keep: float = 0.9,
     task: str = "needle",
+    form: str = "sentence",
 ) -> list[Row]:
     """Every turn of the naive teacher's transcripts of ``count`` documents (:func:`teacher_document`), the rows of
     the naive stage."""
     rows = []
     for i in range(count):
         doc = teacher_document(rng, workflow.tokenizer, i, task)
-        rows += [row for _, row, _ in teacher_transcript(workflow, doc, rng, p_needle, p_keep, task)]
+        rows += [row for _, row, _ in teacher_transcript(workflow, doc, rng, p_needle, p_keep, task, form)]
     return rows
 
 
@@ -336,11 +383,18 @@ class Scale:
 
 @dataclass(frozen=True)
 class ChooseScale(Scale):
-    """The choosing task's build: also ``choice``, the step budget of its copy stage over several needles
-    (:func:`choice_rows`, between the paper and naive stages; 0: none), with its pool and held-out rows."""
+    """The choosing task's build, with two stages between the copy stages and the naive one: ``recall``, the step
+    budget of question answering over several needles (:func:`recall_rows`, stopped at exact ``recall_stop``;
+    ``recall_held`` held-out rows) and ``choice``, that of copying one needle of several (:func:`choice_rows`;
+    ``choice_rows``: its pool and held-out rows); 0: no such stage. ``form``: what the naive teacher writes of a
+    needle (:data:`FORMS`)."""
 
     choice: int = 0
     choice_rows: tuple[int, int] = (3000, 200)
+    recall: int = 0
+    recall_held: int = 300
+    recall_stop: float = 0.95
+    form: str = "sentence"
 
 
 # The warm start: the budgets are the steps of the measured build (docs/replication_cpu.md, "Warm start"), whose
@@ -348,8 +402,9 @@ class ChooseScale(Scale):
 FULL = Scale("replication-reader", steps=(1030, 200, 75, 146))
 # The same four stages in seconds, for tests of the pipeline's artefacts (its accuracy is that of a random model).
 QUICK = Scale("replication-reader-quick", steps=(8, 2, 2, 2), pools=(64, 64, 16), held=(32, 16, 16, 4))
-# The choosing task's warm start (docs/replication_cpu.md, "The choosing task"): the same stages and budgets, its
-# own naive stage (choosing documents, choice_write), under its own names in the cache.
+# The choosing task's warm start (docs/replication_cpu.md, "The choosing task"): the same stages and budgets, a
+# choice stage, its own naive stage (choosing documents, choice_write writing whole sentences), under its own names
+# in the cache.
 CHOOSE = ChooseScale(
     "replication-reader-choose", steps=(*FULL.steps[:3], 600), pools=(*FULL.pools[:2], 4800), choice=200
 )
@@ -361,10 +416,20 @@ CHOOSE_QUICK = ChooseScale(
     choice=2,
     choice_rows=(64, 16),
 )
+# Its recall recipe (``--recipe recall``; docs/replication_cpu.md, "The choice taught with its answer"): a recall
+# stage in place of the choice stage (the reader learns to answer the asked key's number from a short document; the
+# choice forms after a plateau of ~3,000 steps), then a naive teacher that writes the number it picks.
+CHOOSE_RECALL = replace(
+    CHOOSE, name="replication-reader-choose-recall", steps=(*FULL.steps[:3], 300), choice=0, recall=8000, form="number"
+)
+CHOOSE_RECALL_QUICK = replace(
+    CHOOSE_QUICK, name="replication-reader-choose-recall-quick", choice=0, recall=2, recall_held=16, form="number"
+)
+CHOOSE_RECIPES = {"choice": (CHOOSE, CHOOSE_QUICK), "recall": (CHOOSE_RECALL, CHOOSE_RECALL_QUICK)}
 # Bump when the build changes (data, stages, optimizer), so a cached warm start built the old way is rebuilt.
 RECIPE_VERSION = 2  # 2: the reader reads numbers as two-digit tokens; numbers dealt to splits at random
 # The same for the choosing task's naive stage (its copy stages are the needle task's, RECIPE_VERSION).
-CHOOSE_RECIPE_VERSION = 1
+CHOOSE_RECIPE_VERSION = 2  # 2: the recipe records its recall stage and memory form (recall recipe added)
 COPY_STAGES = "copy_stages.json"  # in a copy_dir of train(): what the saved model's three stages were
 
 
@@ -400,16 +465,19 @@ def train(
         logs: list[dict[str, Any]] = []
         t_stage = time.perf_counter()
 
-        choice_steps = getattr(scale, "choice", 0) if task == "choose" else 0
-        stages = 5 if choice_steps else 4
+        extra = (
+            {"recall": getattr(scale, "recall", 0), "choice": getattr(scale, "choice", 0)} if task == "choose" else {}
+        )
+        budgets = dict(zip(("synth", "needle", "paper", "naive"), scale.steps, strict=True)) | extra
+        stages = 4 + sum(map(bool, extra.values()))
 
         def stage(name: str, sample: Any, held: list[Row], lr: float, warmup: int, stop_key: str | None, every=25):
             nonlocal t_stage
-            budget = choice_steps if name == "choice" else scale.steps[min(len(logs), 3)]
-            target = f"stop at {stop_key} >= {stop_at}" if stop_key else "no target"
+            budget, stop = budgets[name], scale.recall_stop if name == "recall" else stop_at
+            target = f"stop at {stop_key} >= {stop}" if stop_key else "no target"
             log(f"stage {len(logs) + 1}/{stages} {name}: at most {budget} steps of batch {scale.batch}, {target}")
             kw = {"batch": scale.batch, "eval_every": every, "log": log}
-            rec = train_stage(model, name, sample, held, pad, lr, warmup, budget, stop_key, stop_at, **kw)
+            rec = train_stage(model, name, sample, held, pad, lr, warmup, budget, stop_key, stop, **kw)
             now = time.perf_counter()  # the stage's wall time includes making its data
             logs.append(rec | {"wall_s": round(now - t_stage, 1)})
             t_stage = now
@@ -442,11 +510,16 @@ def train(
                     model.save_pretrained(tmp)
                     state = {"key": copy_key, "stages": logs, "rng": rng.getstate(), "held_rng": held_rng.getstate()}
                     (tmp / COPY_STAGES).write_text(json.dumps(state) + "\n")
-        if choice_steps:
+        if budgets.get("recall"):
+            recall_held = recall_rows(tokenizer, held_rng, scale.recall_held)[0]
+            recall_sample = lambda n: recall_rows(tokenizer, rng, n)[0]  # noqa: E731  (fresh documents every step)
+            stage("recall", recall_sample, recall_held, 1e-3, 50, "exact", every=250)
+        if budgets.get("choice"):
             pool, held = scale.choice_rows
             choice_pool, choice_held = choice_rows(workflow, rng, pool), choice_rows(workflow, held_rng, held, True)
             stage("choice", lambda n: rng.sample(choice_pool, n), choice_held, 1e-3, 20, "exact")
-        teacher = partial(teacher_rows, workflow, p_needle=p_needle, p_keep=p_keep, task=task)
+        form = getattr(scale, "form", "sentence")
+        teacher = partial(teacher_rows, workflow, p_needle=p_needle, p_keep=p_keep, task=task, form=form)
         naive_pool, naive_held = teacher(rng, scale.pools[2]), teacher(held_rng, scale.held[3])
         stage("naive", lambda n: rng.sample(naive_pool, n), naive_held, 1e-3, 20, None, every=50)
     recipe = {
@@ -486,7 +559,8 @@ def manifest_extra(
 def copy_stages_dir(root: Path | None, scale: Scale) -> Path:
     """Where the choosing task's cached build keeps its three copy stages (:func:`train`'s ``copy_dir``): beside
     the builds, ``<root>/replication-reader-copy-stages`` (quick: ``replication-reader-quick-copy-stages``)."""
-    return (root or models_dir()) / f"{scale.name.replace('-choose', '')}-copy-stages"
+    base = scale.name.replace("-choose", "").replace("-recall", "")
+    return (root or models_dir()) / f"{base}-copy-stages"
 
 
 def cached_warm_start(
@@ -496,6 +570,7 @@ def cached_warm_start(
     scale: Scale | None = None,
     log: Any = print,
     task: str = "needle",
+    recipe: str = "choice",
 ) -> Path:
     """The warm start in the model cache (``root``, default :func:`recurrent.models.models_dir`), built unless an
     up-to-date copy is there: ``<root>/replication-reader`` (``quick``: ``replication-reader-quick``; ``scale``:
@@ -505,12 +580,9 @@ def cached_warm_start(
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; one of {TASKS}")
     choose = task == "choose"
-    scale = (
-        scale
-        or {(False, False): FULL, (True, False): QUICK, (False, True): CHOOSE, (True, True): CHOOSE_QUICK}[
-            (quick, choose)
-        ]
-    )
+    if recipe not in CHOOSE_RECIPES:
+        raise ValueError(f"unknown recipe {recipe!r}; one of {tuple(CHOOSE_RECIPES)}")
+    scale = scale or (CHOOSE_RECIPES[recipe][quick] if choose else (QUICK if quick else FULL))
     copy_dir = copy_stages_dir(root, scale) if choose else None
     t0 = time.perf_counter()
 
@@ -519,8 +591,10 @@ def cached_warm_start(
         save(tmp, model, tokenizer, recipe)
         log(f"{scale.name}: built in {(time.perf_counter() - t0) / 60:.1f} min")
 
-    choice = getattr(scale, "choice", 0) if choose else 0
-    what = f"steps at most {'/'.join(map(str, scale.steps))}{f', choice {choice}' if choice else ''}, one thread"
+    between = [
+        f"{name} {getattr(scale, name, 0)}" for name in ("recall", "choice") if choose and getattr(scale, name, 0)
+    ]
+    what = f"steps at most {'/'.join(map(str, scale.steps))}{''.join(', ' + b for b in between)}, one thread"
     version = CHOOSE_RECIPE_VERSION if choose else RECIPE_VERSION
     extra = manifest_extra(scale, task=task)
     return cached_build(root, scale.name, version, extra, build_into, force, what, log)
@@ -569,16 +643,18 @@ class HFGenerate:
 
 
 def whole_needles(sessions: list[Any], documents: list[dict[str, Any]]) -> dict[str, Any]:
-    """Of the choosing task's memories that mention a magic number (every memory after every chunk), the share that
-    is exactly one of the document's needle sentences (not a blend of several) and the share that is the asked one."""
+    """Of the choosing task's memories that name a needle (every memory after every chunk that mentions a magic
+    number or holds a 4-digit number), the share that is exactly one of the document's needles, as a sentence or as
+    a bare number (not a blend of several), and the share that is the asked one."""
     mentions = whole = asked = 0
     for session, doc in zip(sessions, documents, strict=True):
-        needles = {doc["needle"]} | {NEEDLE.format(key=d["key"], value=d["value"]) for d in doc["distractors"]}
+        pairs = [NEEDLE_RE.fullmatch(doc["needle"]).groups(), *((d["key"], d["value"]) for d in doc["distractors"])]
+        needles = {NEEDLE.format(key=k, value=v) for k, v in pairs} | {v for _, v in pairs}
         for memory in session.memory_trace:
-            if "magic number" in memory:
+            if "magic number" in memory or NUMBER_RE.search(memory):
                 mentions += 1
                 whole += memory.strip() in needles
-                asked += memory.strip() == doc["needle"]
+                asked += memory.strip() in (doc["needle"], pairs[0][1])
     share = (lambda k: round(k / mentions, 3)) if mentions else (lambda k: 0.0)
     return {"needle_memories": mentions, "whole_needle": share(whole), "asked_needle": share(asked)}
 
@@ -660,6 +736,13 @@ def main(argv: list[str] | None = None) -> None:
         help="the naive stage's documents and teacher, and the evaluation's documents (choose: "
         f"{CHOOSE_DISTRACTORS} other needles; the cache: replication-reader-choose)",
     )
+    parser.add_argument(
+        "--recipe",
+        choices=tuple(CHOOSE_RECIPES),
+        default="choice",
+        help="the choosing task's recipe: choice (a choice stage, whole-sentence memories) or recall (a recall stage, "
+        "number memories; the cache: replication-reader-choose-recall)",
+    )
     parser.add_argument("--p-needle", type=float, default=0.4)
     parser.add_argument("--p-keep", type=float, default=0.9)
     parser.add_argument("--seed", type=int, default=0)
@@ -678,6 +761,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if sum(map(bool, (args.cache, args.out, args.evaluate))) != 1:
         parser.error("give one of --cache (build into the model cache), --out (build, evaluate), --evaluate")
+    if args.recipe != "choice" and args.task != "choose":
+        parser.error(f"--recipe {args.recipe} is a recipe of the choosing task: give --task choose")
     if args.cache and (
         args.copy_stages
         or args.steps
@@ -689,11 +774,12 @@ def main(argv: list[str] | None = None) -> None:
         )
     log = partial(print, flush=True)
     if args.cache:
-        print(cached_warm_start(args.root, quick=args.quick, force=args.force, log=log, task=args.task), flush=True)
+        folder = cached_warm_start(args.root, args.quick, args.force, log=log, task=args.task, recipe=args.recipe)
+        print(folder, flush=True)
         return
     torch.set_num_threads(args.threads)
     if args.out:
-        scale = {"needle": QUICK if args.quick else FULL, "choose": CHOOSE_QUICK if args.quick else CHOOSE}[args.task]
+        scale = CHOOSE_RECIPES[args.recipe][args.quick] if args.task == "choose" else (QUICK if args.quick else FULL)
         if args.steps:
             scale = replace(scale, steps=tuple(args.steps))
         recipe = build(

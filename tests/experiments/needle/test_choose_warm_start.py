@@ -8,10 +8,13 @@ import re
 
 import pytest
 
-from experiments.needle.needle import NEEDLE, QUESTION, chunk_texts
+from experiments.needle.needle import NEEDLE, NEEDLE_RE, QUESTION, chunk_texts
 from experiments.needle.reader import build_tokenizer
 from experiments.needle.warm_start import (
+    CHOOSE,
+    CHOOSE_RECALL,
     CHOOSE_RECIPE_VERSION,
+    FORMS,
     RECIPE_VERSION,
     ChooseScale,
     Scale,
@@ -35,31 +38,59 @@ F1, F2 = "The farmer walked to the red barn.", "A small dog found an old map."
 DOC = {"needle": ASKED}
 
 
-def write(memory, sentences, p_needle, p_keep):
-    return choice_write(DOC, memory, sentences, random.Random(0), p_needle, p_keep)
+def as_form(text, form):
+    """A needle sentence as the teacher of ``form`` writes it (number: its number); anything else as it is."""
+    match = NEEDLE_RE.fullmatch(text)
+    return match.group(2) if match and form == "number" else text
 
 
-def test_on_the_asked_needles_chunk_it_writes_the_asked_one_or_another_needle_shown_so_far():
-    assert write("", [F1, ASKED, C], 1.0, 1.0) == ASKED
-    assert write(B, [F1, ASKED, C], 1.0, 0.0) == ASKED
+@pytest.fixture(params=FORMS)
+def write(request):
+    """The teacher of one form on hand-built chunks: the memory given, and the memory expected, in that form."""
+    form = request.param
+
+    def run(memory, sentences, p_needle, p_keep):
+        return choice_write(DOC, as_form(memory, form), sentences, random.Random(0), p_needle, p_keep, form)
+
+    run.form = form
+    return run
+
+
+def expect(write, text):
+    return as_form(text, write.form)
+
+
+def test_the_recall_recipe_writes_numbers_the_first_recipe_sentences():
+    assert (CHOOSE.form, CHOOSE_RECALL.form) == ("sentence", "number")
+    assert (CHOOSE.recall, CHOOSE.choice, CHOOSE_RECALL.recall, CHOOSE_RECALL.choice) == (0, 200, 8000, 0)
+    assert choice_write(DOC, "", [F1, ASKED], random.Random(0), 1.0, 1.0) == ASKED
+    with pytest.raises(ValueError, match="unknown memory form"):
+        choice_write(DOC, "", [ASKED], random.Random(0), 1.0, 1.0, "key")
+
+
+def test_on_the_asked_needles_chunk_it_writes_the_asked_one_or_another_needle_shown_so_far(write):
+    assert write("", [F1, ASKED, C], 1.0, 1.0) == expect(write, ASKED)
+    assert write(B, [F1, ASKED, C], 1.0, 0.0) == expect(write, ASKED)
     # else: the chunk's first other needle, before the one in memory
-    assert write(B, [F1, C, ASKED, D], 0.0, 1.0) == C
+    assert write(B, [F1, C, ASKED, D], 0.0, 1.0) == expect(write, C)
     # no other needle in the chunk: the one in memory; none shown yet: the chunk's first filler sentence
-    assert write(B, [F1, ASKED, F2], 0.0, 1.0) == B
+    assert write(B, [F1, ASKED, F2], 0.0, 1.0) == expect(write, B)
     assert write("", [ASKED, F1, F2], 0.0, 1.0) == F1
     assert write(F2, [ASKED, F1], 0.0, 1.0) == F1
 
 
-def test_on_a_chunk_of_other_needles_only_the_asked_one_is_kept_the_others_give_way():
-    assert write(ASKED, [F1, C, D], 0.0, 1.0) == ASKED
-    assert write(ASKED, [F1, C, D], 1.0, 0.0) == C  # not kept: the chunk's first needle
-    assert write(B, [F1, C, D], 1.0, 1.0) == C  # another key's needle in memory: the newest needle replaces it
-    assert write("", [D, F1], 1.0, 1.0) == D
+def test_on_a_chunk_of_other_needles_only_the_asked_one_is_kept_the_others_give_way(write):
+    assert write(ASKED, [F1, C, D], 0.0, 1.0) == expect(write, ASKED)
+    assert write(ASKED, [F1, C, D], 1.0, 0.0) == expect(write, C)  # not kept: the chunk's first needle
+    assert write(B, [F1, C, D], 1.0, 1.0) == expect(
+        write, C
+    )  # another key's needle in memory: the newest needle replaces it
+    assert write("", [D, F1], 1.0, 1.0) == expect(write, D)
 
 
-def test_on_a_chunk_without_needles_a_needle_in_memory_is_kept_or_dropped_for_filler():
-    assert write(ASKED, [F1, F2], 0.0, 1.0) == ASKED
-    assert write(B, [F1, F2], 0.0, 1.0) == B
+def test_on_a_chunk_without_needles_a_needle_in_memory_is_kept_or_dropped_for_filler(write):
+    assert write(ASKED, [F1, F2], 0.0, 1.0) == expect(write, ASKED)
+    assert write(B, [F1, F2], 0.0, 1.0) == expect(write, B)
     assert write(B, [F1, F2], 1.0, 0.0) == F1
     assert write(F2, [F1, F2], 1.0, 1.0) == F1  # a filler sentence in memory is not kept
 
@@ -111,10 +142,13 @@ def test_the_hand_built_document_has_the_chunks_the_expectations_assume(workflow
         (0.0, 0.0, [B, C, FILLER[1]], None),
     ],
 )
-def test_the_teachers_memory_after_each_chunk_of_a_hand_built_document(workflow, p_needle, p_keep, memories, answer):
-    turns = teacher_transcript(workflow, HAND_DOC, random.Random(0), p_needle, p_keep, task="choose")
+@pytest.mark.parametrize("form", FORMS)
+def test_the_teachers_memory_after_each_chunk_of_a_hand_built_document(
+    workflow, p_needle, p_keep, memories, answer, form
+):
+    turns = teacher_transcript(workflow, HAND_DOC, random.Random(0), p_needle, p_keep, task="choose", form=form)
     assert [kind for kind, _, _ in turns] == ["memory"] * 3 + ["final"]
-    assert [text for _, _, text in turns[:3]] == memories
+    assert [text for _, _, text in turns[:3]] == [as_form(m, form) for m in memories]
     final = turns[-1][2]
     if answer is None:  # no needle in memory: a random 4-digit guess of the train split
         assert re.fullmatch(r"\\boxed\{\d{4}\}", final)
@@ -124,7 +158,7 @@ def test_the_teachers_memory_after_each_chunk_of_a_hand_built_document(workflow,
     assert [target for _, (_, target), _ in turns] == [
         tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id] for _, _, text in turns
     ]
-    again = teacher_transcript(workflow, HAND_DOC, random.Random(0), p_needle, p_keep, task="choose")
+    again = teacher_transcript(workflow, HAND_DOC, random.Random(0), p_needle, p_keep, task="choose", form=form)
     assert again == turns
 
 
@@ -160,6 +194,9 @@ def test_whole_needles_counts_exact_needle_sentences_among_the_memories_that_men
     sessions = [SimpleNamespace(memory_trace=[F1, B, blend]), SimpleNamespace(memory_trace=[ASKED, ASKED + " "])]
     # four memories mention a magic number; B and the asked needle twice are whole (spaces around do not count)
     assert whole_needles(sessions, [doc, doc]) == {"needle_memories": 4, "whole_needle": 0.75, "asked_needle": 0.5}
+    # bare numbers: a needle's number is whole, the asked one's is asked; a number of no needle is a mention only
+    numbers = [SimpleNamespace(memory_trace=["7350", " 4821", "4822", F1])]
+    assert whole_needles(numbers, [doc]) == {"needle_memories": 3, "whole_needle": 0.667, "asked_needle": 0.333}
     assert whole_needles([SimpleNamespace(memory_trace=[F1])], [doc]) == {
         "needle_memories": 0,
         "whole_needle": 0.0,
@@ -175,6 +212,8 @@ MICRO_CHOOSE = ChooseScale(
     batch=4,
     choice=2,
     choice_rows=(8, 4),
+    recall=2,
+    recall_held=4,
 )
 MICRO_NEEDLE = Scale("replication-reader-test", steps=(3, 2, 2, 2), pools=(8, 8, 4), held=(8, 4, 4, 2), batch=4)
 
@@ -186,23 +225,49 @@ def test_the_choosing_build_has_its_own_cache_entry_and_reuses_the_copy_stages(t
     manifest = json.loads((folder / MANIFEST).read_text())
     assert manifest["recipe"] == CHOOSE_RECIPE_VERSION
     assert (manifest["task"], manifest["copy_recipe"], manifest["distractors"]) == ("choose", RECIPE_VERSION, 3)
-    assert (manifest["choice"], manifest["choice_rows"]) == (2, [8, 4])
+    assert (manifest["choice"], manifest["choice_rows"], manifest["recall"], manifest["form"]) == (
+        2,
+        [8, 4],
+        2,
+        "sentence",
+    )
     recipe = json.loads((folder / "warm_start.json").read_text())
     assert recipe["task"] == "choose"
-    assert [s["stage"] for s in recipe["stages"]] == ["synth", "needle", "paper", "choice", "naive"]
-    assert [s["steps"] for s in recipe["stages"]] == [3, 2, 2, 2, 2]
+    assert [s["stage"] for s in recipe["stages"]] == ["synth", "needle", "paper", "recall", "choice", "naive"]
+    assert [s["steps"] for s in recipe["stages"]] == [3, 2, 2, 2, 2, 2]
     copy_dir = tmp_path / "replication-reader-test-copy-stages"
     assert (copy_dir / "copy_stages.json").is_file()
     # the needle task's build beside it: another folder and manifest; a forced rebuild of the choosing one reuses the
-    # kept copy stages and trains only its own two
+    # kept copy stages and trains only its own three
     needle = cached_warm_start(tmp_path, scale=MICRO_NEEDLE, log=lambda _: None)
     assert needle != folder and "task" not in json.loads((needle / MANIFEST).read_text())
     rebuilt: list[str] = []
     cached_warm_start(tmp_path, scale=MICRO_CHOOSE, task="choose", force=True, log=rebuilt.append)
     assert [line.split(":")[0] for line in rebuilt if line.startswith("stage")] == [
         "stages 1-3",
-        "stage 4/5 choice",
-        "stage 5/5 naive",
+        "stage 4/6 recall",
+        "stage 5/6 choice",
+        "stage 6/6 naive",
     ]
     with pytest.raises(ValueError, match="unknown task"):
         cached_warm_start(tmp_path, task="haystack")
+
+
+def test_the_recall_recipe_builds_its_own_entry_with_a_recall_stage_and_number_memories(tmp_path):
+    folder = cached_warm_start(tmp_path, quick=True, task="choose", recipe="recall", log=lambda _: None)
+    assert folder.name == "replication-reader-choose-recall-quick"
+    recipe = json.loads((folder / "warm_start.json").read_text())
+    assert [s["stage"] for s in recipe["stages"]] == ["synth", "needle", "paper", "recall", "naive"]
+    assert (recipe["scale"]["form"], recipe["scale"]["choice"]) == ("number", 0)
+    # the copy stages are those of the choice recipe's quick build: one folder for both
+    assert (tmp_path / "replication-reader-quick-copy-stages" / "copy_stages.json").is_file()
+    with pytest.raises(ValueError, match="unknown recipe"):
+        cached_warm_start(tmp_path, task="choose", recipe="oracle")
+
+
+def test_the_command_refuses_a_recall_recipe_for_the_needle_task(capsys):
+    from experiments.needle.warm_start import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--cache", "--recipe", "recall"])
+    assert exit_.value.code == 2 and "--recipe recall is a recipe of the choosing task" in capsys.readouterr().err

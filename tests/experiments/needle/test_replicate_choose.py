@@ -82,6 +82,8 @@ def test_the_choosing_task_runs_through_every_stage(pipeline):
         ({"TASK": "haystack"}, "TASK=haystack: one of needle, choose"),
         ({"TASK": "choose", "DISTRACTORS": "0"}, "DISTRACTORS=0: the choosing task needs a whole number >= 1"),
         ({"TASK": "choose", "LATE_START": "0.5"}, "TASK=choose takes no LATE_START or DECOY_START"),
+        ({"TASK": "choose", "CHOOSE_RECIPE": "oracle"}, "CHOOSE_RECIPE=oracle: one of choice, recall"),
+        ({"CHOOSE_RECIPE": "recall"}, "CHOOSE_RECIPE=recall is a recipe of the choosing task (TASK=choose)"),
     ],
 )
 def test_the_script_refuses_a_bad_task_before_any_work(tmp_path, env, message):
