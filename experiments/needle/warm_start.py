@@ -418,7 +418,8 @@ CHOOSE_QUICK = ChooseScale(
 )
 # Its recall recipe (``--recipe recall``; docs/replication_cpu.md, "The choice taught with its answer"): a recall
 # stage in place of the choice stage (the reader learns to answer the asked key's number from a short document; the
-# choice forms after a plateau of ~3,000 steps), then a naive teacher that writes the number it picks.
+# choice formed after a plateau of ~3,000 steps in one run, and not within this budget in another), then a naive
+# teacher that writes the number it picks.
 CHOOSE_RECALL = replace(
     CHOOSE, name="replication-reader-choose-recall", steps=(*FULL.steps[:3], 300), choice=0, recall=8000, form="number"
 )
