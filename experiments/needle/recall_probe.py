@@ -32,8 +32,8 @@ from typing import Any
 import torch
 
 from experiments.needle.reader import build_tokenizer
-from experiments.needle.warm_start import CHOOSE, copy_stages_dir, recall_rows
-from experiments.sft import Point, new_reader, sft_steps, teacher_forced, torch_threads
+from experiments.needle.warm_start import CHOOSE, copy_stages_dir, recall_rows, train_stage
+from experiments.sft import new_reader, sft_steps, teacher_forced, torch_threads
 from experiments.small_reader import copy_rows, reader_config
 
 TARGETS = ("number", "sentence")  # recall_rows' targets
@@ -52,14 +52,21 @@ def fresh_reader(tokenizer: Any, hidden: int, layers: int, synth_steps: int, log
     rng, held = random.Random("probe-synth"), copy_rows(tokenizer, random.Random("probe-synth-held"), 256)
     log(f"fresh reader: {sum(p.numel() for p in model.parameters()):,} parameters, hidden {hidden}, {layers} layers")
 
-    def point(at: Point) -> bool:
-        res = teacher_forced(model, held, tokenizer.pad_token_id)
-        log(f"synth step {at.step}: per-token {res['tok_acc']:.3f} ({at.train_s / 60:.1f} min)")
-        return res["tok_acc"] >= 0.9
-
-    sft_steps(
-        model, lambda n: copy_rows(tokenizer, rng, n), tokenizer.pad_token_id, 3e-3, 100, synth_steps, 32, 250, point
-    )
+    sample = lambda n: copy_rows(tokenizer, rng, n)  # noqa: E731
+    train_stage(
+        model,
+        "synth",
+        sample,
+        held,
+        tokenizer.pad_token_id,
+        3e-3,
+        100,
+        synth_steps,
+        "tok_acc",
+        0.9,
+        eval_every=250,
+        log=log,
+    )  # the warm start's own stage loop
     return model
 
 

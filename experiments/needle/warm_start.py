@@ -97,7 +97,7 @@ FINAL_TOKENS = 16
 # The choosing task's warm start: its naive stage's documents hold 1 to this many other needles.
 CHOOSE_DISTRACTORS = 3
 TASKS = ("needle", "choose")
-# What the choosing task's teacher writes of the needle it picks: its number (the default) or its whole sentence.
+# What the choosing task's teacher writes of the needle it picks: its whole sentence (the default) or its number.
 FORMS = ("number", "sentence")
 NUMBER_RE = re.compile(r"\d{4}")
 
