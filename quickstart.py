@@ -12,7 +12,7 @@ hub id already in the Hugging Face cache): a local ``transformers serve`` is sta
 end. With ``URL`` (and ``API_KEY``) the endpoint is used as is: a local vLLM server, an online service or an
 Azure deployment. The API key is never printed.
 
-The memory agent is the one of ``memagent.agent`` (the prompts the released checkpoints were trained
+The memory agent is the one of ``recurrent.impls.memory`` (the prompts the released checkpoints were trained
 with, the boxed final answer as in the original quickstart). The document is cut into ``--chunk``-token chunks
 with the model's tokenizer; ``--max-new`` caps both every memory update and the answer, as the original does.
 
@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from memagent.cli import (  # python quickstart.py puts this folder on sys.path
+from recurrent.options import (  # python quickstart.py puts this folder on sys.path
     non_negative_int,
     positive_int,
     positive_seconds,
@@ -193,11 +193,11 @@ def load_agent(args: argparse.Namespace) -> tuple[Any, bool]:
 def shown_answer(response: str, final_prompt: str) -> tuple[str, str | None]:
     """The answer to print and, when the scorer's own extraction found none, a note on what was shown instead.
 
-    The scorer's rules (memagent.verifiers): the last ``\\boxed{}`` for the boxed prompt; for the paper's
+    The scorer's rules (taskutils.verifiers): the last ``\\boxed{}`` for the boxed prompt; for the paper's
     prompt, the text after the last lower-case "the answer is" (case-sensitive, as the paper's evaluation). A
     small model that writes "The answer is ..." or just states the answer would show nothing: then the phrase in
     any case, else the reply's first sentence, is shown, with a note that a scorer would not have read it."""
-    from memagent.verifiers import extract_answer, final_text, last_boxed_answer
+    from taskutils.verifiers import extract_answer, final_text, last_boxed_answer
 
     text = final_text(response)
     strict = last_boxed_answer(text) if final_prompt == "boxed" else extract_answer(text)
@@ -221,8 +221,8 @@ def _any_case(text: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from recurrent.async_manager import run_session
     from recurrent.client import OpenAIChatClient
+    from recurrent.local_server import transformers_serve
     from recurrent.models import KNOWN_MODELS, ModelNotAvailableError, load_tokenizer, resolve_model_path
-    from recurrent.serving import transformers_serve
     from recurrent.trace import TraceWriter
 
     url = os.environ.get("URL")
@@ -275,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{session.num_chunks} chunk(s) of up to {chunk}; memory and answer capped at {max_new} new tokens"
             )
         else:
-            final_prompt = "boxed"  # how the harness scores another agent's answer (memagent/memory_eval)
+            final_prompt = "boxed"  # how the harness scores another agent's answer (taskutils/memory_eval)
             sample = {"input": question, "prompt": question, "context": document}
             session = register.for_inference(tokenizer).episode(sample)
             on_turn = show_call

@@ -6,9 +6,9 @@ What a training step does to one prompt, with the project's own pieces and verl'
 
 1. the run config (``configs/tiny_cpu.yaml``: the paper's algorithm at tiny sizes) and the tiny offline model;
 2. one question about a document of several chunks, rolled out ``n`` times by the memory agent
-   (``memagent/agent.py``) in lockstep rounds (``recurrent/lockstep.py``, fed to verl's token server by
-   ``recurrent/training/lockstep.py``): each chunk is a fresh conversation whose reply overwrites the memory, then the
-   final answer;
+   (``recurrent/impls/memory.py``) in lockstep rounds (``recurrent/generation_manager.py``, fed to verl's token
+   server by ``verl_ext/sync_rollout.py``): each chunk is a fresh conversation whose reply overwrites the memory,
+   then the final answer;
 3. the reward of each trajectory's final answer (the run's reward function; the strict verdict beside it);
 4. GRPO over the ``n`` trajectories without std division: one advantage per trajectory, on every turn
    (verl's ``compute_advantage_for_multi_trajectories``);
@@ -32,12 +32,12 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.import_utils import load_extern_object
 from verl.workers.utils.losses import ppo_loss
 
-from memagent.verifiers.strict import compute_score as strict_score
 from recurrent.models import TINY, materialize
-from recurrent.training.cpu.hf_server import HFTokenServer
-from recurrent.training.lockstep import Trajectory, run_trajectories
-from recurrent.training.plan import compose
-from recurrent.training.rollout import AgentRollout
+from taskutils.verifiers.strict import compute_score as strict_score
+from verl_ext.cpu.hf_server import HFTokenServer
+from verl_ext.plan import compose
+from verl_ext.rollout import AgentRollout
+from verl_ext.sync_rollout import Trajectory, run_trajectories
 
 QUESTION = "What is the magic number?"
 CONTEXT = "The river city was born in the year of the film. " * 6 + "The magic number is 42. " + "It rained. " * 20

@@ -1,6 +1,6 @@
 """FLOP of a decoder-only transformer (Qwen2-style: grouped-query attention, SwiGLU MLP) from its config.
 
-One definition for the cost model of a training step (``recurrent/training/cost.py``) and the GPU throughput script
+One definition for the cost model of a training step (``verl_ext/cost.py``) and the GPU throughput script
 (``scripts/bench_update_kernels.py``, which runs where only torch and transformers are installed: this module
 imports nothing else). What is counted (docs/cluster.md, "What a step costs"):
 

@@ -29,7 +29,7 @@ request's stop strings, applies to it); ``kind`` and ``meta``, facts about it fo
 
 An agent whose samples need work before it runs (a long document tokenized once, off the event loop) subclasses
 :class:`FunctionWorkflow` and overrides :meth:`~FunctionWorkflow.prepare`: its function then receives what
-``prepare`` returns as its sample (the memory agent: memagent/agent.py).
+``prepare`` returns as its sample (the memory agent: recurrent/impls/memory.py).
 """
 
 from __future__ import annotations
@@ -223,7 +223,7 @@ class FunctionWorkflow(Workflow):
     def prepare(self, sample: dict[str, Any]) -> Any:
         """What the agent function receives as its sample: by default the row itself, checked for the columns the
         agent reads. An agent that tokenizes a long document overrides it: episodes are built in a worker thread
-        where a caller has an event loop (recurrent/training/rollout.py), so the work stays off the loop."""
+        where a caller has an event loop (verl_ext/rollout.py), so the work stays off the loop."""
         missing = [column for column in self.columns if column not in sample]
         if missing:
             raise KeyError(f"agent {self.name!r}: the sample has no column {missing[0]!r}; columns: {sorted(sample)}")

@@ -3,11 +3,11 @@
 An *agent* (the memory agent, a tool agent, ...) is one async function over a chat client (:mod:`recurrent.functions`):
 ``async def agent(sample, client, config) -> answer``, plain code that calls the model through an OpenAI-style
 :class:`ChatClient` as often as it likes, with any control flow. It is written once, and then trains
-(recurrent.training),
-evaluates (memagent.memory_eval) and serves (memagent.serve) through the same generic layers, in either rollout
+(verl_ext),
+evaluates (taskutils.memory_eval) and serves (taskutils.endpoint) through the same generic layers, in either rollout
 mode: one coroutine per sample (:func:`recurrent.async_manager.run_session`), or lockstep rounds
-(:mod:`recurrent.lockstep`, the schedule of the paper's released training runs), where a barrier holds each call
-until every agent of the batch is waiting on one.
+(:mod:`recurrent.generation_manager`, the schedule of the paper's released training runs), where a barrier holds each
+call until every agent of the batch is waiting on one.
 
 One sample's run is an :class:`Episode`: every model call in order (a :class:`TurnRecord`), each call one training
 row, the last call the answer that the reward scores. A call may be flagged ``final`` in advance (the memory
@@ -161,9 +161,9 @@ class ChatClient(Protocol):
 
 class TurnClient(Protocol):
     """A client that takes the whole :class:`Turn` of a call (its ``final`` flag and ``meta`` included): the
-    lockstep barrier (recurrent/lockstep.py) and drivers that script replies by turn. An agent's recording client
-    (:class:`recurrent.functions.CallRecorder`) sends each call with :meth:`send_turn` where the client has it, else
-    with ``chat``."""
+    lockstep barrier (recurrent/generation_manager.py) and drivers that script replies by turn. An agent's recording
+    client (:class:`recurrent.functions.CallRecorder`) sends each call with :meth:`send_turn` where the client has it,
+    else with ``chat``."""
 
     async def send_turn(self, turn: Turn, **sampling: Any) -> Reply: ...
 
@@ -209,7 +209,7 @@ class WorkflowRegistration:
 
     ``build(config, tokenizer)`` makes the agent for training (prompts in token space where it can build them);
     ``inference(tokenizer, **options)``, where given, makes it for evaluation and serving behind an OpenAI-style
-    endpoint (the memory agent's paper settings: memagent/agent.py); without it, inference builds the
+    endpoint (the memory agent's paper settings: recurrent/impls/memory.py); without it, inference builds the
     agent from ``config_cls(**options)`` like training does. ``columns``: what every sample must hold (a trainer
     checks its data files for them); ``large_columns``: its documents, text too large to copy into every training row
     (the endpoint reads one as a request's document; the trainer's preflight checks that the data hold text there)."""
@@ -221,7 +221,7 @@ class WorkflowRegistration:
     columns: Columns = ()
     large_columns: Columns = ()
     # How many model calls one sample makes, from facts about it (keywords; the memory agent reads
-    # context_tokens, a document's length): what a step plan counts rows with (recurrent/training/plan.py). None:
+    # context_tokens, a document's length): what a step plan counts rows with (verl_ext/plan.py). None:
     # unknown.
     calls_per_sample: Callable[..., int] | None = None
     # Whether building it for inference needs the model's tokenizer (it counts tokens: chunks, truncation). The
@@ -229,7 +229,7 @@ class WorkflowRegistration:
     needs_tokenizer: bool = True
     # What a training step's calls cost in tokens: step_shapes(config, tokenizer or None, StepShapesRequest) ->
     # StepShapes, the calls of each prompt's trajectory (recurrent/step_shapes.py); the step cost model counts
-    # with them (recurrent/training/cost.py). None: the agent has no cost model.
+    # with them (verl_ext/cost.py). None: the agent has no cost model.
     step_shapes: StepShapesOf | None = None
 
     def columns_of(self, config: WorkflowConfig) -> tuple[str, ...]:
@@ -283,9 +283,9 @@ def is_agent_file(spec: str) -> bool:
 
 
 def load_register(spec: str, obj_name: str = "REGISTER") -> WorkflowRegistration:
-    """Load an agent by registered name (``memory``: the entry point ``memagent.agent:REGISTER``), by dotted module path
-    (``pkg.mod``, ``pkg.mod:OBJ``) or by file path (``path/to/agent.py`` or ``path/to/agent.py:OBJ``). Errors name
-    the file, module or object at fault, and for an unknown name the registered ones."""
+    """Load an agent by registered name (``memory``: the entry point ``recurrent.impls.memory:REGISTER``), by dotted
+    module path (``pkg.mod``, ``pkg.mod:OBJ``) or by file path (``path/to/agent.py`` or ``path/to/agent.py:OBJ``).
+    Errors name the file, module or object at fault, and for an unknown name the registered ones."""
     target, _, explicit = spec.partition(":")
     obj_name = explicit or obj_name
     if is_agent_file(spec):

@@ -3,8 +3,8 @@
 The argument types refuse a count given as 0 or a negative number in argparse (exit 2, naming the option) instead
 of replacing it by a default or failing later with a traceback. Option files are YAML (or JSON) files whose keys
 are a command's long flags, read with the line of every key so that an error names the file, the line and the
-key: the one reader of the evaluation harness's ``--config`` and model table (``memagent.memory_eval``) and the
-server's ``--config`` and ``--agent-config`` (``python -m memagent.serve``; an agent's config fields, checked
+key: the one reader of the evaluation harness's ``--config`` and model table (``taskutils.memory_eval``) and the
+server's ``--config`` and ``--agent-config`` (``python -m taskutils.endpoint``; an agent's config fields, checked
 against its config class).
 """
 

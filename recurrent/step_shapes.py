@@ -2,7 +2,7 @@
 lengths, as an agent says it from its config and the step's data (docs/cluster.md, "What a step costs").
 
 An agent that can say it registers a ``step_shapes(config, tokenizer, request)`` hook
-(:class:`recurrent.interface.WorkflowRegistration`); the cost model (``recurrent/training/cost.py``) counts every
+(:class:`recurrent.interface.WorkflowRegistration`); the cost model (``verl_ext/cost.py``) counts every
 pass from the calls it returns and knows nothing else about the agent. The request is generic: which prompts of the
 training file make the step, and the lengths to assume where the data or a measurement is absent.
 """

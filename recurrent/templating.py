@@ -8,7 +8,7 @@ segmentation, so the sync training path keeps it.
 
 Slots are ``{name}`` with ``name`` made of ASCII letters only: ``\\boxed{}`` and ``{{}}`` stay literal text,
 braces and all, as in the fork's token templates (which is why the released checkpoints saw ``\\boxed{{}}``:
-``memagent.agent.FINAL_TEMPLATE_BOXED_RELEASED``, tested in tests/recurrent/test_memory_agent.py).
+``recurrent.impls.memory.FINAL_TEMPLATE_BOXED_RELEASED``, tested in tests/recurrent/impls/test_memory_agent.py).
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def chat_prompt_ids(
     tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
 ) -> list[int]:
     """A call's messages as the policy sees them, in ids: the chat template with the generation prompt (and the
-    request's ``tools``, which a template may render). Training (recurrent/training/rollout.py), the agents' row widths
+    request's ``tools``, which a template may render). Training (verl_ext/rollout.py), the agents' row widths
     and
     the warm starts' rows all render a conversation this way, so a model is trained and evaluated on the same ids."""
     extra = {"tools": tools} if tools else {}

@@ -1,5 +1,5 @@
-"""Benchmark: the memory and time of ``python -m memagent.memory_data custom --tokenizer tiny`` against the size
-of one record's context, with and without white space (memagent/memory_data/README.md, "Your own data").
+"""Benchmark: the memory and time of ``python -m taskutils.memory_data custom --tokenizer tiny`` against the size
+of one record's context, with and without white space (taskutils/memory_data/README.md, "Your own data").
 
 Each size runs the converter in a fresh process on one JSON-lines record whose context is one line of N MB: words
 of random letters between single spaces (``spaced``), or random letters with no white space at all (``unbroken``,
@@ -40,7 +40,7 @@ def convert(kind: str, chars: int, folder: Path) -> tuple[float, int]:
     source = folder / f"{kind}-{chars}.jsonl"
     record = {"question": "What is the magic number?", "answers": ["42"], "context": context(kind, chars)}
     source.write_text(json.dumps(record) + "\n")
-    command = [sys.executable, "-m", "memagent.memory_data", "custom", str(source), "--tokenizer", "tiny"]
+    command = [sys.executable, "-m", "taskutils.memory_data", "custom", str(source), "--tokenizer", "tiny"]
     command += ["--train-out", str(folder / "train.parquet")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     began = time.perf_counter()

@@ -8,7 +8,7 @@ overhead. Printed, side by side in one run:
 - client path (``recurrent.client.OpenAIChatClient``, what every memory turn goes through): requests/s, mean
   latency per request, mean server time, added latency (latency - server time), harness CPU time per request,
   at concurrency 1 and at ``--concurrency``;
-- harness path (``memagent.memory_eval.runner.run_items``: lazy sessions built in a worker thread, the client,
+- harness path (``taskutils.memory_eval.runner.run_items``: lazy sessions built in a worker thread, the client,
   scoring, one flushed JSONL line per item), same measures;
 - the concurrency limit: with a simulated model time (``--delay``), the peak number of requests the server saw
   in flight vs the limit (must never exceed it).
@@ -37,9 +37,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from memagent.memory_eval.serve import wait_ready  # noqa: E402
 from recurrent.client import OpenAIChatClient  # noqa: E402
-from recurrent.serving import free_port  # noqa: E402
+from recurrent.local_server import free_port  # noqa: E402
+from taskutils.memory_eval.model_servers import wait_ready  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "What is the magic number? " * 20}]
 
@@ -142,11 +142,11 @@ def bare_run(base_url: str, n: int, limit: int):
 
 
 def harness_run(base_url: str, n: int, limit: int, tokenizer, out_dir: Path):
-    from memagent.direct import DirectConfig, DirectWorkflow
-    from memagent.memory_eval import scoring
-    from memagent.memory_eval.results import item_record
-    from memagent.memory_eval.runner import run_items
+    from recurrent.impls.direct import DirectConfig, DirectWorkflow
     from recurrent.trace import TraceWriter
+    from taskutils.memory_eval import scoring
+    from taskutils.memory_eval.results import item_record
+    from taskutils.memory_eval.runner import run_items
 
     workflow = DirectWorkflow(DirectConfig(max_input=4096, max_output=16), tokenizer)
     items = [
@@ -193,8 +193,8 @@ def harness_run(base_url: str, n: int, limit: int, tokenizer, out_dir: Path):
 
 
 def transformers_side_by_side(n: int) -> None:
+    from recurrent.local_server import transformers_serve
     from recurrent.models import TINY, materialize
-    from recurrent.serving import transformers_serve
 
     with transformers_serve(materialize(TINY)) as server:
         body = {"model": server.model, "messages": MESSAGES, "max_tokens": 8, "temperature": 0.7}

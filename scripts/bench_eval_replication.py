@@ -3,7 +3,7 @@
     python scripts/bench_eval_replication.py                       # 16 documents at 16 and 64 chunks, 2 policies
     python scripts/bench_eval_replication.py --settings old=8x1 c16=16x1 new=8x2 --docs 16 --lengths 16,64
 
-Each setting runs the harness as the replication's stage 5 does (``python -m memagent.memory_eval.run`` on a
+Each setting runs the harness as the replication's stage 5 does (``python -m taskutils.memory_eval.run`` on a
 reader table from ``experiments.needle.eval_models``, ``transformers serve`` with continuous batching, method
 ``memory-boxed``, greedy) with ``--concurrency C --parallel-models P`` (a setting ``NAME=CxP``). The policies are
 the same reader listed ``--policies`` times under different names, so every setting does the work of that many
@@ -110,7 +110,7 @@ def results_of(folder: Path) -> dict:
 def run_setting(setting: Setting, table: Path, data: Path, args: argparse.Namespace, out: Path) -> Measure:
     results_dir = out / setting.name
     cmd = [
-        sys.executable, "-m", "memagent.memory_eval.run", "--table", str(table), "--tasks", "needle",
+        sys.executable, "-m", "taskutils.memory_eval.run", "--table", str(table), "--tasks", "needle",
         "--lengths", args.lengths, "--limit", str(args.docs), "--data-dir", str(data), "--method", "memory-boxed",
         "--temperature", "0", "--trace", "--no-report", "--quiet", "--overwrite", "--results-dir", str(results_dir),
         "--concurrency", str(setting.concurrency), "--parallel-models", str(setting.parallel),

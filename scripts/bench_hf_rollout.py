@@ -1,4 +1,4 @@
-"""Benchmark: the CPU rollout server (``recurrent/training/cpu/hf_server.py``) with batching off and on.
+"""Benchmark: the CPU rollout server (``verl_ext/cpu/hf_server.py``) with batching off and on.
 
 A burst of concurrent requests as the memory agent loop sends them during CPU training (64 trajectories at once,
 ~330-token prompts, up to 32 new tokens, temperature 1 with log-probs) to ``HFTokenServer`` with
@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from recurrent.training.cpu.hf_server import DEFAULT_PREFILL_CHUNK  # noqa: E402
+from verl_ext.cpu.hf_server import DEFAULT_PREFILL_CHUNK  # noqa: E402
 
 
 def rss_mb() -> float:
@@ -44,7 +44,7 @@ def one_run(args: argparse.Namespace) -> dict:
 
     import torch
 
-    from recurrent.training.cpu.hf_server import HFTokenServer
+    from verl_ext.cpu.hf_server import HFTokenServer
 
     torch.set_num_threads(1)
     server = HFTokenServer(args.model_dir, max_batch_size=args.batch, prefill_chunk_size=args.chunk or None)

@@ -46,9 +46,9 @@ def one_pass(args: argparse.Namespace) -> dict:
     """Run inside a subprocess: one document through the memory agent; print a JSON line of measurements."""
     from transformers import AutoTokenizer
 
-    from memagent.agent import MemoryConfig, MemoryWorkflow
     from recurrent.async_manager import run_sessions
     from recurrent.client import OpenAIChatClient
+    from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
 
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     document = make_document(tokenizer, args.tokens)
@@ -105,7 +105,7 @@ def main() -> int:
         print(json.dumps(one_pass(args)))
         return 0
 
-    from recurrent.serving import transformers_serve
+    from recurrent.local_server import transformers_serve
 
     model_dir = str(materialize(args.model))
     results = {}

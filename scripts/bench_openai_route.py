@@ -1,12 +1,12 @@
 """Benchmark: the recording route (an ``openai.AsyncOpenAI`` served in process, recurrent/openai_route.py) against the
 framework's own chat client, side by side in one run: the calculator (experiments/calculator/agent.py) and the
 same agent on the ``openai`` client (experiments/calculator/openai_agent.py), through training's rollout code
-(recurrent/training/rollout.py: episodes, the token client, one row per call) with
+(verl_ext/rollout.py: episodes, the token client, one row per call) with
 configs/calculator_cpu.yaml's settings.
 
 - ``scripted``: a token server that answers at once (a calculator call, then the boxed result): the framework's
   own cost per call, where the route's overhead is all there is to see;
-- ``tiny``: the CPU rollout server (recurrent/training/cpu/hf_server.py) with the tiny offline model, one step's batch
+- ``tiny``: the CPU rollout server (verl_ext/cpu/hf_server.py) with the tiny offline model, one step's batch
 of
   trajectories at once (train_batch_size x rollout.n), greedy so both agents get the same replies: the rollout
   part of a CPU training step. Its rollout is part of a step, so the share added here bounds the step's from above.
@@ -56,8 +56,8 @@ class ScriptedServer:
 def rollout_of(agent: str, model_dir: str, tokenizer):
     from hydra import compose, initialize_config_dir
 
-    import recurrent.training  # noqa: F401  (the configs' resolvers)
-    from recurrent.training.rollout import AgentRollout
+    import verl_ext  # noqa: F401  (the configs' resolvers)
+    from verl_ext.rollout import AgentRollout
 
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
         config = compose(
@@ -68,7 +68,7 @@ def rollout_of(agent: str, model_dir: str, tokenizer):
 
 async def one_trajectory(rollout, server, index: int, sampling: dict) -> int:
     from recurrent.async_manager import run_session
-    from recurrent.training.rollout import TokenClient
+    from verl_ext.rollout import TokenClient
 
     question = [{"role": "user", "content": f"What is {10 + index % 80} * 48?"}]
     episode = await rollout.episode({"prompt": question})
@@ -122,7 +122,7 @@ def main() -> None:
     import torch
 
     from recurrent.models import TINY, load_tokenizer, materialize
-    from recurrent.training.cpu.hf_server import HFTokenServer
+    from verl_ext.cpu.hf_server import HFTokenServer
 
     torch.set_num_threads(1)
     model_dir = str(materialize(TINY))

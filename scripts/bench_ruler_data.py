@@ -32,9 +32,9 @@ def peak_rss_mb() -> float:
 
 def child(args: argparse.Namespace) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from memagent.memory_data import stages
-    from memagent.memory_data.ruler import Sources
-    from memagent.memory_data.tokenizer import load_tokenizer
+    from taskutils.memory_data import stages
+    from taskutils.memory_data.ruler import Sources
+    from taskutils.memory_data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer)
     sources = Sources(essay=args.essay_file, squad=args.squad_file, hotpotqa_dev=args.hotpotqa_dev_file)

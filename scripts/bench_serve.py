@@ -1,8 +1,8 @@
-"""Benchmark: what the OpenAI-compatible endpoint (``python -m memagent.serve``) costs over calling the memory
+"""Benchmark: what the OpenAI-compatible endpoint (``python -m taskutils.endpoint``) costs over calling the memory
 agent in process, per request and in memory, up to a 3.5M-token request (docs/third_party_eval.md, "What the
 endpoint costs").
 
-Both paths run the same memory agent (``memagent.agent.inference_workflow``, the paper's budgets by
+Both paths run the same memory agent (``recurrent.impls.memory.inference_workflow``, the paper's budgets by
 default: 5000-token chunks, 1024-token memory and answer) against the same upstream, an OpenAI-compatible server
 that answers instantly (``scripts/instant_server.py``, which reports its own time per call), so what
 separates the two paths is the endpoint's own work: the HTTP hop, reading and parsing the request, the hand-over
@@ -61,11 +61,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from memagent.agent import inference_workflow  # noqa: E402
 from recurrent.async_manager import run_session  # noqa: E402
 from recurrent.client import OpenAIChatClient  # noqa: E402
+from recurrent.impls.memory import inference_workflow  # noqa: E402
+from recurrent.local_server import free_port, health_probe, managed_server  # noqa: E402
 from recurrent.models import TINY, _english_like_corpus, load_tokenizer, resolve_model_path  # noqa: E402
-from recurrent.serving import free_port, health_probe, managed_server  # noqa: E402
 
 QUESTION = "What is the special magic number mentioned in the provided text?"
 MODEL = "instant"
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     upstream_cmd = [sys.executable, str(Path(__file__).with_name("instant_server.py")), "--port", str(upstream_port),
                     "--served-model-name", MODEL]  # fmt: skip
     endpoint_cmd = [
-        sys.executable, "-m", "memagent.serve", "--upstream", f"{upstream_root}/v1", "--model", MODEL,
+        sys.executable, "-m", "taskutils.endpoint", "--upstream", f"{upstream_root}/v1", "--model", MODEL,
         "--tokenizer", str(tiny), "--port", str(endpoint_port), "--chunk-size", str(args.chunk),
         "--max-new", str(args.max_new), "--final-max-new", str(args.final_max_new),
     ]  # fmt: skip
@@ -403,7 +403,7 @@ def soak(args: argparse.Namespace) -> int:
     upstream_root = f"http://127.0.0.1:{upstream_port}"
     upstream_cmd = [sys.executable, str(Path(__file__).with_name("instant_server.py")), "--port", str(upstream_port),
                     "--served-model-name", MODEL]  # fmt: skip
-    endpoint_cmd = [sys.executable, "-m", "memagent.serve", "--upstream", f"{upstream_root}/v1", "--model", MODEL,
+    endpoint_cmd = [sys.executable, "-m", "taskutils.endpoint", "--upstream", f"{upstream_root}/v1", "--model", MODEL,
                     "--tokenizer", str(tiny), "--port", str(port), "--max-documents", "1"]  # fmt: skip
     abandoned = many_messages_body(tokenizer, args.soak_messages)
     stalled_length = 8 << 20

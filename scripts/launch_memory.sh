@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Launch a MemAgent RL training run (recurrent.training.main) on one node or on a Ray cluster.
+# Launch a MemAgent RL training run (verl_ext.main) on one node or on a Ray cluster.
 # Called by run_memory_7B.sh / run_memory_14B.sh:  launch_memory.sh CONFIG DEFAULT_MODEL DEFAULT_NNODES [overrides]
 #
 # Environment (all optional):
@@ -97,14 +97,14 @@ if [ -n "${RAY_ADDRESS:-}" ] && [ -z "${PROJ_ROOT_SET:-}" ]; then
   echo "[memagent] note: PROJ_ROOT is not set; checkpoints go under the repository ($RUN_DIR), which every node" \
     "must reach at the same path (shared storage; docs/cluster.md)"
 fi
-printf '[memagent] command:'; printf ' %q' "$PYTHON" -m recurrent.training.main "${ARGS[@]}"; echo
+printf '[memagent] command:'; printf ' %q' "$PYTHON" -m verl_ext.main "${ARGS[@]}"; echo
 if [ "${DRY_RUN:-0}" = 1 ]; then
   echo "[memagent] DRY_RUN=1: composed config follows; not starting"
-  exec "$PYTHON" -m recurrent.training.main "${ARGS[@]}" --cfg job --resolve
+  exec "$PYTHON" -m verl_ext.main "${ARGS[@]}" --cfg job --resolve
 fi
 # One run per run folder: a second launch on it stops here (status 2) naming the first. The trainer below is this
 # process (exec), so it holds the lock until it ends; a local Ray's daemons are tied to it by Ray itself (started
 # with the kernel's parent-death signal on Linux).
 source "$REPO/scripts/lib/session.sh"  # hold_run_lock
 hold_run_lock "$RUN_DIR"
-exec "$PYTHON" -m recurrent.training.main "${ARGS[@]}"
+exec "$PYTHON" -m verl_ext.main "${ARGS[@]}"

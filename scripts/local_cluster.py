@@ -8,7 +8,7 @@
 
 Ray places, schedules and loses these nodes as it would hosts (docs/cluster.md, "Rehearsing a cluster launch on
 one machine"). Each node has its own temp folder, ports, session of processes and resources: ``--gpus-per-node``
-Ray GPUs (the CPU platform's fake ones: verl asks Ray for GPUs, recurrent/training/cpu/README.md) and
+Ray GPUs (the CPU platform's fake ones: verl asks Ray for GPUs, verl_ext/cpu/README.md) and
 ``--cpus-per-node`` logical CPUs. ``start`` waits until Ray's own node table lists every node alive, then prints
 the address to launch with, e.g.
 

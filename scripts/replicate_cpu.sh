@@ -18,11 +18,11 @@
 #                   "Credit on every turn"): recurrent.credit=final_same_step (memory turns carry no advantage, the
 #                   answers' step as in RL) and final_token_mean (the answers' loss averaged over their own tokens),
 #                   ABLATION_SEEDS of each
-#   5. evaluation   python -m memagent.memory_eval.run through `transformers serve` of each policy's exported
+#   5. evaluation   python -m taskutils.memory_eval.run through `transformers serve` of each policy's exported
 #                   checkpoint, on the test split at LENGTHS chunks, EVAL_DOCS documents each, greedy; the memory
 #                   agent (memory-boxed) and the full-context baseline (direct-boxed: the whole document in one
 #                   prompt, middle-truncated to the reader's window) for every policy; PARALLEL_MODELS policies at
-#                   a time, each with its own one-thread server (memagent/memory_eval/README.md); with --trace:
+#                   a time, each with its own one-thread server (taskutils/memory_eval/README.md); with --trace:
 #                   every item's memory after each chunk
 #   6. report       python -m experiments.needle.report: replication.md / .csv / .png (accuracy by length x policy;
 #                   the .md ends with the needle's survival in memory, experiments/needle/survival.py, and what
@@ -196,7 +196,7 @@ done
 "$PYTHON" -m experiments.needle.eval_models "${policies[@]}" --out "$OUT_DIR/policies.yaml" > /dev/null
 models="$(IFS=,; echo "${policies[*]%%=*}" | tr ' ' ',')"
 # shellcheck disable=SC2086  # LENGTHS is a list
-timed evaluation "$PYTHON" -m memagent.memory_eval.run --table "$OUT_DIR/policies.yaml" --models "$models" \
+timed evaluation "$PYTHON" -m taskutils.memory_eval.run --table "$OUT_DIR/policies.yaml" --models "$models" \
   --method memory-boxed,direct-boxed --tasks "$TASK" --lengths "$(echo $LENGTHS | tr ' ' ',')" --limit "$EVAL_DOCS" \
   --data-dir "$OUT_DIR/eval_data/eval/test" --results-dir "$OUT_DIR/results" --temperature 0 --no-report \
   --parallel-models "$PARALLEL_MODELS" --trace
@@ -205,7 +205,7 @@ timed evaluation "$PYTHON" -m memagent.memory_eval.run --table "$OUT_DIR/policie
 say "6/6 report"
 # The invocation's wall time, stages 1-5 (the report takes a second): the report reads it from timing.jsonl.
 record_total
-"$PYTHON" -m memagent.memory_eval.report "$OUT_DIR/results" > /dev/null
+"$PYTHON" -m taskutils.memory_eval.report "$OUT_DIR/results" > /dev/null
 "$PYTHON" -m experiments.needle.report "$OUT_DIR/results" --task "$TASK" --run-dir "$OUT_DIR" \
   --eval-data "$OUT_DIR/eval_data/eval/test"
 for run in "$OUT_DIR"/runs/*/; do say "training curve: ${run}training.png"; done

@@ -3,7 +3,7 @@
 #
 #   bash scripts/smoke_gpu.sh [hydra overrides]          DRY_RUN=1 bash scripts/smoke_gpu.sh   (print, do not run)
 #
-# The trainer of the paper runs (python -m recurrent.training.main, configs/smoke_gpu.yaml on recurrent_trainer.yaml), on this
+# The trainer of the paper runs (python -m verl_ext.main, configs/smoke_gpu.yaml on recurrent_trainer.yaml), on this
 # node only (its own local Ray), with the paper's token budgets (chunk 5000, memory 1024, up to 8 chunks, vLLM
 # context 9216) on a small instruct model: 16 generated questions about ~28K-token documents (6 chunks; written
 # once under OUT_DIR/data), rollout.n=4, validation before training and after the last step, 2 training steps,
@@ -66,10 +66,10 @@ ARGS=(
 ARGS+=("$@")
 
 echo "[smoke] this node, $NGPUS GPU(s), model $MODEL_DIR, out $OUT_DIR"
-printf '[smoke] command:'; printf ' %q' "$PYTHON" -m recurrent.training.main "${ARGS[@]}"; echo
+printf '[smoke] command:'; printf ' %q' "$PYTHON" -m verl_ext.main "${ARGS[@]}"; echo
 if [ "${DRY_RUN:-0}" = 1 ]; then
   echo "[smoke] DRY_RUN=1: composed config follows; not starting"
-  exec "$PYTHON" -m recurrent.training.main "${ARGS[@]}" --cfg job --resolve
+  exec "$PYTHON" -m verl_ext.main "${ARGS[@]}" --cfg job --resolve
 fi
 
 mkdir -p "$OUT_DIR"
@@ -95,7 +95,7 @@ trap 'exit 130' INT TERM
 start=$(date +%s)
 set +e
 : > "$LOG"  # this run's log only (the supervisor appends the trainer's output to it)
-start_supervised "$LOG" -- "$PYTHON" -m recurrent.training.main "${ARGS[@]}"
+start_supervised "$LOG" -- "$PYTHON" -m verl_ext.main "${ARGS[@]}"
 wait "$SUPERVISOR_PID"
 rc=$?
 set -e

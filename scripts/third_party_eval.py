@@ -3,15 +3,15 @@ its per-item answers are compared with our own harness's on the same items (docs
 
 The third-party harness is lm-evaluation-harness (lm-eval 0.4.13, unmodified), in an environment of its own built
 from ``requirements/lm-eval.txt`` (pinned, hashed; not a dependency of this project). Its ``local-chat-completions``
-model sends one chat request per item, as any OpenAI client would, to ``python -m memagent.serve``, which runs the
+model sends one chat request per item, as any OpenAI client would, to ``python -m taskutils.endpoint``, which runs the
 memory loop (chunk by chunk memory overwrite, then the answer) with every turn sent to the upstream server. Our
-harness (``python -m memagent.memory_eval.run``, method ``memory``) runs the same loop in process against the same
+harness (``python -m taskutils.memory_eval.run``, method ``memory``) runs the same loop in process against the same
 upstream. Under greedy decoding the two final answers must be equal, item by item.
 
 Steps, all offline on CPU:
 
 1. the lm-eval environment (``.cache/venv-lmeval``): built with uv from the hashed requirements if absent;
-2. a small RULER needle set made by our own tools (``python -m memagent.memory_data ruler``), lengths measured
+2. a small RULER needle set made by our own tools (``python -m taskutils.memory_data ruler``), lengths measured
    with the model's tokenizer;
 3. the upstream: ``transformers serve`` with the model (default: SmolLM2-135M-Instruct, shipped offline);
 4. our endpoint in front of it, with the budgets and the final prompt of the harness's ``memory`` method;
@@ -44,10 +44,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from memagent.cli import positive_int  # noqa: E402
-from memagent.memory_eval.results import results_path  # noqa: E402
+from recurrent.local_server import free_port, health_probe, managed_server, transformers_serve  # noqa: E402
 from recurrent.models import resolve_model_path  # noqa: E402
-from recurrent.serving import free_port, health_probe, managed_server, transformers_serve  # noqa: E402
+from recurrent.options import positive_int  # noqa: E402
+from taskutils.memory_eval.results import results_path  # noqa: E402
 
 LM_EVAL_VERSION = "0.4.13"
 LM_EVAL_REQUIREMENTS = REPO / "requirements" / "lm-eval.txt"
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
 
     data = work / "data"
     make_data = [
-        python, "-m", "memagent.memory_data", "ruler", "--out", str(data), "--tasks", args.task,
+        python, "-m", "taskutils.memory_data", "ruler", "--out", str(data), "--tasks", args.task,
         "--lengths", str(args.length), "--tokenizer", str(model_dir), "--num-samples", str(args.items),
     ]  # fmt: skip
     run_logged(make_data, work, commands, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     with transformers_serve(model_dir, log_path=work / "logs" / "upstream.log") as upstream:
         port = free_port()
         endpoint_cmd = [
-            python, "-m", "memagent.serve", "--upstream", upstream.base_url, "--model", upstream.model,
+            python, "-m", "taskutils.endpoint", "--upstream", upstream.base_url, "--model", upstream.model,
             "--served-model-name", args.model, "--tokenizer", str(model_dir), "--chunk-size", str(args.chunk),
             "--max-new", str(args.max_new), "--final-max-new", str(args.final_max_new),
             "--max-documents", str(args.concurrent), "--port", str(port),
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             ]  # fmt: skip
             run_logged(lm_eval, work, commands, cwd=work, env=lm_env)
         harness = [
-            python, "-m", "memagent.memory_eval.run", "--table", str(table), "--models", args.model,
+            python, "-m", "taskutils.memory_eval.run", "--table", str(table), "--models", args.model,
             "--tasks", args.task, "--lengths", str(args.length), "--data-dir", str(data), "--method", "memory",
             "--temperature", "0", "--url", upstream.base_url, "--served-model", upstream.model,
             "--results-dir", str(work / "harness"), "--no-report", "--quiet",

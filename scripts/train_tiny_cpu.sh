@@ -3,7 +3,7 @@
 #
 #   scripts/train_tiny_cpu.sh [hydra overrides...]
 #
-# TASK=memory (default): our trainer, `python -m recurrent.training.main --config-name tiny_cpu` (the entry of the GPU runs:
+# TASK=memory (default): our trainer, `python -m verl_ext.main --config-name tiny_cpu` (the entry of the GPU runs:
 #   RecurrentPPOTrainer, the `recurrent_agent` loop and its agent-loop manager), on a needle-in-a-haystack task made
 #   here (experiments/tiny/data.py --task memory: documents of 2-4 chunks) with a dense reward next to the strict
 #   verifier. configs/tiny_cpu.yaml carries the whole run; this script adds only what belongs to the machine and
@@ -21,7 +21,7 @@
 # All: GRPO (memory n=4, toy n=2), KL loss against the ref policy, NGPUS FSDP2 ranks on gloo (fake Ray GPUs), the
 # `hf_cpu` transformers rollout, validation before training and after every step, a checkpoint every step
 # (resume_mode=auto; with the Hugging Face model), console + JSONL metrics, rollout and validation dumps. The CPU
-# adaptations are recurrent/training/cpu (README.md there); they load in every Ray process through
+# adaptations are verl_ext/cpu (README.md there); they load in every Ray process through
 # VERL_USE_EXTERNAL_MODULES, and only because VERL_PLATFORM=cpu is set here.
 # At the end: the reward per step (scripts/plot_training.py: a table, and OUT_DIR/training.png).
 #
@@ -67,7 +67,7 @@ hold_run_lock "$OUT_DIR/checkpoints"  # before anything in OUT_DIR changes (the 
 # --- environment of every process (the driver's env is inherited by Ray's raylet and workers; the CPU
 # --- adaptations' variables are also put into Ray's runtime env below) --------------------------------
 export VERL_PLATFORM=cpu
-export VERL_USE_EXTERNAL_MODULES=recurrent.training.cpu.load
+export VERL_USE_EXTERNAL_MODULES=verl_ext.cpu.load
 export RAY_USAGE_STATS_ENABLED=0
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"   # ray>=2.5x turns token auth on for new local clusters
 export RAY_DEDUP_LOGS=0
@@ -162,21 +162,21 @@ machine_args=(
 
 # --- the task -----------------------------------------------------------------------------------------------
 if [[ "$TASK" == config ]]; then
-  entry=(-m recurrent.training.main "${config_args[@]}")
+  entry=(-m verl_ext.main "${config_args[@]}")
   task_args=(
     data.train_files="$DATA/train.parquet"
     data.val_files="$DATA/validation.parquet"
   )
 elif [[ "$TASK" == needle ]]; then
   # configs/replicate_cpu.yaml: tiny_cpu's CPU platform values plus the replication's budgets, reward and step shape.
-  entry=(-m recurrent.training.main --config-name replicate_cpu)
+  entry=(-m verl_ext.main --config-name replicate_cpu)
   task_args=(
     data.train_files="$DATA/train.parquet"
     data.val_files="$DATA/validation.parquet"
   )
 elif [[ "$TASK" == memory ]]; then
   # configs/tiny_cpu.yaml: the CPU platform values, the budgets, the reward, validation/checkpoint cadence.
-  entry=(-m recurrent.training.main --config-name tiny_cpu)
+  entry=(-m verl_ext.main --config-name tiny_cpu)
   task_args=(
     data.train_files="$DATA/train.parquet"
     data.val_files="$DATA/dev.parquet"
@@ -201,7 +201,7 @@ else
     actor_rollout_ref.actor.fsdp_config.param_offload=False
     actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
     actor_rollout_ref.ref.fsdp_config.param_offload=False
-    # rollout: the transformers server of recurrent/training/cpu/rollout, one replica per rank
+    # rollout: the transformers server of verl_ext/cpu/rollout, one replica per rank
     actor_rollout_ref.rollout.name=hf_cpu
     actor_rollout_ref.rollout.mode=async
     actor_rollout_ref.rollout.tensor_model_parallel_size=1

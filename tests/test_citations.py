@@ -237,7 +237,7 @@ def test_walks_the_tree_without_git(tmp_path):
 
 def test_no_line_cites_a_document_outside_the_repository():
     files = text_files(REPO)
-    assert "README.md" in files and "memagent/agent.py" in files  # the scan sees the repository
+    assert "README.md" in files and "recurrent/impls/memory.py" in files  # the scan sees the repository
     lines = citation_lines(files)
     assert not lines, "cite docs/ or state the fact in place:\n" + "\n".join(lines)
 

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("recurrent", "memagent", "experiments")
+PACKAGES = ("recurrent", "verl_ext", "taskutils", "experiments")
 
 
 def test_packages_import_with_stock_verl():
@@ -56,8 +56,8 @@ def imported_modules(path: Path, repo: Path) -> set[str]:
 
 def place_of(module: str) -> str | None:
     """The place a module of ours belongs to, in the table's words (its folder, dotted), or None for another's."""
-    if module == "recurrent.training" or module.startswith("recurrent.training."):
-        return "recurrent.training"
+    if module == "recurrent.impls" or module.startswith("recurrent.impls."):
+        return "recurrent.impls"
     top = module.split(".")[0]
     return top if top in PACKAGES else None
 
@@ -86,18 +86,18 @@ def imports_across_places(repo: Path) -> dict[str, set[str]]:
 
 def test_each_place_imports_only_what_the_architecture_says():
     places = documented_places((REPO / "docs" / "architecture.md").read_text())
-    assert set(places) == {"recurrent", "recurrent.training", "memagent", "experiments"}
+    assert set(places) == {"recurrent", "recurrent.impls", "verl_ext", "taskutils", "experiments"}
     found = imports_across_places(REPO)
     assert set(found) == set(places)
     wrong = {place: sorted(found[place] - allowed) for place, allowed in places.items() if found[place] - allowed}
     assert wrong == {}
 
 
-def test_the_framework_imports_no_verl_outside_its_verl_glue():
+def test_only_the_verl_glue_imports_verl():
     offenders = [
         f"{path.relative_to(REPO)}: {name}"
-        for path in sorted((REPO / "recurrent").rglob("*.py"))
-        if path.relative_to(REPO).parts[1] != "training"
+        for place in ("recurrent", "taskutils")
+        for path in sorted((REPO / place).rglob("*.py"))
         for name in imported_modules(path, REPO)
         if name.split(".")[0] == "verl"
     ]
@@ -107,23 +107,30 @@ def test_the_framework_imports_no_verl_outside_its_verl_glue():
 def test_the_place_table_is_read_as_written(tmp_path):
     # An independent check of the reader: a table by hand, and a planted import across places.
     table = "| place | folder | owns | imports of ours |\n|---|---|---|---|\n| a | `recurrent/` | x | none |\n"
-    table += "| b | `memagent/` | y | `recurrent` |\n"
-    assert documented_places(table) == {"recurrent": set(), "memagent": {"recurrent"}}
+    table += "| b | `recurrent/impls/` | y | `recurrent` |\n| c | `taskutils/` | z | `recurrent`, `recurrent.impls` |\n"
+    assert documented_places(table) == {
+        "recurrent": set(),
+        "recurrent.impls": {"recurrent"},
+        "taskutils": {"recurrent", "recurrent.impls"},
+    }
     for name, text in {
         "recurrent/__init__.py": "",
-        "recurrent/core.py": "def f():\n    from memagent import agent\n",  # a function-level import counts
-        "recurrent/training/__init__.py": "",
-        "recurrent/training/glue.py": "from recurrent import core\n",
-        "memagent/__init__.py": "",
-        "memagent/agent.py": "from recurrent.training import glue\n",
+        "recurrent/core.py": "def f():\n    from taskutils import tool\n",  # a function-level import counts
+        "recurrent/impls/__init__.py": "",
+        "recurrent/impls/memory.py": "from verl_ext import glue\n",
+        "verl_ext/__init__.py": "",
+        "verl_ext/glue.py": "from recurrent import core\n",
+        "taskutils/__init__.py": "",
+        "taskutils/tool.py": "from recurrent.impls.memory import x\n",
         "experiments/__init__.py": "",
     }.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     assert imports_across_places(tmp_path) == {
-        "recurrent": {"memagent"},
-        "recurrent.training": {"recurrent"},
-        "memagent": {"recurrent.training"},
+        "recurrent": {"taskutils"},
+        "recurrent.impls": {"verl_ext"},
+        "verl_ext": {"recurrent"},
+        "taskutils": {"recurrent.impls"},
         "experiments": set(),
     }
 
@@ -195,7 +202,8 @@ def test_a_planted_circle_is_found(tmp_path):
         "experiments/one.py": "from experiments.two import x\n",
         "experiments/two.py": "def f():\n    from experiments import one\n",  # hidden in a function
         "recurrent/__init__.py": "",
-        "memagent/__init__.py": "",
+        "verl_ext/__init__.py": "",
+        "taskutils/__init__.py": "",
     }.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)

@@ -1,6 +1,6 @@
 """scripts/local_cluster.py without Ray: bad usage refused with exit status 2 before anything starts, the state file,
 and stopping a node by its session (real processes). The script with real Ray nodes is the cluster tier
-(tests/verl_ext_cpu/test_cpu_cluster.py, ``make test-cluster``)."""
+(tests/verl_ext/cpu/test_cpu_cluster.py, ``make test-cluster``)."""
 
 from __future__ import annotations
 

@@ -23,8 +23,8 @@ from openai import OpenAI
 from threaded_http import serve_in_a_thread
 
 from experiments.calculator.task import write
+from recurrent.local_server import free_port, wait_ready
 from recurrent.models import load_tokenizer
-from recurrent.serving import free_port, wait_ready
 from recurrent.templating import chat_prompt_ids
 
 REPO = Path(__file__).resolve().parents[1]
@@ -188,7 +188,7 @@ def test_evaluate_it_through_the_harness_by_its_path(user: Path, tiny_model_dir)
         (user / "models.yaml").write_text(yaml.safe_dump(table))
         options = "--table models.yaml --models scripted --tasks calculator --lengths 2"
         options += " --data-dir evaldata/eval/test --results-dir results --no-report --quiet"
-        run(f"python -m memagent.memory_eval.run --method my_agent.py {options}", user)
+        run(f"python -m taskutils.memory_eval.run --method my_agent.py {options}", user)
     lines = [json.loads(x) for x in (user / "results" / "calculator_2" / "scripted__my_agent.jsonl").open()]
     assert len(lines) == 4 and len(seen) == 8
     assert all(x["method"] == "my_agent" and x["turns"] == 2 and x["strict"] == 1 and x["error"] is None for x in lines)
@@ -196,7 +196,7 @@ def test_evaluate_it_through_the_harness_by_its_path(user: Path, tiny_model_dir)
 
 def test_serve_it_by_its_path_and_stream_it(user: Path):
     (user / "draft.json").write_text('{"max_tokens": 24}')
-    command = block("sh", "python -m memagent.serve")
+    command = block("sh", "python -m taskutils.endpoint")
     assert "--agent my_agent.py --agent-config insist.json" in command
     seen: list[str] = []
     with serve_in_a_thread(scripted_app(seen), wait_s=30) as url:
@@ -218,7 +218,7 @@ def test_serve_it_by_its_path_and_stream_it(user: Path):
                     return str(err)
                 return None
 
-            wait_ready(answers, process, 180, 0.2, user / "serve.log", "python -m memagent.serve")
+            wait_ready(answers, process, 180, 0.2, user / "serve.log", "python -m taskutils.endpoint")
             stream = client.chat.completions.create(
                 model="m",
                 messages=[{"role": "user", "content": "What is 37 + 48?"}],
@@ -251,7 +251,7 @@ def test_train_it_two_steps_and_read_its_rows(user: Path):
     rates = {m["step"]: m["data"]["actor/lr"] for m in metrics if "actor/lr" in m["data"]}
     assert sorted(rates) == [1, 2] and all(rate > 0 for rate in rates.values()), rates
 
-    rows_command = re.search(r"(python -m recurrent.training\.rows \S+ --tokenizer MODEL)", PAGE.read_text()).group(1)
+    rows_command = re.search(r"(python -m verl_ext\.rows \S+ --tokenizer MODEL)", PAGE.read_text()).group(1)
     done = run(rows_command.replace("MODEL", "tiny") + " --json", user)
     rows = [json.loads(line) for line in done.stdout.splitlines()]
     by_trajectory: dict[str, list[dict]] = {}

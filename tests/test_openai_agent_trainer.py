@@ -3,7 +3,7 @@ its registration's line) trains unmodified: 2 steps of the CPU launcher from a u
 repository, with the tiny offline model. Every call is one row of the rollout dump whose prompt is the call's
 messages in the chat template and whose response is the ids the rollout sampled (the next call's prompt holds
 them as the agent read them: decoded, never re-sampled). The evaluation side of the same file:
-tests/memory_eval/test_eval_openai_agent.py."""
+tests/taskutils/memory_eval/test_eval_openai_agent.py."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ actor_rollout_ref:
     max_model_len: 288
 reward:
   custom_reward_function:
-    path: pkg://memagent.verifiers.strict
+    path: pkg://taskutils.verifiers.strict
     name: compute_score
 """
 
@@ -74,9 +74,7 @@ def test_an_openai_client_agent_trains_two_steps_one_row_per_call(tmp_path: Path
 
     rows = [
         json.loads(x)
-        for x in run(
-            "python -m recurrent.training.rows runs/openai/rollout --tokenizer tiny --json", user
-        ).stdout.splitlines()
+        for x in run("python -m verl_ext.rows runs/openai/rollout --tokenizer tiny --json", user).stdout.splitlines()
     ]
     by_trajectory: dict[str, list[dict]] = {}
     for row in rows:

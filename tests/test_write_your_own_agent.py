@@ -98,7 +98,7 @@ def test_the_pages_code_runs_in_order(in_tmp: Path, tiny_model_dir):
     assert printed.getvalue().strip() == "ready: my_agent.py"
 
     # The preflight does check: data without the agent's column is refused, naming it.
-    from recurrent.training.preflight import PreflightError, preflight
+    from verl_ext.preflight import PreflightError, preflight
 
     pd.DataFrame(
         [{"prompt": [{"role": "user", "content": "q"}], "data_source": "toy", "reward_model": {"ground_truth": "1"}}]

@@ -37,7 +37,7 @@ class CalculatorConfig(WorkflowConfig):
     max_turns: int = 5  # model calls per problem, tool calls included (the original's tool agent: 5)
     max_tokens_per_turn: int = 256  # (the original's: 256)
     # The question's budget in the row widths; a longer question can make the last call overflow a trainer's rows,
-    # which then fails that trajectory (recurrent/training/rollout.py checks every call).
+    # which then fails that trajectory (verl_ext/rollout.py checks every call).
     max_question_tokens: int = 256
     max_result_chars: int = 32  # a tool result is cut to this many characters (ASCII: at most as many tokens)
 

@@ -4,11 +4,11 @@
 
 Each problem is one episode of the registered agent (``experiments.calculator.agent``, the settings of
 configs/calculator_cpu.yaml) whose calls go through the training rollout's client
-(:class:`recurrent.training.rollout.TokenClient`: the chat template renders them, as in training) to
-:class:`recurrent.training.cpu.hf_server.HFTokenServer` (the CPU rollout server's generation: concurrent calls batched,
+(:class:`verl_ext.rollout.TokenClient`: the chat template renders them, as in training) to
+:class:`verl_ext.cpu.hf_server.HFTokenServer` (the CPU rollout server's generation: concurrent calls batched,
 left-padded).
-The answer is scored by the training reward (``memagent.verifiers.strict.compute_score``: the strict verifier). Reported
-per model: accuracy, and per operator the accuracy and how often the first call was a tool call.
+The answer is scored by the training reward (``taskutils.verifiers.strict.compute_score``: the strict verifier).
+Reported per model: accuracy, and per operator the accuracy and how often the first call was a tool call.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 from experiments.calculator.agent import CalculatorConfig, parse_tool_call
 from experiments.calculator.task import OPERATORS, problems
 from experiments.calculator.teacher import RUN_CONFIG, agent_config
-from memagent.verifiers.strict import strict_score
+from taskutils.verifiers.strict import strict_score
 
 if TYPE_CHECKING:  # verl loads in seconds: the command imports it when it evaluates
-    from recurrent.training.rollout import Budgets
+    from verl_ext.rollout import Budgets
 
 
 def evaluate(
@@ -42,9 +42,9 @@ def evaluate(
     import torch
     from transformers import AutoTokenizer
 
-    from recurrent.training.cpu.hf_server import HFTokenServer
-    from recurrent.training.rollout import AgentRollout, TokenClient
-    from recurrent.training.settings import RecurrentSettings
+    from verl_ext.cpu.hf_server import HFTokenServer
+    from verl_ext.rollout import AgentRollout, TokenClient
+    from verl_ext.settings import RecurrentSettings
 
     config = config or agent_config()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -91,7 +91,7 @@ def run_budgets(path: Path = RUN_CONFIG) -> Budgets:
     configs/calculator_cpu.yaml): the calls evaluated are refused where training would refuse them."""
     from omegaconf import OmegaConf
 
-    from recurrent.training.rollout import Budgets
+    from verl_ext.rollout import Budgets
 
     data = OmegaConf.load(path).data
     return Budgets(int(data.max_prompt_length), int(data.max_response_length))

@@ -11,7 +11,7 @@ writes ``DIR/{train,validation,test}.parquet`` (verl rows: ``prompt`` as a chat 
 ``context`` (empty), ``answers``: the evaluation harness's format; task ``calculator`` at "length" 2, the operands'
 digits):
 
-    python -m memagent.memory_eval.run --method calculator --tasks calculator --lengths 2 --data-dir DIR/eval/test ...
+    python -m taskutils.memory_eval.run --method calculator --tasks calculator --lengths 2 --data-dir DIR/eval/test ...
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 
 writes ``DIR/train.parquet`` (train split, 1-4 chunks), ``DIR/validation.parquet`` and ``DIR/test.parquet``
 (verl rows, every eval length), and ``DIR/eval/{split}/eval_needle_{N}.jsonl`` (eval-set JSON lines,
-``memagent.memory_eval.evalsets``: ``index``, ``input``, ``context``, ``answers``, and ``needle_chunk`` for the
+``taskutils.memory_eval.evalsets``: ``index``, ``input``, ``context``, ``answers``, and ``needle_chunk`` for the
 survival analysis). ``--late-start S``: a share S of the training documents are episodes that start late (the
 needle already in the row's ``memory`` column, filler chunks only: :func:`make_late_start`); ``--decoy-start D``:
 a share D start from a wrong memory (the asked key's needle with another number; the real needle in the context:

@@ -1,7 +1,7 @@
-"""The replication's readers in the evaluation harness: a model table for ``python -m memagent.memory_eval.run``.
+"""The replication's readers in the evaluation harness: a model table for ``python -m taskutils.memory_eval.run``.
 
     python -m experiments.needle.eval_models --out readers.yaml warm-start=DIR rl-seed0=DIR rl-seed1=DIR ...
-    python -m memagent.memory_eval.run --table readers.yaml --tasks needle --data-dir DATA/eval/test \\
+    python -m taskutils.memory_eval.run --table readers.yaml --tasks needle --data-dir DATA/eval/test \\
         --method memory-boxed,direct-boxed --temperature 0 --results-dir results/replication
 
 Every ``NAME=FOLDER`` (a reader model folder: weights, tokenizer and chat template) becomes one entry with the
@@ -12,7 +12,7 @@ come from the same constants as training, so the evaluation cannot drift from th
 
 Serving. ``transformers serve`` without options runs one ``generate`` call at a time; with
 ``--continuous-batching`` it batches the requests in flight (paged attention), and for greedy decoding gives the
-same tokens as one request at a time (measurements: memagent/memory_eval/README.md, "The CPU replication").
+same tokens as one request at a time (measurements: taskutils/memory_eval/README.md, "The CPU replication").
 Its CPU attention (``paged|sdpa``) attends every query of a step to the keys of *every* request of the step and
 masks the others out, so its cost grows with the square of the requests in flight: 8 in flight was fastest
 (server CPU per memory turn 54-61 ms, against 110 ms one at a time). The KV cache is sized here (the default

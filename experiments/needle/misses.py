@@ -3,7 +3,7 @@
     python -m experiments.needle.misses RESULTS_DIR [--task needle] [--method memory-boxed]
 
 reads the harness's per-item results (``RESULTS_DIR/<task>_<N>/<model>__<method>.jsonl``, through
-:func:`memagent.memory_eval.report.results_files`, the last line per item) and prints, per model and for the
+:func:`taskutils.memory_eval.report.results_files`, the last line per item) and prints, per model and for the
 training lengths (1-4 chunks) and the longer ones apart, how many answers were right and how the others missed:
 
 - ``no number``: the answer holds no number (nothing boxed, or words);
@@ -25,8 +25,8 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from memagent.memory_eval.report import results_files
 from recurrent.resume import read_jsonl
+from taskutils.memory_eval.report import results_files
 
 KINDS = ("right", "no number", "one digit off", "near copy", "other number")
 TRAINING_CHUNKS = 4

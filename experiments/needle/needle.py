@@ -340,7 +340,7 @@ def verl_row(doc: dict[str, Any], split: str, index: int) -> dict[str, Any]:
 
 
 def eval_item(doc: dict[str, Any], index: int) -> dict[str, Any]:
-    """An eval-set item (``memagent.memory_eval.evalsets``), ``index`` first; ``needle_chunk`` (the harness ignores
+    """An eval-set item (``taskutils.memory_eval.evalsets``), ``index`` first; ``needle_chunk`` (the harness ignores
     it) is for the survival analysis, :mod:`experiments.needle.survival`."""
     return {
         "index": index,

@@ -28,7 +28,7 @@ from typing import Any
 
 from experiments.needle.needle import corpus_lines
 from experiments.small_reader import reader_config  # noqa: F401  (the needle reader's configuration)
-from memagent.agent import FINAL_TEMPLATES, MEMORY_TEMPLATE, NO_MEMORY
+from recurrent.impls.memory import FINAL_TEMPLATES, MEMORY_TEMPLATE, NO_MEMORY
 from recurrent.models import train_bpe_tokenizer
 
 VOCAB_SIZE = 1024

@@ -3,7 +3,7 @@
     python -m experiments.needle.report RESULTS_DIR [--out DIR] [--task needle] [--run-dir OUT_DIR]
 
 reads the evaluation harness's results files (``RESULTS_DIR/needle_{N}/<model>__<method>.jsonl``, through
-:func:`memagent.memory_eval.report.collect`, the harness's own reader) and writes into ``--out`` (default
+:func:`taskutils.memory_eval.report.collect`, the harness's own reader) and writes into ``--out`` (default
 ``RESULTS_DIR``):
 
 - ``replication.md``: strict and lenient (``sub_em``) accuracy in %, one row per policy, one column per length;
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.needle.policies import POLICY_NAMES, policy_name, policy_of_model
-from memagent.memory_eval.report import Row, collect
+from taskutils.memory_eval.report import Row, collect
 
 TASK = "needle"
 CHUNK_TOKENS = 64

@@ -42,8 +42,8 @@ from pathlib import Path
 
 from experiments.needle.misses import miss_kind
 from experiments.needle.policies import POLICY_NAMES, policy_name, policy_of_model
-from memagent.memory_eval.report import results_files
 from recurrent.resume import read_jsonl
+from taskutils.memory_eval.report import results_files
 
 LOSS_KINDS = ("dropped", "miscopied", "replaced")
 # The curve's points in the table: k chunks after the write (the longest evaluation, 64 chunks, allows 63).

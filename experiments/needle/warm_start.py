@@ -14,7 +14,7 @@ tests of the pipeline). Step budgets, not time caps, so the weights do not depen
    copy signal forms copying in ~250 steps; spans of 4-12 tokens stall (docs/replication_probes.md).
 2. ``needle``: a 1-chunk train document + "\\nmemory:" -> " " + needle sentence (stop at 0.9 exact).
 3. ``paper``: the paper's memory prompt of a 1-chunk train document, built by the memory agent
-   (:class:`memagent.agent.MemoryWorkflow`) -> needle sentence (lr 1e-3, 20 warm-up; stop at 0.9 exact).
+   (:class:`recurrent.impls.memory.MemoryWorkflow`) -> needle sentence (lr 1e-3, 20 warm-up; stop at 0.9 exact).
 4. ``naive``: every turn of naive-teacher transcripts of train documents of 1-4 chunks (no target).
 
 The naive teacher (:func:`teacher_transcript`) knows the format, not a good reading policy: on a chunk holding
@@ -41,9 +41,9 @@ Saves a Hugging Face Qwen2 folder (model, tokenizer with chat template, generati
 :func:`cached_warm_start` keeps it in the offline model cache of :mod:`recurrent.models`
 (``replication-reader``, ``replication-reader-quick``) with that module's manifest, written last.
 
-Evaluation drives memory-agent episodes (:class:`~memagent.agent.MemoryWorkflow`) with
-:func:`recurrent.lockstep.run_lockstep` and a Hugging Face ``generate`` callable over validation documents, and
-scores the final answers with ``memagent.verifiers.strict``.
+Evaluation drives memory-agent episodes (:class:`~recurrent.impls.memory.MemoryWorkflow`) with
+:func:`recurrent.generation_manager.run_lockstep` and a Hugging Face ``generate`` callable over validation documents,
+and scores the final answers with ``taskutils.verifiers.strict``.
 """
 
 from __future__ import annotations
@@ -83,13 +83,13 @@ from experiments.sft import (
     torch_threads,
 )
 from experiments.small_reader import copy_rows as synth_rows
-from memagent.agent import MemoryConfig, MemoryWorkflow
-from memagent.verifiers.strict import strict_score
 from recurrent.async_manager import run_session
 from recurrent.atomic import atomic_path
+from recurrent.generation_manager import run_lockstep
+from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
 from recurrent.interface import Reply, Turn
-from recurrent.lockstep import run_lockstep
 from recurrent.models import models_dir
+from taskutils.verifiers.strict import strict_score
 
 CHUNK_SIZE = 64
 MEMORY_TOKENS = 32
@@ -607,7 +607,7 @@ def cached_warm_start(
 
 
 class HFGenerate:
-    """A ``generate(i, turn)`` callable for :func:`recurrent.lockstep.run_lockstep`: one Hugging Face
+    """A ``generate(i, turn)`` callable for :func:`recurrent.generation_manager.run_lockstep`: one Hugging Face
     ``generate`` call per turn on its token prompt, greedy or sampled (temperature 1)."""
 
     def __init__(self, model: Any, tokenizer: Any, sample: bool = False, seed: int = 0) -> None:

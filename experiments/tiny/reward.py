@@ -8,7 +8,7 @@ Both are verl custom reward functions (``compute_score(data_source, solution_str
   and the advantages are non-zero even for a random model. ``acc`` is the exact match.
 - ``compute_memory_score`` (the ``memory`` task, ``configs/tiny_cpu.yaml``): the same similarity, between the
   final answer's last ``\\boxed{}`` (the whole answer when it has none) and the answer, is the training
-  reward (``score``, also reported as ``dense``); the strict training verifier (:mod:`memagent.verifiers.strict`) is
+  reward (``score``, also reported as ``dense``); the strict training verifier (:mod:`taskutils.verifiers.strict`) is
   reported next to it as ``acc`` and ``strict``. verl keeps these keys as the final row's
   ``reward_extra_info``: ``recurrent/final/acc/mean`` in training and ``val-core/toy_memory/acc/mean@n`` in
   validation are the strict verdict, ``.../reward/...`` the dense score.
@@ -19,8 +19,8 @@ from __future__ import annotations
 import difflib
 import re
 
-from memagent.verifiers.strict import TAIL_CHARS, last_boxed_answer
-from memagent.verifiers.strict import compute_score as strict_score
+from taskutils.verifiers.strict import TAIL_CHARS, last_boxed_answer
+from taskutils.verifiers.strict import compute_score as strict_score
 
 _SPACES = re.compile(r"\s+")
 

@@ -200,7 +200,7 @@ class DryRun:
 @pytest.fixture(scope="session")
 def launcher_dry_runs(model_dirs, tmp_path_factory) -> Iterator[dict[str, DryRun]]:
     """Every launcher's DRY_RUN, started side by side. Each is a process of its own by nature (bash, then this
-    interpreter with ``-m recurrent.training.main``), and each spends ~7 s of CPU importing verl (hydra's search path
+    interpreter with ``-m verl_ext.main``), and each spends ~7 s of CPU importing verl (hydra's search path
     ``pkg://verl.trainer.config`` imports the package, and with it torch and Ray) to print a config."""
     runs = {
         script: DryRun(script, model_dirs["Qwen2.5-7B-Instruct"], tmp_path_factory.mktemp("dry_run"))

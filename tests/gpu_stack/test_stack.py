@@ -52,10 +52,10 @@ def test_torch_is_the_cuda_13_build():
         "verl.workers.rollout.vllm_rollout.vllm_rollout",
         "verl.workers.engine_workers",
         "verl.trainer.ppo.v1.agent_loop_tq",
-        "recurrent.training.agent_loop",
-        "recurrent.training.agent_loop_manager",
-        "recurrent.training.trainer",
-        "recurrent.training.main",
+        "verl_ext.agent_loop",
+        "verl_ext.agent_loop_manager",
+        "verl_ext.trainer",
+        "verl_ext.main",
     ],
 )
 def test_rollout_and_agent_loop_modules_import(module):

@@ -109,7 +109,7 @@ def test_dry_run_of_the_launchers_with_the_gpu_interpreter(script, launcher_dry_
     run = launcher_dry_runs[script]
     result = run.result()
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"{sys.executable} -m recurrent.training.main" in result.stdout
+    assert f"{sys.executable} -m verl_ext.main" in result.stdout
     for line in ("max_model_len: 9216", "name: vllm", "use_remove_padding: false", "attn_implementation: sdpa"):
         assert line in result.stdout, line  # resolved here, where flash-attn is not installed
     assert "flash-attn is not installed" in result.stderr

@@ -1,4 +1,4 @@
-"""Every ``vllm serve`` line the evaluation harness builds from ``memagent/memory_eval/models.yaml`` goes through
+"""Every ``vllm serve`` line the evaluation harness builds from ``taskutils/memory_eval/models.yaml`` goes through
 vLLM 0.24.0's own ``serve`` parser and engine-argument class; for the Qwen2.5-7B/14B/32B-based entries, vLLM's
 model configuration built from the published config.json with the line's overrides has the intended maximum
 length and rope settings."""
@@ -13,8 +13,8 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.cli import serve as vllm_serve_cli
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-from memagent.memory_eval.config import load_table
-from memagent.memory_eval.serve import vllm_command_for
+from taskutils.memory_eval.config import load_table
+from taskutils.memory_eval.model_servers import vllm_command_for
 
 GPUS_PER_NODE = 8  # the paper's nodes
 NATIVE_CONTEXT = 32768  # Qwen2.5's max_position_embeddings

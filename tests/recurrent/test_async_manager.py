@@ -16,7 +16,7 @@ from recurrent.async_manager import (
 from recurrent.client import ChatRequestError, OpenAIChatClient
 from recurrent.functions import FunctionEpisode
 from recurrent.interface import Reply, Turn, WorkflowConfig
-from recurrent.serving import free_port, transformers_serve
+from recurrent.local_server import free_port, transformers_serve
 from recurrent.trace import finished_ids, read_trace
 
 GREEDY = {"temperature": 0}

@@ -17,7 +17,7 @@ from recurrent.async_manager import run_session
 from recurrent.client import ChatRequestError, OpenAIChatClient
 from recurrent.functions import FunctionEpisode
 from recurrent.interface import WorkflowConfig
-from recurrent.serving import free_port, transformers_serve
+from recurrent.local_server import free_port, transformers_serve
 
 SECRET = "sk-test-SECRET-7f3a9c"
 HELLO = [{"role": "user", "content": "hello"}]

@@ -9,13 +9,13 @@ MODULES = (
     "recurrent.interface",
     "recurrent.client",
     "recurrent.async_manager",
-    "recurrent.lockstep",
-    "memagent.agent",
+    "recurrent.generation_manager",
+    "recurrent.impls.memory",
     "recurrent.templating",
     "recurrent.trace",
-    "recurrent.serving",
-    "memagent.memory_eval.run",
-    "memagent.memory_data.__main__",
+    "recurrent.local_server",
+    "taskutils.memory_eval.run",
+    "taskutils.memory_data.__main__",
 )
 
 

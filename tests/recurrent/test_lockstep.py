@@ -1,4 +1,4 @@
-"""The lockstep driver of sync mode (recurrent/lockstep.py), against hand-worked schedules.
+"""The lockstep driver of sync mode (recurrent/generation_manager.py), against hand-worked schedules.
 
 The agents here are toy agent functions and the model is a coroutine that answers by rule, so every expectation
 below is written out by hand: which agent calls in which round, with which budget, seeing which previous reply.
@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import pytest
 from transformers import AutoTokenizer
 
-from memagent.agent import MemoryConfig, MemoryWorkflow
 from recurrent.functions import FunctionEpisode
+from recurrent.generation_manager import run_lockstep
+from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
 from recurrent.interface import Reply, Turn, WorkflowConfig
-from recurrent.lockstep import run_lockstep
 
 MEMORY_TOKENS, FINAL_TOKENS = 6, 4
 NON_FINAL_TURNS = [2, 1, 3, 1]  # s0 2 memory calls, s1 1, s2 3, s3 1, then every agent's answer

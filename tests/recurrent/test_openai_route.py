@@ -39,7 +39,7 @@ TOOLS_TEMPLATE = (
 
 
 class TokenBackend:
-    """A token-in backend as training has (recurrent/training/rollout.py's TokenClient): the prompt is the ids it is
+    """A token-in backend as training has (verl_ext/rollout.py's TokenClient): the prompt is the ids it is
     given,
     the reply the ids of the next scripted text plus the end token, and an agent's own sampling is refused."""
 

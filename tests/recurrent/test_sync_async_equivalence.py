@@ -23,13 +23,13 @@ import torch
 from openai import OpenAI
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from memagent.agent import MemoryConfig, MemoryWorkflow
 from recurrent.async_manager import run_sessions
 from recurrent.client import OpenAIChatClient
+from recurrent.generation_manager import run_lockstep
+from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
 from recurrent.interface import Reply, Turn
-from recurrent.lockstep import run_lockstep
+from recurrent.local_server import transformers_serve
 from recurrent.models import _english_like_corpus
-from recurrent.serving import transformers_serve
 from recurrent.trace import read_trace
 
 GREEDY = {"temperature": 0.0}

@@ -69,8 +69,8 @@ async def capture() -> dict:
             outputs = await loop.run(dict(SAMPLING), **sample(f"uid-{name}", context, session))
             trajectories[f"{name}/{session}"] = [row(o) for o in outputs]
     # Sync mode: the same trajectories in lockstep rounds.
-    from recurrent.training.lockstep import Trajectory, run_trajectories
-    from recurrent.training.rollout import AgentRollout
+    from verl_ext.rollout import AgentRollout
+    from verl_ext.sync_rollout import Trajectory, run_trajectories
 
     batch = [
         Trajectory(sample(f"uid-{name}", context, session), session, dict(SAMPLING))

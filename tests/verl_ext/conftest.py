@@ -1,4 +1,4 @@
-"""Fixtures for the recurrent.training tests: composed configs, the tiny model's tokenizer, a real tiny token server."""
+"""Fixtures for the verl_ext tests: composed configs, the tiny model's tokenizer, a real tiny token server."""
 
 from __future__ import annotations
 
@@ -23,6 +23,6 @@ def tiny_tokenizer(tiny_model_dir):
 @pytest.fixture(scope="session")
 def tiny_server(tiny_model_dir, tiny_tokenizer):
     """A real token-in/token-out server around the tiny model, in this process."""
-    from recurrent.training.cpu.hf_server import HFTokenServer
+    from verl_ext.cpu.hf_server import HFTokenServer
 
     return HFTokenServer(tiny_model_dir, tiny_tokenizer)

@@ -7,10 +7,10 @@ import pytest
 from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 from vx_helpers import recurrent_agent_loop
 
-from memagent.agent import NO_MEMORY
+from recurrent.impls.memory import NO_MEMORY
 from recurrent.tokens import encode_long, num_chunks
-from recurrent.training.lockstep import Trajectory, run_trajectories
-from recurrent.training.rollout import AgentRollout
+from verl_ext.rollout import AgentRollout
+from verl_ext.sync_rollout import Trajectory, run_trajectories
 
 QUESTION = "What is the magic number of the river city?"
 # Greedy decoding: the tiny random model is deterministic, so async and sync rows can be compared exactly.
@@ -94,7 +94,7 @@ def check_rows(outputs, rollout: AgentRollout, tokenizer, context: str) -> None:
 
 
 def test_memory_agent_is_registered():
-    assert _agent_loop_registry["recurrent_agent"] == {"_target_": "recurrent.training.agent_loop.RecurrentAgentLoop"}
+    assert _agent_loop_registry["recurrent_agent"] == {"_target_": "verl_ext.agent_loop.RecurrentAgentLoop"}
 
 
 @pytest.fixture(scope="module")

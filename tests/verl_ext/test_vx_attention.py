@@ -1,4 +1,4 @@
-"""The actor's attention follows flash-attn's presence (recurrent/training/attention.py): packed rows only with
+"""The actor's attention follows flash-attn's presence (verl_ext/attention.py): packed rows only with
 flash-attn,
 because transformers' sdpa over one packed row lets each sequence attend to the ones before it."""
 

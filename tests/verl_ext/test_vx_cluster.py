@@ -1,4 +1,4 @@
-"""Checks of the running cluster (recurrent.training.cluster): what Ray can schedule for the run, and the paths as the
+"""Checks of the running cluster (verl_ext.cluster): what Ray can schedule for the run, and the paths as the
 task
 runner's node sees them. Inputs are real: cluster-resource dicts as ``ray.cluster_resources()`` returns them, and
 real files and folders under tmp_path."""
@@ -12,7 +12,7 @@ import pytest
 from process_helpers import in_a_fresh_process
 from vx_helpers import compose_config
 
-from recurrent.training.cluster import (
+from verl_ext.cluster import (
     check_task_runner_node,
     cluster_address,
     drop_local_ray_settings,
@@ -21,7 +21,7 @@ from recurrent.training.cluster import (
     resource_problems,
     secret_problems,
 )
-from recurrent.training.preflight import PreflightError
+from verl_ext.preflight import PreflightError
 
 # ray.cluster_resources() of one node with 8 GPUs and 96 CPUs (Ray also lists memory and node:<ip> keys).
 EIGHT_GPU_NODE = {"CPU": 96.0, "GPU": 8.0, "memory": 1.2e12, "object_store_memory": 2e11, "node:10.0.0.1": 1.0}

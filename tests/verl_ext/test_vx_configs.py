@@ -16,9 +16,9 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 from vx_helpers import compose_config
 
-from memagent.agent import MemoryWorkflow
-from recurrent.training.rollout import Budgets, build_agent, check_budgets
-from recurrent.training.settings import recurrent_settings
+from recurrent.impls.memory import MemoryWorkflow
+from verl_ext.rollout import Budgets, build_agent, check_budgets
+from verl_ext.settings import recurrent_settings
 
 AR = "actor_rollout_ref"
 # (verl 0.9.1 key, 7B, 14B, source / note)
@@ -27,7 +27,7 @@ PAPER = [
     (f"{AR}.model.path", "Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-14B-Instruct", "script: model"),
     ("trainer.nnodes", 4, 16, "script: nodes x GPUs"),
     ("trainer.n_gpus_per_node", 8, 8, "script: nodes x GPUs"),
-    ("recurrent.mode", "async", "async", "ours: same rows as the fork's sync mode (recurrent/training/lockstep.py)"),
+    ("recurrent.mode", "async", "async", "ours: same rows as the fork's sync mode (verl_ext/sync_rollout.py)"),
     ("recurrent.config.chunk_size", 5000, 5000, "memory config / script: chunk_size"),
     ("recurrent.config.max_prompt_length", 1024, 1024, "memory config: the question budget"),
     ("recurrent.config.max_memorization_length", 1024, 1024, "memory config"),
@@ -74,7 +74,7 @@ PAPER = [
     ("data.filter_overlong_prompts", True, True, "script"),
     ("data.dataloader_num_workers", 8, 8, "fork default: num_workers=8"),
     ("data.val_batch_size", None, None, "fork default: the whole dev set in one batch"),
-    ("reward.custom_reward_function.path", "pkg://memagent.verifiers.strict", "pkg://memagent.verifiers.strict",
+    ("reward.custom_reward_function.path", "pkg://taskutils.verifiers.strict", "pkg://taskutils.verifiers.strict",
      "script: reward_manager=thread + the strict hotpotqa verifier; here verl's reward loop"),
     ("reward.reward_kwargs.overlong_buffer_cfg.enable", False, False, "fork default: no overlong shaping"),
     (f"{AR}.model.use_remove_padding", True, True, "script"),
@@ -112,8 +112,8 @@ PAPER = [
     ("trainer.use_v1", True, True, "V1 trainer (multi-output agent loops)"),
     ("trainer.v1.trainer_mode", "sync", "sync", "verl compares trainer_mode with the literal \"sync\""),
     (f"{AR}.rollout.agent.default_agent_loop", "recurrent_agent", "recurrent_agent", "our agent loop"),
-    (f"{AR}.rollout.agent.agent_loop_manager_class", "recurrent.training.agent_loop_manager.RecurrentAgentLoopManager",
-     "recurrent.training.agent_loop_manager.RecurrentAgentLoopManager", "sync/async switch, memory statistics"),
+    (f"{AR}.rollout.agent.agent_loop_manager_class", "verl_ext.agent_loop_manager.RecurrentAgentLoopManager",
+     "verl_ext.agent_loop_manager.RecurrentAgentLoopManager", "sync/async switch, memory statistics"),
 ]
 # fmt: on
 
@@ -121,7 +121,7 @@ PAPER = [
 @pytest.fixture(scope="module")
 def composed(tmp_path_factory):
     # As on the paper's machines, with flash-attn installed (only its presence is asked:
-    # recurrent/training/attention.py);
+    # verl_ext/attention.py);
     # without it two settings change, tested in test_vx_attention.py.
     stand_in = tmp_path_factory.mktemp("site") / "flash_attn"
     stand_in.mkdir()
@@ -192,7 +192,7 @@ def test_the_replication_run_is_the_papers_algorithm_at_cpu_scale():
     """configs/replicate_cpu.yaml (docs/replication_cpu.md): the paper's algorithm, the issue's step shape, the
     strict reward, and budgets that hold the reader's longest memory turn."""
     from experiments.needle.reader import build_tokenizer
-    from recurrent.training.minibatch import updates_per_step
+    from verl_ext.minibatch import updates_per_step
 
     config = compose_config("replicate_cpu")
     OmegaConf.resolve(config)
@@ -210,7 +210,7 @@ def test_the_replication_run_is_the_papers_algorithm_at_cpu_scale():
     assert updates_per_step(config.data.train_batch_size, actor.ppo_mini_batch_size) == 16
     # the strict verifier as the reward (not tiny_cpu's dense test reward), greedy validation
     assert (config.reward.custom_reward_function.path, config.reward.custom_reward_function.name) == (
-        "pkg://memagent.verifiers.strict",
+        "pkg://taskutils.verifiers.strict",
         "compute_score",
     )
     assert (rollout.val_kwargs.temperature, rollout.val_kwargs.n) == (0, 1)

@@ -1,5 +1,5 @@
-"""The step cost model (recurrent/training/cost.py, cost_report.py): the memory agent's calls (its registration's
-step_shapes, memagent/cost.py), verl's micro-batches, and the tokens and FLOP of each phase of a tiny
+"""The step cost model (verl_ext/cost.py, cost_report.py): the memory agent's calls (its registration's
+step_shapes, recurrent/impls/memory_cost.py), verl's micro-batches, and the tokens and FLOP of each phase of a tiny
 step, against counts made by hand or by the real parts (the memory agent's own session, verl's own micro-batch
 cutter, the tokenizer); an agent of a test's own through its registration alone, and one without a cost model."""
 
@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from memagent.agent import MemoryConfig, MemoryWorkflow
-from memagent.cost import Generated, TemplateLengths, memory_agent_turns, template_lengths
 from recurrent.async_manager import run_session
 from recurrent.flops import ModelShape
+from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
+from recurrent.impls.memory_cost import Generated, TemplateLengths, memory_agent_turns, template_lengths
 from recurrent.interface import Reply, Turn
 from recurrent.step_shapes import CallShape
-from recurrent.training import cost_report
-from recurrent.training.cost import PHASES, Cluster, Device, micro_batches, step_cost
-from recurrent.training.plan import compose
+from verl_ext import cost_report
+from verl_ext.cost import PHASES, Cluster, Device, micro_batches, step_cost
+from verl_ext.plan import compose
 
 BUDGETS = SimpleNamespace(chunk_size=64, max_chunks=4)
 TEMPLATES = TemplateLengths(memory=200, final=100, no_memory=3, source="by hand")
@@ -222,7 +222,7 @@ def test_documents_are_read_through_the_memory_agent(tiny_model_dir, tiny_tokeni
     ],
 )
 def test_bad_cost_inputs_exit_2_with_the_reason(capsys, argv, message):
-    from recurrent.training.plan import main
+    from verl_ext.plan import main
 
     argv = argv if argv[0] == "--config-name" else ["--config-name", "memagent_7b", *argv]
     with pytest.raises(SystemExit) as stop:
@@ -234,7 +234,7 @@ def test_bad_cost_inputs_exit_2_with_the_reason(capsys, argv, message):
 
 @pytest.mark.slow(seconds=40)
 def test_the_plan_prints_the_cost_of_the_7b_14b_smoke_and_cpu_configs(capsys, tiny_model_dir):
-    from recurrent.training.plan import main
+    from verl_ext.plan import main
 
     def cost_lines(argv):
         main(argv)
@@ -269,7 +269,7 @@ def test_a_shape_needs_a_local_folder_or_a_published_one():
 def test_the_reported_time_and_the_utilisation_that_reconciles_it(capsys, tiny_model_dir):
     """Setting the utilisation the plan says reconciles a reported update time makes the modelled update that long
     (a FLOP-bound pass: time inversely proportional to utilisation)."""
-    from recurrent.training.plan import main
+    from verl_ext.plan import main
 
     base = ["--config-name", "tiny_cpu", f"actor_rollout_ref.model.path={tiny_model_dir}", "--device", "h100"]
     main([*base, "--reported", "update_actor=0.002", "--reported", "step=1"])

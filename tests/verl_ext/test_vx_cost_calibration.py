@@ -1,4 +1,4 @@
-"""The CPU calibration of the step cost model (recurrent/training/cost_calibration.py): the fit by hand, and a run
+"""The CPU calibration of the step cost model (verl_ext/cost_calibration.py): the fit by hand, and a run
 folder as
 scripts/train_tiny_cpu.sh leaves it, read back."""
 
@@ -9,9 +9,9 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from recurrent.training.cost import PhaseCost, StepCost
-from recurrent.training.cost_calibration import MeasuredStep, fit, main, read_run, shares
-from recurrent.training.plan import compose
+from verl_ext.cost import PhaseCost, StepCost
+from verl_ext.cost_calibration import MeasuredStep, fit, main, read_run, shares
+from verl_ext.plan import compose
 
 
 def unit_cost(gen: float, steps: int, old: float, ref: float, update: float) -> StepCost:

@@ -1,6 +1,6 @@
 """Which token count divides the loss under each ``recurrent.credit`` mode, seen inside verl 0.9.1's actor update.
 
-One training step's actor side runs in a fresh process on the CPU platform (recurrent/training/cpu): verl's own actor
+One training step's actor side runs in a fresh process on the CPU platform (verl_ext/cpu): verl's own actor
 worker
 (``ActorRolloutRefWorker``, role ``actor``, its FSDP2 engine on a one-rank gloo group) computes the old
 log-probabilities, our trainer's ``_compute_advantage`` (verl's GRPO, then the credit mode) writes the advantages
@@ -58,7 +58,7 @@ def one_step_per_credit_mode(model_dir: str, modes: list[str]) -> dict[str, dict
     """Run in a fresh process: for each mode, the old log-probs, the advantages and the actor update of one step
     on the rows of :data:`TRAJECTORIES`; what the loss function saw and what the worker reported, per mode."""
     # The CPU platform is chosen when verl is imported, and the worker's process group reads these.
-    os.environ.update(VERL_PLATFORM="cpu", VERL_USE_EXTERNAL_MODULES="recurrent.training.cpu.load")
+    os.environ.update(VERL_PLATFORM="cpu", VERL_USE_EXTERNAL_MODULES="verl_ext.cpu.load")
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     import numpy as np
     import torch
@@ -70,7 +70,7 @@ def one_step_per_credit_mode(model_dir: str, modes: list[str]) -> dict[str, dict
     from verl.workers.engine_workers import ActorRolloutRefWorker
     from vx_helpers import compose_config
 
-    from recurrent.training.trainer import RecurrentPPOTrainer
+    from verl_ext.trainer import RecurrentPPOTrainer
 
     seen: list[float] = []
     vanilla = get_policy_loss_fn("vanilla")
@@ -230,7 +230,7 @@ def test_the_answer_step_is_larger_by_the_ratio_of_token_counts(steps):
 def test_the_switch_names_its_variant():
     from omegaconf import OmegaConf
 
-    from recurrent.training.settings import recurrent_settings
+    from verl_ext.settings import recurrent_settings
 
     def credit_mode(config):
         return recurrent_settings(config).credit

@@ -118,8 +118,8 @@ async def test_what_a_function_may_not_do_in_training_is_refused(tiny_model_dir,
 
 
 async def test_lockstep_rounds_run_an_agent_function_with_the_same_rows(tiny_model_dir, tiny_tokenizer):
-    from recurrent.training.lockstep import Trajectory, run_trajectories
-    from recurrent.training.rollout import AgentRollout
+    from verl_ext.rollout import AgentRollout
+    from verl_ext.sync_rollout import Trajectory, run_trajectories
 
     wide = ("recurrent.config.max_tokens_per_turn=96", "data.max_response_length=96", "data.max_prompt_length=640")
     overrides = (*wide, "actor_rollout_ref.rollout.max_model_len=736")

@@ -1,6 +1,6 @@
-"""recurrent.training and the base trainer config are generic over agents: nothing in them is named for the memory
+"""verl_ext and the base trainer config are generic over agents: nothing in them is named for the memory
 agent or
-reads its settings. The memory agent's name and settings live in memagent/agent.py and
+reads its settings. The memory agent's name and settings live in recurrent/impls/memory.py and
 configs/memory_agent.yaml only."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 REPO = Path(__file__).resolve().parents[2]
-# The memory agent's classes and fields (memagent/agent.py) and the names the generic layers used to have.
+# The memory agent's classes and fields (recurrent/impls/memory.py) and the names the generic layers used to have.
 MEMORY_NAMES = {
     "MemoryWorkflow",
     "MemorySession",
@@ -83,7 +83,7 @@ def test_no_module_of_verl_ext_is_named_for_the_memory_agent_or_reads_its_settin
 def test_the_scan_sees_a_memory_name():
     """The scan above would see each way a module can name the memory agent or read its settings."""
     source = (
-        "from memagent.agent import MemoryConfig\n"
+        "from recurrent.impls.memory import MemoryConfig\n"
         "def f(config):\n    return config.recurrent.config.chunk_size\n"
         "x = config.get('context_key')\n"
     )
@@ -93,7 +93,7 @@ def test_the_scan_sees_a_memory_name():
         names = names_in(path)
     finally:
         path.unlink()
-    assert {"MemoryConfig", "chunk_size", "context_key", "memagent.agent"} <= names
+    assert {"MemoryConfig", "chunk_size", "context_key", "recurrent.impls.memory"} <= names
 
 
 def config_keys(node, prefix: str = "") -> set[str]:

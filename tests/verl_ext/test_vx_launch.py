@@ -45,7 +45,7 @@ def test_dry_run_prints_command_and_config(tmp_path, script, size, batch, tp):
     command = next(line for line in out.splitlines() if line.startswith("[memagent] command:"))
     run_dir = tmp_path / "runs" / "memory_agent" / size
     for part in (
-        "-m recurrent.training.main",
+        "-m verl_ext.main",
         f"--config-name memagent_{size.lower()}",
         "recurrent.mode=sync",
         f"data.train_files={tmp_path}/data/hotpotqa/hotpotqa_train_32k.parquet",

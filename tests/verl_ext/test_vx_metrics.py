@@ -11,8 +11,8 @@ from verl.trainer.ppo.v1 import replay_buffer as rb_module
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
-from recurrent.training import trainer as trainer_module
-from recurrent.training.metrics import trajectory_metrics, trajectory_metrics_from_rows
+from verl_ext import trainer as trainer_module
+from verl_ext.metrics import trajectory_metrics, trajectory_metrics_from_rows
 
 # (uid, session, final reward, [(kind, response length, finish reason), ...]) -- as the memory agent writes them
 TRAJECTORIES = [

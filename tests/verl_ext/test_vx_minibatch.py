@@ -1,4 +1,4 @@
-"""The paper's optimizer updates per step (recurrent/training/minibatch.py), worked by hand on small steps.
+"""The paper's optimizer updates per step (verl_ext/minibatch.py), worked by hand on small steps.
 
 The step used throughout: prompts ``a`` and ``b``, two sessions each; trajectory ``a_0`` has 3 rows (2 memory
 turns + the answer), ``a_1`` 2, ``b_0`` 2, ``b_1`` 4: 11 rows. They arrive shuffled, as rows arrive from the
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from recurrent.training.minibatch import Row, minibatch_mode, plan_minibatches, spread_over_ranks, updates_per_step
+from verl_ext.minibatch import Row, minibatch_mode, plan_minibatches, spread_over_ranks, updates_per_step
 
 # fmt: off
 LENGTHS = {
@@ -206,7 +206,7 @@ def test_mode_is_read_from_the_config_and_checked():
 
 @pytest.mark.parametrize(("name", "prompts", "mini"), [("memagent_7b", 128, 8), ("memagent_14b", 256, 16)])
 def test_plan_of_the_paper_runs(name, prompts, mini):
-    from recurrent.training.plan import compose, plan_step
+    from verl_ext.plan import compose, plan_step
 
     plan = plan_step(compose(name, []), context_tokens=28_000, gpu_memory_gib=80)
     # 28K tokens in chunks of 5,000: 6 memory turns + the answer = 7 rows; n = 16 trajectories per prompt.
@@ -226,7 +226,7 @@ def test_plan_of_the_paper_runs(name, prompts, mini):
 
 
 def test_failure_metrics_count_lost_trajectories_by_hand():
-    from recurrent.training.trainer import failure_metrics
+    from verl_ext.trainer import failure_metrics
 
     # Prompt x lost session 1 (sessions 0 and 2 stored rows), prompt y lost everything, z is fine; n = 3.
     keys = ["x_0_0", "x_0_1", "x_2_0", "x_2_1", "z_0_0", "z_1_0", "z_2_0"]
@@ -237,15 +237,15 @@ def test_failure_metrics_count_lost_trajectories_by_hand():
 
 
 def test_optimizer_updates_read_from_the_actor_report():
-    from recurrent.training.trainer import optimizer_updates
+    from verl_ext.trainer import optimizer_updates
 
     assert optimizer_updates({"grad_norm": [0.5, 0.25], "pg_loss": [0.1, 0.2, 0.3, 0.4]}) == 2
     assert optimizer_updates({"pg_loss": 0.1}) is None
 
 
 def test_earlier_rows_are_all_but_each_trajectorys_last():
-    from recurrent.training.settings import recurrent_settings
-    from recurrent.training.trainer import earlier_row_keys
+    from verl_ext.settings import recurrent_settings
+    from verl_ext.trainer import earlier_row_keys
 
     keys = ["u_0_0", "u_0_1", "u_0_2", "u_1_0", "v_0_1", "v_0_0", "pad9_0_0"]
     tags = [{}] * 6 + [{"is_padding": True}]

@@ -1,8 +1,8 @@
-"""The node watch of the driver (recurrent.training.node_watch): which nodes count as lost, what the message says about
+"""The node watch of the driver (verl_ext.node_watch): which nodes count as lost, what the message says about
 the
 checkpoints, the watch thread on a scripted node table, and the driver's exit. Node tables have the shape
 ``ray.nodes()`` returns (the fields read here, as a live Ray 2.60 reports them); the two-node run that loses a
-real node is tests/verl_ext_cpu/test_cpu_cluster.py (``make test-cluster``)."""
+real node is tests/verl_ext/cpu/test_cpu_cluster.py (``make test-cluster``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 
-from recurrent.training.node_watch import EXIT_NODE_LOST, NodeWatch, checkpoint_state, lost_nodes, node_lost_message
+from verl_ext.node_watch import EXIT_NODE_LOST, NodeWatch, checkpoint_state, lost_nodes, node_lost_message
 
 HEALTH = "health check failed due to missing too many heartbeats"  # Ray's message for a killed raylet
 
@@ -130,7 +130,7 @@ def test_a_stopped_watch_reports_nothing(tmp_path):
 
 EXIT_FROM_A_BLOCKED_MAIN_THREAD = """
 import threading
-from recurrent.training.node_watch import exit_on_node_lost
+from verl_ext.node_watch import exit_on_node_lost
 
 threading.Thread(target=exit_on_node_lost, args=("Ray lost a node of the run, which stops now: w1",)).start()
 threading.Event().wait()  # the main thread blocks, as in ray.get on a call that never returns

@@ -96,8 +96,8 @@ async def test_its_own_sampling_is_refused_in_training_with_the_trainers_message
 
 
 async def test_lockstep_rounds_give_the_openai_calculator_the_same_rows(tiny_model_dir, tiny_tokenizer):
-    from recurrent.training.lockstep import Trajectory, run_trajectories
-    from recurrent.training.rollout import AgentRollout
+    from verl_ext.rollout import AgentRollout
+    from verl_ext.sync_rollout import Trajectory, run_trajectories
 
     questions = ["What is 37 * 48?", "What is 1 + 1?"]
     loop, _ = rows_of("calculator_openai", tiny_model_dir, tiny_tokenizer)

@@ -1,4 +1,4 @@
-"""Actor settings that would undo the paper's mini-batches: honoured or refused (recurrent/training/minibatch.py).
+"""Actor settings that would undo the paper's mini-batches: honoured or refused (verl_ext/minibatch.py).
 
 The honoured ones are checked where verl 0.9.1 consumes them: a laid-out step goes through verl's own
 ``make_iterator`` (the worker's mini-batches, ``train_mini_batch``) and ``prepare_micro_batches`` (the engine's
@@ -26,7 +26,7 @@ from verl.utils import tensordict_utils as tu
 from verl.workers.engine.utils import prepare_micro_batches
 from vx_helpers import TINY_BUDGETS, compose_config
 
-from recurrent.training.minibatch import (
+from verl_ext.minibatch import (
     ActorSettings,
     Row,
     actor_setting_problems,
@@ -34,7 +34,7 @@ from recurrent.training.minibatch import (
     check_updates_made,
     plan_minibatches,
 )
-from recurrent.training.preflight import PreflightError, preflight
+from verl_ext.preflight import PreflightError, preflight
 
 # fmt: off
 STEP = [
@@ -206,7 +206,7 @@ def test_epochs_repeat_every_minibatch_and_are_counted():
 
 
 def test_plan_prints_epochs_times_updates(capsys):
-    from recurrent.training.plan import compose, main, plan_step
+    from verl_ext.plan import compose, main, plan_step
 
     plan = plan_step(compose("memagent_7b", ["actor_rollout_ref.actor.ppo_epochs=2"]), 28_000, 80)
     # 16 mini-batches x 2 epochs; each update still 8 prompts x 16 trajectories x 7 rows; verl's rows: 112 x 2.
@@ -258,7 +258,7 @@ def test_shuffle_is_verls_business_with_row_counting():
 
 
 def test_refused_settings_stop_the_run_in_the_preflight(tmp_path, tiny_model_dir):
-    # The preflight runs on the launching machine before Ray starts (recurrent/training/main.py), so before the first
+    # The preflight runs on the launching machine before Ray starts (verl_ext/main.py), so before the first
     # step.
     row = {
         "prompt": [{"role": "user", "content": "What is the magic number?"}],

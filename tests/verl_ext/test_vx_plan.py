@@ -1,4 +1,4 @@
-"""What ``python -m recurrent.training.plan`` says a sleeping vLLM keeps on each GPU: not 0 GiB (docs/fidelity.md,
+"""What ``python -m verl_ext.plan`` says a sleeping vLLM keeps on each GPU: not 0 GiB (docs/fidelity.md,
 "Rollout memory"). The expected lines are written out by hand from the configs' tensor parallelism and
 ``enforce_eager``."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from recurrent.training.plan import asleep_resident, compose, main
+from verl_ext.plan import asleep_resident, compose, main
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from importlib.metadata import entry_points
 
 from verl.experimental.agent_loop import agent_loop
 
-from recurrent.training import plugin
+from verl_ext import plugin
 
 FRESH_PROCESS = """
 import sys
@@ -18,20 +18,20 @@ import verl  # loads every verl.plugins entry point, as in each Ray worker proce
 assert "verl.experimental.agent_loop.agent_loop" not in sys.modules, "the plugin must not import the agent loops"
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, _agent_loop_registry
 entry = _agent_loop_registry["recurrent_agent"]
-assert entry == {"_target_": "recurrent.training.agent_loop.RecurrentAgentLoop"}, _agent_loop_registry
+assert entry == {"_target_": "verl_ext.agent_loop.RecurrentAgentLoop"}, _agent_loop_registry
 assert "single_turn_agent" in _agent_loop_registry  # verl's own loops are still there
 import hydra
 assert issubclass(hydra.utils.get_class(_agent_loop_registry["recurrent_agent"]["_target_"]), AgentLoopBase)
 from verl.utils.import_utils import load_extern_object
-reward = load_extern_object(module_path="pkg://memagent.verifiers.strict", object_name="compute_score")
-assert reward.__module__ == "memagent.verifiers.strict"
+reward = load_extern_object(module_path="pkg://taskutils.verifiers.strict", object_name="compute_score")
+assert reward.__module__ == "taskutils.verifiers.strict"
 print("registered")
 """
 
 
 def test_entry_point_is_declared():
     (ep,) = [ep for ep in entry_points(group="verl.plugins") if ep.name == "recurrent"]
-    assert ep.value == "recurrent.training.plugin"
+    assert ep.value == "verl_ext.plugin"
 
 
 def test_a_fresh_process_registers_the_memory_agent():
@@ -46,6 +46,6 @@ def test_install_registers_at_once_when_verl_agent_loops_are_already_imported():
     saved = registry.pop("recurrent_agent")
     try:
         plugin.install()
-        assert registry["recurrent_agent"] == {"_target_": "recurrent.training.agent_loop.RecurrentAgentLoop"}
+        assert registry["recurrent_agent"] == {"_target_": "verl_ext.agent_loop.RecurrentAgentLoop"}
     finally:
         registry["recurrent_agent"] = saved

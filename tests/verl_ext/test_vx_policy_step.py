@@ -16,8 +16,8 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.losses import ppo_loss
 from vx_helpers import load_example
 
-from recurrent.training.lockstep import Trajectory, run_trajectories
-from recurrent.training.rollout import AgentRollout
+from verl_ext.rollout import AgentRollout
+from verl_ext.sync_rollout import Trajectory, run_trajectories
 
 # The log-probability helpers of the walkthrough (one definition).
 _example = load_example("one_step")

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from vx_helpers import TINY_BUDGETS, compose_config
 
-from recurrent.training.preflight import PreflightError, preflight
+from verl_ext.preflight import PreflightError, preflight
 
 ROW = {
     "prompt": [{"role": "user", "content": "What is the magic number?"}],
@@ -153,11 +153,11 @@ def test_a_refused_rollout_n_exits_2_before_ray_starts(tmp_path, tiny_model_dir)
     env = {
         **os.environ,
         "VERL_PLATFORM": "cpu",
-        "VERL_USE_EXTERNAL_MODULES": "recurrent.training.cpu.load",
+        "VERL_USE_EXTERNAL_MODULES": "verl_ext.cpu.load",
         "RAY_ADDRESS": "",
     }
     overrides = [f"data.train_files={data}", f"data.val_files={data}", f"actor_rollout_ref.model.path={tiny_model_dir}"]
-    command = [sys.executable, "-m", "recurrent.training.main", "--config-name", "tiny_cpu", *TINY_BUDGETS, *overrides]
+    command = [sys.executable, "-m", "verl_ext.main", "--config-name", "tiny_cpu", *TINY_BUDGETS, *overrides]
     result = subprocess.run(
         [*command, "actor_rollout_ref.rollout.n=0", f"hydra.run.dir={tmp_path / 'hydra'}"],
         env=env, capture_output=True, text=True, timeout=300,

@@ -11,7 +11,7 @@ from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.router import GlobalRequestLoadBalancer
 from vx_helpers import recurrent_agent_loop
 
-from recurrent.training.cpu.hf_server import HFTokenServer
+from verl_ext.cpu.hf_server import HFTokenServer
 
 
 def agent_loop_through_ray(tiny_config, tiny_tokenizer, tiny_model_dir: str) -> dict:

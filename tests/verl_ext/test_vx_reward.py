@@ -12,8 +12,8 @@ from verl.utils.import_utils import load_extern_object
 from verl.workers.rollout.replica import TokenOutput
 from vx_helpers import TINY_BUDGETS, capture_transfer_queue, compose_config, make_worker
 
-from memagent.verifiers import strict
-from recurrent.training.agent_loop import RecurrentAgentLoop
+from taskutils.verifiers import strict
+from verl_ext.agent_loop import RecurrentAgentLoop
 
 FINAL_CAP = 24
 MEMORY_ANSWER = "so far \\boxed{42}"  # a memory that already holds a correct box: it must not be scored
@@ -37,7 +37,7 @@ class ScriptedServer:
 # tiny_cpu trains with a dense test reward (experiments.tiny.reward) and answers of 8 tokens; these tests are
 # about the real reward, with answers of up to FINAL_CAP tokens.
 STRICT_REWARD = [
-    "reward.custom_reward_function.path=pkg://memagent.verifiers.strict",
+    "reward.custom_reward_function.path=pkg://taskutils.verifiers.strict",
     "reward.custom_reward_function.name=compute_score",
     f"data.max_response_length={FINAL_CAP}",
 ]
@@ -78,8 +78,8 @@ def row(uid: str, context: str, ground_truth: str) -> dict:
 
 
 def test_reward_function_is_the_strict_verifier_loaded_by_verl():
-    fn = load_extern_object(module_path="pkg://memagent.verifiers.strict", object_name="compute_score")
-    assert fn.__module__ == "memagent.verifiers.strict" and fn is strict.compute_score
+    fn = load_extern_object(module_path="pkg://taskutils.verifiers.strict", object_name="compute_score")
+    assert fn.__module__ == "taskutils.verifiers.strict" and fn is strict.compute_score
     assert fn("hotpotqa", "... so the answer is \\boxed{The Beatles}", ["the beatles"]) == 1.0  # case, spaces
     assert fn("hotpotqa", "\\boxed{Beatles}", ["The Beatles"]) == 0.0  # articles count
     assert fn("hotpotqa", "\\boxed{1} then \\boxed{2}", ["2"]) == 1.0  # the last box

@@ -56,7 +56,7 @@ def actor(tiny_model_dir):
 async def stored_rows(request, tmp_path_factory, tiny_model_dir, tiny_tokenizer, actor):
     """Every row verl's worker stores for 2 prompts x n = 4 trajectories, sampled by the ``hf_cpu`` server at
     temperature 1.0 after the weight sync, in either rollout mode (async: the CPU replication's)."""
-    from recurrent.training.cpu.rollout.server import HFCPUServer
+    from verl_ext.cpu.rollout.server import HFCPUServer
 
     mode = request.param
     overrides = ["actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.temperature=1.0"]

@@ -1,5 +1,5 @@
 """The token ids of a run's rows: the trainer's dump columns hold them with recurrent.dump_token_ids
-(recurrent/training/trainer.py dump_columns), and ``python -m recurrent.training.rows`` prints them per row with
+(verl_ext/trainer.py dump_columns), and ``python -m verl_ext.rows`` prints them per row with
 their text."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 
 from recurrent.models import load_tokenizer
-from recurrent.training.rows import main as rows_main
-from recurrent.training.settings import recurrent_settings
-from recurrent.training.trainer import dump_columns
+from verl_ext.rows import main as rows_main
+from verl_ext.settings import recurrent_settings
+from verl_ext.trainer import dump_columns
 
 
 def jagged(rows: list[list[float]], dtype: torch.dtype) -> torch.Tensor:

@@ -40,7 +40,7 @@ def test_the_composed_config_has_the_paper_budgets_and_passes_verl_and_our_prefl
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
-    from recurrent.training.preflight import preflight
+    from verl_ext.preflight import preflight
 
     write(tmp_path / "data", train=2, val=1, task="memory")  # short documents: the columns are what matters here
     config = compose_config("smoke_gpu", script_overrides(tiny_model_dir, tmp_path / "data", tmp_path / "out"))

@@ -1,7 +1,7 @@
 """scripts/train_tiny_cpu.sh from anywhere: CONFIG as a name of configs/ or a YAML file anywhere (absolute, or
 relative to the caller's working directory), composed on the repository's configs (DRY_RUN prints the composed
 config and trains nothing); the script called by a relative path from another directory; an agent file named in
-a config read from the caller's working directory (recurrent/training/settings.py resolve_agent_file)."""
+a config read from the caller's working directory (verl_ext/settings.py resolve_agent_file)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from recurrent.training.settings import resolve_agent_file
+from verl_ext.settings import resolve_agent_file
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "train_tiny_cpu.sh"

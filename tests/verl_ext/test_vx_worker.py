@@ -22,8 +22,8 @@ from verl.utils.import_utils import load_class_from_fqn
 from vx_helpers import TINY_BUDGETS, capture_transfer_queue, compose_config, make_worker
 
 from recurrent.tokens import encode_long, num_chunks
-from recurrent.training import agent_loop_manager
-from recurrent.training.lockstep import run_trajectories
+from verl_ext import agent_loop_manager
+from verl_ext.sync_rollout import run_trajectories
 
 REWARD_FILE = Path(__file__).with_name("text_hash_reward.py")
 CONTEXTS = ["", "The river city was born in the year of the film. " * 3 + "The magic number is 42."]
@@ -40,7 +40,7 @@ def test_recurrent_mode_names_the_manager_class_verl_builds(mode, manager, worke
     # verl reads actor_rollout_ref.rollout.agent.agent_loop_manager_class (main_ppo.py, TaskRunnerV1).
     config = compose_config("tiny_cpu", [f"recurrent.mode={mode}"])
     fqn = config.actor_rollout_ref.rollout.agent.agent_loop_manager_class
-    assert fqn == f"recurrent.training.agent_loop_manager.{manager}"
+    assert fqn == f"verl_ext.agent_loop_manager.{manager}"
     assert load_class_from_fqn(fqn, "AgentLoopManager").worker_impl is worker
 
 

@@ -1,4 +1,4 @@
-"""Helpers shared by the recurrent.training tests (a plain module: test files import it by name)."""
+"""Helpers shared by the verl_ext tests (a plain module: test files import it by name)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-import recurrent.training  # noqa: F401  (registers the configs' resolvers)
+import verl_ext  # noqa: F401  (registers the configs' resolvers)
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
@@ -78,11 +78,11 @@ def load_example(name: str):
 
 
 def recurrent_agent_loop(config, tokenizer, server):
-    """Our agent loop (recurrent/training/agent_loop.py), constructed the way verl's agent-loop worker constructs it."""
+    """Our agent loop (verl_ext/agent_loop.py), constructed the way verl's agent-loop worker constructs it."""
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    from recurrent.training.agent_loop import RecurrentAgentLoop
+    from verl_ext.agent_loop import RecurrentAgentLoop
 
     return RecurrentAgentLoop(
         trainer_config=DictConfigWrap(config),

@@ -18,7 +18,7 @@ from experiments.needle.needle import (
     split_numbers,
 )
 from experiments.needle.reader import build_tokenizer
-from memagent.agent import MemoryConfig, MemoryWorkflow
+from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
 
 
 @pytest.fixture(scope="module")

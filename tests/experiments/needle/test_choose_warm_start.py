@@ -26,7 +26,7 @@ from experiments.needle.warm_start import (
     teacher_transcript,
     whole_needles,
 )
-from memagent.agent import MemoryWorkflow
+from recurrent.impls.memory import MemoryWorkflow
 from recurrent.models import MANIFEST
 from recurrent.tokens import encode_long
 

@@ -18,12 +18,12 @@ from experiments.needle import eval_models
 from experiments.needle.needle import make_document
 from experiments.needle.reader import build_tokenizer, reader_config
 from experiments.needle.warm_start import agent_config
-from memagent.agent import MemoryWorkflow
-from memagent.memory_eval import config as cfg
-from memagent.memory_eval import evalsets, report, scoring
-from memagent.memory_eval.run import check_data, make_workflow, parse_args
-from memagent.memory_eval.run import main as run_main
+from recurrent.impls.memory import MemoryWorkflow
 from recurrent.interface import Reply
+from taskutils.memory_eval import config as cfg
+from taskutils.memory_eval import evalsets, report, scoring
+from taskutils.memory_eval.run import check_data, make_workflow, parse_args
+from taskutils.memory_eval.run import main as run_main
 
 NEEDLE = "The special magic number for odd-tiger is 4711."
 QUESTION = "What is the special magic number for odd-tiger mentioned in the provided text?"

@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 from experiments.needle.needle import SPLITS, make_document
 from experiments.needle.reader import build_tokenizer
 from experiments.small_reader import reader_config
-from memagent.agent import FINAL_TEMPLATE_BOXED, MEMORY_TEMPLATE, NO_MEMORY
+from recurrent.impls.memory import FINAL_TEMPLATE_BOXED, MEMORY_TEMPLATE, NO_MEMORY
 
 
 def save_reader_folder(tokenizer, folder):

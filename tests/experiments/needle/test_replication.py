@@ -19,7 +19,7 @@ from experiments.needle.needle import (
 from experiments.needle.reader import build_tokenizer, reader_config
 from experiments.needle.warm_start import agent_config, paper_rows, teacher_transcript
 from experiments.sft import batch_loss
-from memagent.agent import MemoryConfig, MemoryWorkflow
+from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
 from recurrent.interface import Reply
 
 
@@ -129,7 +129,7 @@ def test_late_and_decoy_starts_are_shares_of_the_training_documents(tokenizer):
 
 
 def test_numbers_are_two_digit_tokens_and_prompts_round_trip(tokenizer):
-    from memagent.agent import FINAL_TEMPLATE_BOXED, MEMORY_TEMPLATE
+    from recurrent.impls.memory import FINAL_TEMPLATE_BOXED, MEMORY_TEMPLATE
 
     # a 4-digit number is two tokens, its halves; an odd digit left over is a one-digit token
     pieces = [tokenizer.decode([i]) for i in tokenizer.encode("is 7445 and 90817 and 3", add_special_tokens=False)]

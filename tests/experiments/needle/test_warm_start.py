@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from experiments.needle import warm_start
 from experiments.needle.reader import build_tokenizer, reader_config
 from experiments.needle.warm_start import RECIPE_VERSION, Scale, agent_config, cached_warm_start, paper_rows
-from memagent.agent import MemoryWorkflow
+from recurrent.impls.memory import MemoryWorkflow
 from recurrent.models import MANIFEST
 
 # The four stages at a few steps of batch 4 on small pools: a random reader reaches no target here (0.9 exact or

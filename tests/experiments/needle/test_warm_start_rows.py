@@ -19,7 +19,7 @@ import torch
 from experiments.needle.needle import make_document
 from experiments.needle.reader import build_tokenizer, reader_config
 from experiments.needle.warm_start import agent_config, evaluate, paper_rows, teacher_transcript
-from memagent.agent import MemoryWorkflow
+from recurrent.impls.memory import MemoryWorkflow
 
 FIXTURE = json.loads((Path(__file__).parent / "data" / "warm_start_rows.json").read_text())
 

@@ -1,0 +1,129 @@
+"""Sync mode: the agents of a batch advance one model call at a time, in lockstep rounds.
+
+Any agent runs here, as plain code: each episode runs as its own coroutine against a barrier client. A call
+(``client.chat``) registers as pending and waits; once every live agent is either waiting on a call or finished,
+the round's calls go out together (concurrently) and each agent is resumed with its reply, to run on to its next
+call or its end. A round holds the pending call of every agent whose call is not flagged final; calls flagged
+final (``final=True``: the answer, known before it is made) wait until no agent has any other call left, and then
+all go in one last round. Agents with 2, 1, 3 and 1 memory calls before their answers run four rounds,
+``max(memory calls) + 1``::
+
+    round 1: s0 s1 s2 s3    round 2: s0 s2    round 3: s2    round 4 (answers): s0 s1 s2 s3
+
+This is the schedule of the released MemAgent training runs (``recurrent.mode=sync``, docs/fidelity.md). The next
+round starts only when all of a round's calls have returned. How a call is generated is the caller's business:
+``generate(i, turn)`` returns agent ``i``'s reply to ``turn`` (:mod:`verl_ext.sync_rollout` sends it to verl's
+token
+server). An agent whose call or own code raises leaves the lockstep with its error; the others go on. An agent
+waits on one call at a time here (concurrent calls of one agent have no place in a round, and are refused).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from recurrent.async_manager import cancel_and_wait, check_finished
+from recurrent.interface import Episode, Reply, Turn
+
+Generate = Callable[[int, Turn], Awaitable[Reply]]
+
+
+@dataclass
+class LockstepRun:
+    """What a lockstep run did: the episodes themselves hold the calls and replies."""
+
+    errors: list[Exception | None]  # per episode: the error that ended it early, None when it finished
+    rounds: list[list[int]]  # per round, the episodes that had a call in it (ascending)
+
+    @property
+    def num_failed(self) -> int:
+        return sum(error is not None for error in self.errors)
+
+
+class _Barrier:
+    """The pending calls of a batch, and when a round can go: every live episode waits on a call or has ended."""
+
+    def __init__(self, size: int) -> None:
+        self.live = set(range(size))
+        self.pending: dict[int, tuple[Turn, asyncio.Future[Reply]]] = {}
+        self.changed = asyncio.Event()
+
+    async def call(self, i: int, turn: Turn) -> Reply:
+        if i in self.pending:
+            raise RuntimeError("in sync mode an agent waits on one call at a time (a round holds one call per agent)")
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self.pending[i] = (turn, future)
+        self.changed.set()
+        return await future
+
+    def end(self, i: int) -> None:
+        self.live.discard(i)
+        self.changed.set()
+
+    async def settled(self) -> None:
+        """Wait until every live episode waits on a call (or none is left)."""
+        while any(i not in self.pending for i in self.live):
+            self.changed.clear()
+            await self.changed.wait()
+
+
+class _BarrierClient:
+    """Episode ``i``'s client: its calls wait at the barrier (a :class:`~recurrent.interface.TurnClient`)."""
+
+    def __init__(self, barrier: _Barrier, i: int) -> None:
+        self._barrier, self._i = barrier, i
+
+    async def send_turn(self, turn: Turn, **sampling: Any) -> Reply:
+        if sampling:  # a round is generated with the caller's sampling: an agent's own would be silently lost
+            raise ValueError(f"an agent passed sampling parameters {sorted(sampling)} in sync mode")
+        return await self._barrier.call(self._i, turn)
+
+    async def chat(
+        self, messages: list[dict[str, str]], max_tokens: int, *, prompt_ids: list[int] | None = None, **sampling: Any
+    ) -> Reply:
+        return await self.send_turn(Turn(messages, max_tokens, prompt_ids), **sampling)
+
+
+async def run_lockstep(episodes: list[Episode], generate: Generate) -> LockstepRun:
+    """Run every episode to its end in lockstep rounds (see the module docstring)."""
+    barrier = _Barrier(len(episodes))
+    errors: list[Exception | None] = [None] * len(episodes)
+
+    async def run_one(i: int) -> None:
+        try:
+            await episodes[i].run(_BarrierClient(barrier, i))
+            check_finished(episodes[i])  # the reward row must be the episode's last call
+        except Exception as err:  # this episode's failure, not the batch's
+            errors[i] = err
+        finally:
+            barrier.end(i)
+
+    tasks = [asyncio.create_task(run_one(i)) for i in range(len(episodes))]
+    rounds: list[list[int]] = []
+    try:
+        while True:
+            await barrier.settled()
+            if not barrier.live:
+                break
+            waiting = sorted(barrier.pending)
+            active = [i for i in waiting if not barrier.pending[i][0].final] or waiting  # answers once all else is done
+            rounds.append(active)
+            calls = [barrier.pending.pop(i) for i in active]
+            replies = await asyncio.gather(
+                *(generate(i, turn) for i, (turn, _) in zip(active, calls, strict=True)), return_exceptions=True
+            )
+            for reply in replies:  # cancellation and the like stop the whole batch
+                if isinstance(reply, BaseException) and not isinstance(reply, Exception):
+                    raise reply
+            for (_, future), reply in zip(calls, replies, strict=True):
+                if isinstance(reply, Exception):
+                    future.set_exception(reply)
+                else:
+                    future.set_result(reply)
+        await asyncio.gather(*tasks)
+    finally:
+        await cancel_and_wait(tasks)
+    return LockstepRun(errors, rounds)

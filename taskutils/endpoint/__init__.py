@@ -1,0 +1,14 @@
+"""An agent behind an OpenAI-compatible endpoint (``python -m taskutils.endpoint``): the OpenAI chat API outside, a
+registered agent inside (the memory loop of :mod:`recurrent.impls.memory` by default, any other by name or file
+path), every model call sent to an upstream OpenAI-compatible server.
+
+- :mod:`taskutils.endpoint.questions`: where a request holds the document and the question (the question modes);
+- :mod:`taskutils.endpoint.protocol`: the request checked field by field, errors in OpenAI's shape, upstream failures
+  as HTTP statuses;
+- :mod:`taskutils.endpoint.service`: the documents in flight (the agent from its registration, admission, turns,
+  cancellation, drain, counters);
+- :mod:`taskutils.endpoint.app`: the FastAPI app (plain and streamed answers, client disconnects);
+- :mod:`taskutils.endpoint.cli`: the command line (flags, ``--config``, a local upstream, uvicorn, SIGTERM).
+
+docs/serving.md describes it for users.
+"""

@@ -1,0 +1,94 @@
+"""Train an agent on stock verl: ``python -m verl_ext.main --config-name memagent_7b [overrides]`` (MemAgent
+7B, the
+default; any run config of ``configs/`` names its agent in ``recurrent.agent``).
+
+Hydra entry over ``configs/`` (``--cfg job`` prints the composed config and exits without running).
+The run: checks on this machine first (:mod:`verl_ext.preflight`: data files and columns, the model folder,
+the agent and its widest call against verl's rows), the config resolved here (so ``${oc.env:...}`` means this
+machine's environment, also on a remote Ray cluster), verl's own config validation, then verl's ``run_ppo`` with
+our task runner
+(:class:`verl_ext.trainer.RecurrentTaskRunner`: the V1 sync trainer plus final-answer metrics). With
+``RAY_ADDRESS`` (or ``ray_kwargs.ray_init.address``) it joins that Ray cluster instead of starting one, and a node of
+the run lost mid-run stops it with a message (:mod:`verl_ext.node_watch`, exit status 75).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+
+
+def run(config: DictConfig) -> None:
+    from verl_ext.preflight import PreflightError
+    from verl_ext.settings import resolve_agent_file
+
+    try:
+        resolve_agent_file(config)  # a relative agent file is the caller's: the workers get its absolute path
+    except FileNotFoundError as err:
+        raise PreflightError(str(err)) from err
+    # verl and Ray are imported here, not at module level: `--cfg job` and --help stay fast.
+    from verl.trainer.main_ppo import run_ppo
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    from verl.utils.device import auto_set_device
+
+    from verl_ext.cluster import cluster_address, drop_local_ray_settings
+    from verl_ext.node_watch import LOSS_CONFIRM_S, NodeWatch, exit_on_node_lost
+    from verl_ext.preflight import preflight
+    from verl_ext.trainer import RecurrentTaskRunner
+
+    if config.trainer.device == "cpu" and os.environ.get("VERL_PLATFORM") != "cpu":
+        # Without the CPU platform verl falls back to CUDA (auto_set_device would switch the run to cuda).
+        raise PreflightError(
+            "trainer.device=cpu needs the CPU platform in every process: run scripts/train_tiny_cpu.sh, or set "
+            "VERL_PLATFORM=cpu VERL_USE_EXTERNAL_MODULES=verl_ext.cpu.load "
+            "(see verl_ext/cpu/README.md)"
+        )
+    auto_set_device(config)
+    preflight(config)
+    joined = cluster_address(config, os.environ)
+    dropped = drop_local_ray_settings(config, os.environ)
+    if dropped:
+        keys = ", ".join(f"ray_kwargs.ray_init.{key}" for key in dropped)
+        print(f"[memagent] joining the Ray cluster at {joined}: {keys} (the size of a Ray of its own) not used")
+    OmegaConf.resolve(config)
+    validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    watch = NodeWatch(config.trainer.get("default_local_dir"), exit_on_node_lost).start()
+    try:
+        run_ppo(config, task_runner_class=RecurrentTaskRunner)
+    except PreflightError:
+        raise
+    except Exception:
+        # A lost node may show first as an error from one of its actors or peers, before Ray declares the node dead
+        # (missed health checks): on a run over several nodes, give the watch that long to name it.
+        if len(watch.seen_alive) > 1:
+            print(f"[memagent] the run failed; looking {LOSS_CONFIRM_S:.0f} s for a lost Ray node", file=sys.stderr)
+            if watch.lost.wait(LOSS_CONFIRM_S):
+                exit_on_node_lost(str(watch.message))
+        raise
+    finally:
+        watch.stop()
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="memagent_7b", version_base=None)
+def main(config: DictConfig) -> None:
+    from verl_ext.preflight import PreflightError
+
+    try:
+        run(config)
+    except PreflightError as err:  # a configuration problem, not a crash: the message says what to fix
+        # Raised in the task runner (verl_ext.cluster), it arrives wrapped in Ray's RayTaskError, which is
+        # also a
+        # PreflightError; its `cause` is the original, without the remote traceback.
+        print(f"[memagent] {getattr(err, 'cause', None) or err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
