@@ -175,5 +175,7 @@ def test_a_run_without_a_reward_function_is_refused_naming_the_key(tmp_path):
     config = config_for(data, data, "tiny", "reward.custom_reward_function.path=null")
     with pytest.raises(PreflightError, match=r"reward.custom_reward_function.path is not set: name the agent's"):
         preflight(config)
-    config = config_for(data, data, "tiny", "reward.custom_reward_function.path=null", "reward.reward_model.enable=true")
+    config = config_for(
+        data, data, "tiny", "reward.custom_reward_function.path=null", "reward.reward_model.enable=true"
+    )
     preflight(config)
