@@ -1,8 +1,9 @@
-"""Long requests held on disk (taskutils/endpoint/spool.py): the incremental parser reads what ``json.loads`` reads
-and refuses what it refuses; a text on disk is cut by the question modes as the string is; a document on disk is
-tokenized window by window into exactly the whole text's ids; through the endpoint (the thresholds forced low) a
-spooled request sends the upstream the same prompts and answers with the same answer, memories and usage as the
-in-memory path; its files are never listed on disk and none is open once the request ends, however it ends."""
+"""Long requests held on disk (taskutils/endpoint/spool.py): the incremental parser (spooled_body.py) reads what
+``json.loads`` reads and refuses what it refuses; a text on disk is cut by the question modes as the string is; a
+document on disk is tokenized window by window into exactly the whole text's ids; through the endpoint (the
+thresholds forced low) a spooled request sends the upstream the same prompts and answers with the same answer,
+memories and usage as the in-memory path; its files are never listed on disk and none is open once the request ends,
+however it ends."""
 
 from __future__ import annotations
 
