@@ -44,22 +44,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import http.client
 import json
-import os
 import random
 import socket
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from process_meter import Sampler, cpu_between, cpu_seconds, reset_peak, rss_kib, thread_cpu, wait_idle  # noqa: E402
 
 from recurrent.async_manager import run_session  # noqa: E402
 from recurrent.client import OpenAIChatClient  # noqa: E402
@@ -69,7 +71,7 @@ from recurrent.models import TINY, _english_like_corpus, load_tokenizer, resolve
 
 QUESTION = "What is the special magic number mentioned in the provided text?"
 MODEL = "instant"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+FLOOR_REQUESTS = 50  # requests of the HTTP stack alone, each kind
 
 
 def get_json(url: str) -> dict:
@@ -92,48 +94,6 @@ def make_document(tokenizer: Any, tokens: int, text: str = "english") -> str:
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def rss_kib(pid: int) -> tuple[int, int]:
-    """(VmRSS, VmHWM) of a process, KiB: its resident memory now and at its peak."""
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            fields[key] = int(value.split()[0])
-    return fields["VmRSS"], fields["VmHWM"]
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU time a process has used, all its threads, living or ended (utime + stime of /proc/PID/stat): in clock
-    ticks (10 ms), too coarse for one request; :func:`thread_cpu` is exact."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-def thread_cpu(pid: int) -> tuple[float, frozenset[str]]:
-    """CPU time of a process's living threads, in nanoseconds made seconds (the first field of each
-    /proc/PID/task/TID/schedstat), and which threads those were: between two readings with the same threads it
-    is exact, where per-request differences of :func:`cpu_seconds` are ticks apart (+-0.3 ms over 150 requests)."""
-    total, tids = 0, []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
-            tids.append(tid)
-        except (FileNotFoundError, ProcessLookupError):
-            pass  # a thread that ended while this read
-    return total / 1e9, frozenset(tids)
-
-
-def endpoint_cpu(before: tuple[float, frozenset[str], float], after: tuple[float, frozenset[str], float]) -> float:
-    """CPU seconds between two readings of ``(thread_cpu, cpu_seconds)``: exact when the same threads lived at
-    both, in ticks otherwise (a thread ended between them and took its time along)."""
-    return after[0] - before[0] if after[1] == before[1] else after[2] - before[2]
-
-
-def reset_peak(pid: int) -> None:
-    """Reset a process's peak RSS to its current RSS (Linux: writing 5 to clear_refs)."""
-    Path(f"/proc/{pid}/clear_refs").write_text("5")
 
 
 class Endpoint:
@@ -165,7 +125,27 @@ class Endpoint:
         return seconds, response.status, json.loads(data)
 
 
-def main(argv: list[str] | None = None) -> int:
+@contextlib.contextmanager
+def upstream_and_endpoint(logs: Path, tiny: Path, endpoint_flags: list[str]) -> Iterator[tuple[str, int, Any]]:
+    """The instant upstream and an endpoint in front of it (the ``tiny`` model's tokenizer, ``endpoint_flags``
+    added), each in its own process, their logs in ``logs``: (the upstream's root URL, the endpoint's port, the
+    endpoint's process)."""
+    upstream_port, port = free_port(), free_port()
+    upstream_root = f"http://127.0.0.1:{upstream_port}"
+    upstream_cmd = [sys.executable, str(Path(__file__).with_name("instant_server.py")), "--port", str(upstream_port),
+                    "--served-model-name", MODEL]  # fmt: skip
+    endpoint_cmd = [sys.executable, "-m", "taskutils.endpoint", "--upstream", f"{upstream_root}/v1", "--model", MODEL,
+                    "--tokenizer", str(tiny), "--port", str(port), *endpoint_flags]  # fmt: skip
+    with (
+        managed_server(upstream_cmd, health_probe(f"{upstream_root}/health"), logs / "upstream.log", 60, 0.05),
+        managed_server(
+            endpoint_cmd, health_probe(f"http://127.0.0.1:{port}/health"), logs / "endpoint.log", 120, 0.1
+        ) as process,
+    ):
+        yield upstream_root, port, process
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", default="5000,50000,500000,3500000", help="document lengths, comma list")
     parser.add_argument("--repeats", default="30,10,4,2", help="request pairs per length, comma list")
@@ -181,128 +161,122 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--soak-deep", type=int, default=4, help="requests of JSON nested 100,000+ deep")
     parser.add_argument("--soak-limit", type=float, default=300.0, help="seconds the soak waits for idle, at most")
     args = parser.parse_args(argv)
-    if args.soak:
-        return soak(args)
-    lengths = [int(x) for x in args.tokens.split(",")]
-    repeats = [int(x) for x in args.repeats.split(",")]
-    if len(repeats) != len(lengths):
-        parser.error("--repeats needs one count per --tokens length")
+    if not args.soak:
+        args.lengths = [int(x) for x in args.tokens.split(",")]
+        args.pair_counts = [int(x) for x in args.repeats.split(",")]
+        if len(args.pair_counts) != len(args.lengths):
+            parser.error("--repeats needs one count per --tokens length")
+    return args
 
-    floor_requests = 50
-    tiny = resolve_model_path(TINY)
-    tokenizer = load_tokenizer(tiny)
-    workflow = inference_workflow(tokenizer, args.chunk, args.max_new, args.final_max_new)
-    logs = Path(tempfile.mkdtemp(prefix="bench-serve-"))
-    upstream_port, endpoint_port = free_port(), free_port()
-    upstream_root = f"http://127.0.0.1:{upstream_port}"
-    upstream_cmd = [sys.executable, str(Path(__file__).with_name("instant_server.py")), "--port", str(upstream_port),
-                    "--served-model-name", MODEL]  # fmt: skip
-    endpoint_cmd = [
-        sys.executable, "-m", "taskutils.endpoint", "--upstream", f"{upstream_root}/v1", "--model", MODEL,
-        "--tokenizer", str(tiny), "--port", str(endpoint_port), "--chunk-size", str(args.chunk),
-        "--max-new", str(args.max_new), "--final-max-new", str(args.final_max_new),
-    ]  # fmt: skip
-    rows = []
-    with (
-        managed_server(upstream_cmd, health_probe(f"{upstream_root}/health"), logs / "upstream.log", 60, 0.05),
-        managed_server(
-            endpoint_cmd, health_probe(f"http://127.0.0.1:{endpoint_port}/health"), logs / "endpoint.log", 120, 0.1
-        ) as endpoint_process,
-    ):
-        pid = endpoint_process.pid
-        client = OpenAIChatClient(f"{upstream_root}/v1", MODEL, max_concurrency=1, max_retries=0)
-        endpoint = Endpoint(endpoint_port)
-        loop = asyncio.new_event_loop()
 
-        def upstream_stats() -> tuple[int, float]:
-            stats = get_json(f"{upstream_root}/stats")
-            return stats["requests"], stats["server_seconds"]
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    return soak(args) if args.soak else overhead(args)
 
-        def in_process(document: str) -> tuple[float, float, str, int, float, int]:
-            """(wall s, CPU s, answer, upstream calls, upstream s, document tokens) of one pass in this process."""
-            calls, upstream = upstream_stats()
-            wall, cpu = time.perf_counter(), time.process_time()
-            session = workflow.episode({"input": QUESTION, "context": document})
-            loop.run_until_complete(run_session(session, client, {"temperature": 0.0}))
-            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            calls_after, upstream_after = upstream_stats()
-            tokens = session.original_context_tokens
-            return wall, cpu, session.answer, calls_after - calls, upstream_after - upstream, tokens
 
-        def served(body: bytes) -> tuple[float, float, str, int, float]:
-            """(wall s, the endpoint's CPU s, answer, upstream calls, upstream s) of one request to the endpoint."""
-            calls, upstream = upstream_stats()
-            before = (*thread_cpu(pid), cpu_seconds(pid))
-            wall, reply = endpoint.chat(body)
-            cpu = endpoint_cpu(before, (*thread_cpu(pid), cpu_seconds(pid)))
-            calls_after, upstream_after = upstream_stats()
-            answer = reply["choices"][0]["message"]["content"]
-            return wall, cpu, answer, calls_after - calls, upstream_after - upstream
+# ---------------------------------------------------------------------------------------------------------------
+# what the endpoint adds (the default)
+# ---------------------------------------------------------------------------------------------------------------
 
-        warm = make_document(tokenizer, 2 * args.chunk)  # connections, caches and imports of both paths
-        for _ in range(3):
-            in_process(warm)
-            served(body_of(warm))
-        idle_rss = rss_kib(pid)[0]
-        print(f"endpoint pid {pid}: idle RSS {idle_rss / 1024:.1f} MiB", flush=True)
-        # The HTTP stack's own round trip, no agent: GET /v1/models, and the 5K-token request refused for naming
-        # another model (its body read and parsed, then a 404).
-        refused = body_of(make_document(tokenizer, lengths[0]), model="another")
-        floors = {
-            "get_models_ms": [endpoint.request("GET", "/v1/models") for _ in range(floor_requests)],
-            "post_refused_ms": [
-                endpoint.request("POST", "/v1/chat/completions", refused) for _ in range(floor_requests)
-            ],
-        }
-        if {r[1] for r in floors["get_models_ms"]} != {200} or {r[1] for r in floors["post_refused_ms"]} != {404}:
-            raise RuntimeError("the HTTP-stack requests did not answer 200 and 404")
-        floors = {name: 1000 * statistics.median(r[0] for r in replies) for name, replies in floors.items()}
-        print(json.dumps(floors), flush=True)
-        for tokens, count in zip(lengths, repeats, strict=True):
-            document = make_document(tokenizer, tokens, args.text)
-            body = body_of(document)
-            reset_peak(pid)
-            walls_a, walls_b, cpus_a, cpus_b, diffs, upstream_ms = [], [], [], [], [], []
-            for pair in range(count):
-                if pair % 2:  # alternate which path goes first: drift in the machine's load hits both
-                    b = served(body)
-                    a = in_process(document)
-                else:
-                    a = in_process(document)
-                    b = served(body)
-                wall_a, cpu_a, answer, calls, upstream_a, doc_tokens = a
-                wall_b, cpu_b, reply, calls_b, upstream_b = b
-                if reply != answer or calls_b != calls:
-                    raise RuntimeError(f"the paths differ: {answer!r} in {calls} calls, {reply!r} in {calls_b}")
-                walls_a.append(wall_a)
-                walls_b.append(wall_b)
-                cpus_a.append(cpu_a)
-                cpus_b.append(cpu_b)
-                diffs.append(wall_b - wall_a)
-                upstream_ms.append(1000 * (upstream_a + upstream_b) / 2)  # the upstream's time per request
-            rss, peak = rss_kib(pid)
-            row = {
-                "tokens": doc_tokens,
-                "document_mib": len(document) / 2**20,
-                "upstream_calls": calls,
-                "pairs": count,
-                "in_process_s": statistics.median(walls_a),
-                "endpoint_s": statistics.median(walls_b),
-                "added_ms_median": 1000 * statistics.median(diffs),
-                "added_ms_p90": 1000 * percentile(diffs, 0.9),
-                "added_ms_best": 1000 * (min(walls_b) - min(walls_a)),  # best of N each: the least disturbed
-                "in_process_cpu_ms": 1000 * statistics.fmean(cpus_a),
-                "endpoint_cpu_ms": 1000 * statistics.fmean(cpus_b),
-                "added_cpu_ms": 1000 * (statistics.fmean(cpus_b) - statistics.fmean(cpus_a)),
-                "upstream_ms": statistics.median(upstream_ms),
-                "peak_rss_mib": peak / 1024,
-                "rss_after_mib": rss / 1024,
-            }
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-        loop.run_until_complete(client.aclose())
-        loop.close()
 
+class SideBySide:
+    """One request both ways against the same upstream: (a) the memory agent in this process, (b) the endpoint
+    (process ``pid``); each measured with the upstream's own calls and time."""
+
+    def __init__(self, workflow: Any, upstream_root: str, endpoint: Endpoint, pid: int) -> None:
+        self.workflow, self.upstream_root, self.endpoint, self.pid = workflow, upstream_root, endpoint, pid
+        self.client = OpenAIChatClient(f"{upstream_root}/v1", MODEL, max_concurrency=1, max_retries=0)
+        self.loop = asyncio.new_event_loop()
+
+    def upstream_stats(self) -> tuple[int, float]:
+        stats = get_json(f"{self.upstream_root}/stats")
+        return stats["requests"], stats["server_seconds"]
+
+    def in_process(self, document: str) -> tuple[float, float, str, int, float, int]:
+        """(wall s, CPU s, answer, upstream calls, upstream s, document tokens) of one pass in this process."""
+        calls, upstream = self.upstream_stats()
+        wall, cpu = time.perf_counter(), time.process_time()
+        session = self.workflow.episode({"input": QUESTION, "context": document})
+        self.loop.run_until_complete(run_session(session, self.client, {"temperature": 0.0}))
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        calls_after, upstream_after = self.upstream_stats()
+        tokens = session.original_context_tokens
+        return wall, cpu, session.answer, calls_after - calls, upstream_after - upstream, tokens
+
+    def served(self, body: bytes) -> tuple[float, float, str, int, float]:
+        """(wall s, the endpoint's CPU s, answer, upstream calls, upstream s) of one request to the endpoint."""
+        pid = self.pid
+        calls, upstream = self.upstream_stats()
+        before = (*thread_cpu(pid), cpu_seconds(pid))
+        wall, reply = self.endpoint.chat(body)
+        cpu = cpu_between(before, (*thread_cpu(pid), cpu_seconds(pid)))
+        calls_after, upstream_after = self.upstream_stats()
+        answer = reply["choices"][0]["message"]["content"]
+        return wall, cpu, answer, calls_after - calls, upstream_after - upstream
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.client.aclose())
+        self.loop.close()
+
+
+def http_floor(endpoint: Endpoint, tokenizer: Any, tokens: int) -> dict[str, float]:
+    """The HTTP stack's own round trip, no agent, median ms: GET /v1/models, and a ``tokens``-token request refused
+    for naming another model (its body read and parsed, then a 404)."""
+    refused = body_of(make_document(tokenizer, tokens), model="another")
+    floors = {
+        "get_models_ms": [endpoint.request("GET", "/v1/models") for _ in range(FLOOR_REQUESTS)],
+        "post_refused_ms": [endpoint.request("POST", "/v1/chat/completions", refused) for _ in range(FLOOR_REQUESTS)],
+    }
+    if {r[1] for r in floors["get_models_ms"]} != {200} or {r[1] for r in floors["post_refused_ms"]} != {404}:
+        raise RuntimeError("the HTTP-stack requests did not answer 200 and 404")
+    return {name: 1000 * statistics.median(r[0] for r in replies) for name, replies in floors.items()}
+
+
+def measure_length(paths: SideBySide, tokenizer: Any, tokens: int, count: int, text: str) -> dict[str, Any]:
+    """``count`` pairs of one document of about ``tokens`` tokens, the two paths alternating which goes first
+    (drift in the machine's load hits both); every pair checked to agree. The endpoint's peak RSS is reset first."""
+    document = make_document(tokenizer, tokens, text)
+    body = body_of(document)
+    reset_peak(paths.pid)
+    walls_a, walls_b, cpus_a, cpus_b, diffs, upstream_ms = [], [], [], [], [], []
+    for pair in range(count):
+        if pair % 2:
+            b = paths.served(body)
+            a = paths.in_process(document)
+        else:
+            a = paths.in_process(document)
+            b = paths.served(body)
+        wall_a, cpu_a, answer, calls, upstream_a, doc_tokens = a
+        wall_b, cpu_b, reply, calls_b, upstream_b = b
+        if reply != answer or calls_b != calls:
+            raise RuntimeError(f"the paths differ: {answer!r} in {calls} calls, {reply!r} in {calls_b}")
+        walls_a.append(wall_a)
+        walls_b.append(wall_b)
+        cpus_a.append(cpu_a)
+        cpus_b.append(cpu_b)
+        diffs.append(wall_b - wall_a)
+        upstream_ms.append(1000 * (upstream_a + upstream_b) / 2)  # the upstream's time per request
+    rss, peak = rss_kib(paths.pid)
+    return {
+        "tokens": doc_tokens,
+        "document_mib": len(document) / 2**20,
+        "upstream_calls": calls,
+        "pairs": count,
+        "in_process_s": statistics.median(walls_a),
+        "endpoint_s": statistics.median(walls_b),
+        "added_ms_median": 1000 * statistics.median(diffs),
+        "added_ms_p90": 1000 * percentile(diffs, 0.9),
+        "added_ms_best": 1000 * (min(walls_b) - min(walls_a)),  # best of N each: the least disturbed
+        "in_process_cpu_ms": 1000 * statistics.fmean(cpus_a),
+        "endpoint_cpu_ms": 1000 * statistics.fmean(cpus_b),
+        "added_cpu_ms": 1000 * (statistics.fmean(cpus_b) - statistics.fmean(cpus_a)),
+        "upstream_ms": statistics.median(upstream_ms),
+        "peak_rss_mib": peak / 1024,
+        "rss_after_mib": rss / 1024,
+    }
+
+
+def print_table(rows: list[dict[str, Any]], idle_rss: int, floors: dict[str, float], first_length: int) -> None:
     print()
     print(
         "| document tokens | MiB | upstream calls | pairs | in process (s) | endpoint (s) | added ms, median | "
@@ -320,9 +294,35 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"\nendpoint idle RSS: {idle_rss / 1024:.0f} MiB")
     print(
-        f"HTTP stack alone (median of {floor_requests}): GET /v1/models {floors['get_models_ms']:.2f} ms; the "
-        f"{lengths[0]:,}-token request refused (404, body read and parsed) {floors['post_refused_ms']:.2f} ms"
+        f"HTTP stack alone (median of {FLOOR_REQUESTS}): GET /v1/models {floors['get_models_ms']:.2f} ms; the "
+        f"{first_length:,}-token request refused (404, body read and parsed) {floors['post_refused_ms']:.2f} ms"
     )
+
+
+def overhead(args: argparse.Namespace) -> int:
+    """Both paths side by side at each length: warm-up, the HTTP stack's floor, then the pairs of each length."""
+    tiny = resolve_model_path(TINY)
+    tokenizer = load_tokenizer(tiny)
+    workflow = inference_workflow(tokenizer, args.chunk, args.max_new, args.final_max_new)
+    logs = Path(tempfile.mkdtemp(prefix="bench-serve-"))
+    budgets = ["--chunk-size", str(args.chunk), "--max-new", str(args.max_new),
+               "--final-max-new", str(args.final_max_new)]  # fmt: skip
+    rows = []
+    with upstream_and_endpoint(logs, tiny, budgets) as (upstream_root, port, process):
+        paths = SideBySide(workflow, upstream_root, Endpoint(port), process.pid)
+        warm = make_document(tokenizer, 2 * args.chunk)  # connections, caches and imports of both paths
+        for _ in range(3):
+            paths.in_process(warm)
+            paths.served(body_of(warm))
+        idle_rss = rss_kib(process.pid)[0]
+        print(f"endpoint pid {process.pid}: idle RSS {idle_rss / 1024:.1f} MiB", flush=True)
+        floors = http_floor(paths.endpoint, tokenizer, args.lengths[0])
+        print(json.dumps(floors), flush=True)
+        for tokens, count in zip(args.lengths, args.pair_counts, strict=True):
+            rows.append(measure_length(paths, tokenizer, tokens, count, args.text))
+            print(json.dumps(rows[-1]), flush=True)
+        paths.close()
+    print_table(rows, idle_rss, floors, args.lengths[0])
     if args.json:
         figures = {"idle_rss_mib": idle_rss / 1024, "http_floor": floors, "rows": rows}
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
@@ -360,36 +360,30 @@ def raw_post(port: int, body: bytes, length: int | None = None) -> socket.socket
     return connection
 
 
-class Sampler:
-    """The endpoint's RSS, read every ``interval`` seconds in a thread: its peak while the soak runs."""
-
-    def __init__(self, pid: int, interval: float = 0.1) -> None:
-        self.pid, self.interval, self.peak_kib = pid, interval, 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self.stop.wait(self.interval):
-            self.peak_kib = max(self.peak_kib, rss_kib(self.pid)[0])
-
-    def __enter__(self) -> Sampler:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join()
-
-
-def wait_idle(pid: int, limit: float, window: float = 1.0, busy: float = 0.05) -> float | None:
-    """Seconds until the endpoint uses under ``busy`` CPU seconds over a ``window``; None past ``limit``."""
-    start = time.perf_counter()
-    while time.perf_counter() - start < limit:
-        before = cpu_seconds(pid)
-        time.sleep(window)
-        if cpu_seconds(pid) - before < busy:
-            return time.perf_counter() - start - window
-    return None
+def hostile_clients(args: argparse.Namespace, port: int, pid: int, abandoned: bytes, probe: bytes) -> dict[str, Any]:
+    """The soak's clients at once: stalled uploads, abandoned many-message requests, deep JSON, then a normal
+    request (``probe``); the endpoint's peak RSS meanwhile, the statuses, when its clients left (``left``, a
+    ``time.perf_counter``), the seconds until the probe was answered and until the endpoint was idle (None: not
+    within ``--soak-limit``), and its documents after."""
+    endpoint = Endpoint(port)
+    with Sampler(pid) as sampler:
+        stalled = [raw_post(port, b'{"messages": [' + b" " * (2 << 20), 8 << 20) for _ in range(args.soak_stalled)]
+        gone = [raw_post(port, abandoned) for _ in range(args.soak_abandoned)]
+        for connection in gone:
+            connection.close()  # the client leaves once its request is sent
+        left = time.perf_counter()
+        # 100,000 deep in memory, 1,000,000 deep (2 MB) on disk, in turn
+        depths = [(100_000, 1_000_000)[k % 2] for k in range(args.soak_deep)]
+        deep = [endpoint.request("POST", "/v1/chat/completions", deep_body(d))[1] for d in depths]
+        _, status, _ = endpoint.request("POST", "/v1/chat/completions", probe)
+        to_answer = time.perf_counter() - left
+        to_idle = wait_idle(pid, args.soak_limit)
+        health = get_json(f"http://127.0.0.1:{port}/health")["documents"]
+        peak = sampler.peak_kib
+        for connection in stalled:
+            connection.close()
+    return {"peak_kib": peak, "status": status, "deep": deep, "left": left, "to_answer": to_answer,
+            "to_idle": to_idle, "health": health}  # fmt: skip
 
 
 def soak(args: argparse.Namespace) -> int:
@@ -399,55 +393,28 @@ def soak(args: argparse.Namespace) -> int:
     tiny = resolve_model_path(TINY)
     tokenizer = load_tokenizer(tiny)
     logs = Path(tempfile.mkdtemp(prefix="bench-soak-"))
-    upstream_port, port = free_port(), free_port()
-    upstream_root = f"http://127.0.0.1:{upstream_port}"
-    upstream_cmd = [sys.executable, str(Path(__file__).with_name("instant_server.py")), "--port", str(upstream_port),
-                    "--served-model-name", MODEL]  # fmt: skip
-    endpoint_cmd = [sys.executable, "-m", "taskutils.endpoint", "--upstream", f"{upstream_root}/v1", "--model", MODEL,
-                    "--tokenizer", str(tiny), "--port", str(port), "--max-documents", "1"]  # fmt: skip
     abandoned = many_messages_body(tokenizer, args.soak_messages)
-    stalled_length = 8 << 20
     probe = body_of("A short note about the river.")
-    with (
-        managed_server(upstream_cmd, health_probe(f"{upstream_root}/health"), logs / "upstream.log", 60, 0.05),
-        managed_server(
-            endpoint_cmd, health_probe(f"http://127.0.0.1:{port}/health"), logs / "endpoint.log", 120, 0.1
-        ) as process,
-    ):
-        pid, endpoint = process.pid, Endpoint(port)
-        endpoint.chat(probe)
+    with upstream_and_endpoint(logs, tiny, ["--max-documents", "1"]) as (_, port, process):
+        pid = process.pid
+        Endpoint(port).chat(probe)
         rss_before, cpu_before, log_before = rss_kib(pid)[0], cpu_seconds(pid), (logs / "endpoint.log").stat().st_size
         print(f"soak: {args.soak_abandoned} x {len(abandoned) / 2**20:.1f} MiB abandoned, {args.soak_stalled} stalled "
               f"uploads, {args.soak_deep} deep JSON; endpoint RSS {rss_before / 1024:.0f} MiB", flush=True)  # fmt: skip
-        with Sampler(pid) as sampler:
-            stalled = [raw_post(port, b'{"messages": [' + b" " * (2 << 20), stalled_length)
-                       for _ in range(args.soak_stalled)]  # fmt: skip
-            gone = [raw_post(port, abandoned) for _ in range(args.soak_abandoned)]
-            for connection in gone:
-                connection.close()  # the client leaves once its request is sent
-            left = time.perf_counter()
-            # 100,000 deep in memory, 1,000,000 deep (2 MB) on disk, in turn
-            depths = [(100_000, 1_000_000)[k % 2] for k in range(args.soak_deep)]
-            deep = [endpoint.request("POST", "/v1/chat/completions", deep_body(d))[1] for d in depths]
-            _, status, _ = endpoint.request("POST", "/v1/chat/completions", probe)
-            to_answer = time.perf_counter() - left
-            to_idle = wait_idle(pid, args.soak_limit)
-            health = get_json(f"http://127.0.0.1:{port}/health")["documents"]
-            rss_during = sampler.peak_kib
-            for connection in stalled:
-                connection.close()
+        run = hostile_clients(args, port, pid, abandoned, probe)
         after = wait_idle(pid, args.soak_limit)
+        to_answer, to_idle = run["to_answer"], run["to_idle"]
         figures = {
             "rss_before_mib": rss_before / 1024,
-            "rss_peak_mib": rss_during / 1024,
+            "rss_peak_mib": run["peak_kib"] / 1024,
             "rss_after_mib": rss_kib(pid)[0] / 1024,
             "cpu_s": cpu_seconds(pid) - cpu_before,
-            "probe_status": status,
-            "deep_statuses": deep,
+            "probe_status": run["status"],
+            "deep_statuses": run["deep"],
             "s_until_probe_answered": to_answer,
-            "s_until_idle": (time.perf_counter() - left) if to_idle is None else to_answer + to_idle,
+            "s_until_idle": (time.perf_counter() - run["left"]) if to_idle is None else to_answer + to_idle,
             "idle_within_limit": to_idle is not None and after is not None,
-            "health_after": health,
+            "health_after": run["health"],
             "log_kib_added": ((logs / "endpoint.log").stat().st_size - log_before) / 1024,
         }
     print(json.dumps(figures, indent=2))

@@ -12,26 +12,30 @@ Every call carries its prompt both as chat messages (for OpenAI-compatible endpo
 ``token_prompts=True``, as token ids built in token space (chunks are sliced from the context ids, never
 decoded and re-encoded; the memory is the generated ids themselves when the backend returns them). The answer's
 call is flagged final, so sync mode (recurrent/generation_manager.py) holds every answer for the batch's last round.
+
+Read top to bottom, this file runs in order: the prompts and budgets, the loop, each call's prompt and the memory
+it leaves, a row made a reading, the builds for inference and training. Beside it, what is not the agent's own
+reading order: its episode as its users read it and the contexts its episodes share (recurrent/impls/memory_episode.py),
+and the sizes of its calls (recurrent/impls/memory_cost.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
-from recurrent.functions import CallRecorder, FunctionEpisode, FunctionWorkflow
+from recurrent.functions import CallRecorder, FunctionWorkflow
 from recurrent.impls import memory_cost
-from recurrent.impls.memory_cost import PAPER_CONTEXT_TOKENS
+from recurrent.impls.memory_episode import ContextCache, MemoryEpisode
 from recurrent.interface import Reply, RowWidths, WorkflowConfig, WorkflowRegistration, question_text
 from recurrent.step_shapes import StepShapes, StepShapesRequest
 from recurrent.templating import chat_token_template, render
-from recurrent.tokens import centre_truncate, encode_long, end_token_ids, num_chunks
+from recurrent.tokens import centre_truncate, end_token_ids, num_chunks
 
 logger = logging.getLogger(__name__)
 
@@ -122,9 +126,6 @@ class MemoryConfig(WorkflowConfig):
     @property
     def max_context_tokens(self) -> int | None:
         return None if self.max_chunks is None else self.max_chunks * self.chunk_size
-
-
-CONTEXT_CACHE_SIZE = 256  # tokenized training contexts kept (the n episodes of a prompt tokenize it once)
 
 
 @dataclass(frozen=True)
@@ -238,45 +239,6 @@ class Reading:
         return Prompt([{"role": "user", "content": content}], prompt_ids)
 
 
-class MemoryEpisode(FunctionEpisode):
-    """One sample's run of the memory agent: :func:`read_and_answer` over its :class:`Reading`."""
-
-    sample: Reading
-
-    @property
-    def reading(self) -> Reading:
-        return self.sample
-
-    @property
-    def num_chunks(self) -> int:
-        return self.sample.num_chunks
-
-    @property
-    def context_ids(self) -> np.ndarray:
-        return self.sample.context_ids
-
-    @property
-    def original_context_tokens(self) -> int:
-        return self.sample.original_context_tokens
-
-    @property
-    def memory_trace(self) -> list[str]:
-        return self.sample.memory_trace
-
-    def trace(self) -> dict[str, Any]:
-        out = super().trace()
-        out.update(
-            question=self.sample.question,
-            context_tokens=self.original_context_tokens,
-            context_tokens_read=len(self.context_ids),
-            num_chunks=self.num_chunks,
-            memories=list(self.memory_trace),
-            answer=self.answer,
-            memory_truncated=[rec.reply.finish_reason == "length" for rec in self.history if not rec.turn.final],
-        )
-        return out
-
-
 class MemoryWorkflow(FunctionWorkflow):
     """The memory agent built for a config and tokenizer: :func:`read_and_answer` on one :class:`Reading` per
     sample. Templates are built once per tokenizer."""
@@ -310,7 +272,7 @@ class MemoryWorkflow(FunctionWorkflow):
         self.no_memory_ids = tokenizer.encode(NO_MEMORY, add_special_tokens=False)
         self.end_ids = end_token_ids(tokenizer)  # the memory is the generated ids without these
         # Training gives the n rollouts of a prompt one `uid`: its context is tokenized for the first of them only.
-        self._contexts: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
+        self.contexts = ContextCache(tokenizer)
 
     def context_text(self, sample: dict[str, Any]) -> str:
         """The context of a row as a string (a missing value reads as an empty document)."""
@@ -328,7 +290,7 @@ class MemoryWorkflow(FunctionWorkflow):
         """The reading of one row: its context tokenized (once for all rows of a ``uid``: training), truncated."""
         context = self.context_text(sample)
         question = question_text(sample, self.config.question_key)
-        context_ids = self._tokenize_context(context, sample.get("uid"))
+        context_ids = self.contexts.ids(context, sample.get("uid"))
         return self.reading(question, context_ids, self.initial_memory(sample))
 
     def episode_from_ids(self, question: str, context_ids: np.ndarray, memory: str | None = None) -> MemoryEpisode:
@@ -350,38 +312,12 @@ class MemoryWorkflow(FunctionWorkflow):
             raise TypeError(f"column {key!r} (the initial memory) must hold a string, got {type(value).__name__}")
         return value or None
 
-    def _tokenize_context(self, context: str, uid: Any) -> np.ndarray:
-        if uid is None:
-            return encode_long(context, self.tokenizer)
-        key = (str(uid), len(context))
-        ids = self._contexts.get(key)
-        if ids is None:
-            ids = self._contexts[key] = encode_long(context, self.tokenizer)
-            while len(self._contexts) > CONTEXT_CACHE_SIZE:
-                self._contexts.popitem(last=False)
-        return ids
-
     def row_widths(self) -> RowWidths:
-        """The longest prompt and largest ``max_tokens`` of any call, when prompts are built in token space.
-
-        A memory call holds the template, the question (<= max_prompt_length), a chunk (<= chunk_size) and
-        the memory (the previous response, <= max_memorization_length tokens); the final call holds the
-        template, the question and the memory."""
+        """The longest prompt and largest ``max_tokens`` of any call, when prompts are built in token space
+        (:func:`recurrent.impls.memory_cost.row_widths`)."""
         if not self.token_prompts:
             raise ValueError("row_widths needs token_prompts=True (the template lengths are in tokens)")
-        cfg: MemoryConfig = self.config
-        memory = max(cfg.max_memorization_length, len(self.no_memory_ids))
-        memory_turn = self.memory_ids_template.length + cfg.max_prompt_length + cfg.chunk_size + memory
-        final_turn = self.final_ids_template.length + cfg.max_prompt_length + memory
-        return RowWidths(
-            prompt=max(memory_turn, final_turn),
-            response=max(cfg.max_memorization_length, cfg.max_final_response_length),
-            made_of=(
-                f"chat template + instruction {self.memory_ids_template.length}, question max_prompt_length="
-                f"{cfg.max_prompt_length}, chunk chunk_size={cfg.chunk_size}, memory max_memorization_length="
-                f"{cfg.max_memorization_length}, answer max_final_response_length={cfg.max_final_response_length}"
-            ),
-        )
+        return memory_cost.row_widths(self.config, memory_cost.template_lengths(self))
 
     def reading(self, question: str, context_ids: np.ndarray, memory: str | None = None) -> Reading:
         """The reading of a question over tokenized context ids, starting from ``memory`` (None: "No previous
@@ -448,13 +384,6 @@ def inference_workflow(
     return MemoryWorkflow(settings, tokenizer, token_prompts=False, keep_prompts=False)
 
 
-def calls_for_document(config: MemoryConfig, context_tokens: int = PAPER_CONTEXT_TOKENS, **_: Any) -> int:
-    """Model calls of one sample: a memory update per chunk of the (centre-truncated) document, then the answer.
-    The default length is the paper's training documents (200 HotpotQA paragraphs, ~28K tokens)."""
-    kept = context_tokens if config.max_context_tokens is None else min(context_tokens, config.max_context_tokens)
-    return num_chunks(kept, config.chunk_size) + 1
-
-
 def training_workflow(config: MemoryConfig, tokenizer: Any) -> MemoryWorkflow:
     """The memory agent as training runs it: prompts in token space, the memory the generated ids themselves."""
     return MemoryWorkflow(config, tokenizer, token_prompts=True)
@@ -473,6 +402,6 @@ REGISTER = WorkflowRegistration(
     inference=inference_workflow,
     columns=lambda config: (config.question_key, config.context_key),
     large_columns=lambda config: (config.context_key,),  # the document: tokenized once, never copied into rows
-    calls_per_sample=calls_for_document,
+    calls_per_sample=memory_cost.calls_for_document,
     step_shapes=step_shapes,
 )

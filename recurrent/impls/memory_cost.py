@@ -1,8 +1,9 @@
-"""The memory agent's calls in a training step, for the step cost model (its registration's ``step_shapes``;
-docs/cluster.md, "What a step costs").
+"""The sizes of the memory agent's calls: its widest call (the rows' widths a trainer checks, ``row_widths``), the
+calls of one sample (its registration's ``calls_per_sample``), and the calls of a training step, for the step cost
+model (its registration's ``step_shapes``; docs/cluster.md, "What a step costs").
 
-A module of the memory agent (recurrent/impls/memory.py), which hands it the agent's workflow: this module imports
-nothing of the agent. Every document's length goes through the agent's own chunking and budgets:
+A module of the memory agent (recurrent/impls/memory.py), which hands it the agent's config and workflow: this module
+imports nothing of the agent. Every document's length goes through the agent's own chunking and budgets:
 a memory update per chunk, then the answer. The documents are the training parquet's rows of the step, read
 through the agent's own tokenization and centre truncation, or else the paper's 28K-token documents, assumed.
 """
@@ -13,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from recurrent.interface import RowWidths
 from recurrent.step_shapes import CallShape, StepShapes, StepShapesRequest
+from recurrent.tokens import num_chunks
 
 # The paper's training documents: 200 HotpotQA paragraphs per question, about 28K Qwen tokens (docs/fidelity.md,
 # "Data"); a sum of 200 paragraphs varies by a few percent, so a step plan takes every document at this length.
@@ -42,6 +45,33 @@ class Generated:
     memory: int
     answer: int
     source: str
+
+
+def row_widths(config: Any, templates: TemplateLengths) -> RowWidths:
+    """The longest prompt and largest ``max_tokens`` of any call, its prompts built in token space.
+
+    A memory call holds the template, the question (<= max_prompt_length), a chunk (<= chunk_size) and
+    the memory (the previous response, <= max_memorization_length tokens); the final call holds the
+    template, the question and the memory."""
+    memory = max(config.max_memorization_length, templates.no_memory)
+    memory_turn = templates.memory + config.max_prompt_length + config.chunk_size + memory
+    final_turn = templates.final + config.max_prompt_length + memory
+    return RowWidths(
+        prompt=max(memory_turn, final_turn),
+        response=max(config.max_memorization_length, config.max_final_response_length),
+        made_of=(
+            f"chat template + instruction {templates.memory}, question max_prompt_length="
+            f"{config.max_prompt_length}, chunk chunk_size={config.chunk_size}, memory max_memorization_length="
+            f"{config.max_memorization_length}, answer max_final_response_length={config.max_final_response_length}"
+        ),
+    )
+
+
+def calls_for_document(config: Any, context_tokens: int = PAPER_CONTEXT_TOKENS, **_: Any) -> int:
+    """Model calls of one sample: a memory update per chunk of the (centre-truncated) document, then the answer.
+    The default length is the paper's training documents (200 HotpotQA paragraphs, ~28K tokens)."""
+    kept = context_tokens if config.max_context_tokens is None else min(context_tokens, config.max_context_tokens)
+    return num_chunks(kept, config.chunk_size) + 1
 
 
 def memory_agent_turns(

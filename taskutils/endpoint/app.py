@@ -18,9 +18,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from taskutils.endpoint.admission import Document
+from taskutils.endpoint.document_run import Outcome
 from taskutils.endpoint.protocol import LONG_TEXT_FIELDS, ApiError, ChatRequest, bad_request, parse_request
-from taskutils.endpoint.service import Document, MemAgentService, Outcome, ServeSettings
-from taskutils.endpoint.spool import Spools, parse_spooled
+from taskutils.endpoint.service import MemAgentService
+from taskutils.endpoint.settings import ServeSettings
+from taskutils.endpoint.spool import Spools
+from taskutils.endpoint.spooled_body import parse_spooled
 
 log = logging.getLogger("taskutils.endpoint")
 
@@ -97,7 +101,7 @@ async def _receive(request: Request, settings: ServeSettings) -> tuple[bytearray
 
 def _spooled_parser(service: MemAgentService) -> Callable[[Spools, threading.Event], ChatRequest]:
     """How a long request's body on disk becomes a request, once admitted (in a worker thread): its long strings,
-    and its short ones past a bound, stay on disk (:func:`taskutils.endpoint.spool.parse_spooled`)."""
+    and its short ones past a bound, stay on disk (:func:`taskutils.endpoint.spooled_body.parse_spooled`)."""
     settings = service.settings
 
     def parse(spools: Spools, stop: threading.Event) -> ChatRequest:

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from memagent import agent as memory
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
 from recurrent.async_manager import run_session
+from recurrent.impls import memory
 from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
 from recurrent.interface import Reply, Turn, load_register
 

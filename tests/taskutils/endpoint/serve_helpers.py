@@ -26,7 +26,8 @@ from threaded_http import serve_in_a_thread
 from recurrent.client import OpenAIChatClient
 from recurrent.local_server import free_port, wait_ready
 from taskutils.endpoint.app import build_app
-from taskutils.endpoint.service import MemAgentService, ServeSettings
+from taskutils.endpoint.service import MemAgentService
+from taskutils.endpoint.settings import ServeSettings
 
 REPO = Path(__file__).resolve().parents[3]
 WAIT = 60.0  # seconds any awaited event may take before a test fails (a bound, never a pause)

@@ -19,8 +19,10 @@ from serve_helpers import QUESTION, WAIT, counters, health, served, wait_event, 
 from recurrent.client import OpenAIChatClient
 from taskutils.endpoint import app as app_module
 from taskutils.endpoint.protocol import LONG_TEXT_FIELDS
-from taskutils.endpoint.service import MemAgentService, ServeSettings
-from taskutils.endpoint.spool import LongText, Stopped, TextSpool, parse_spooled
+from taskutils.endpoint.service import MemAgentService
+from taskutils.endpoint.settings import ServeSettings
+from taskutils.endpoint.spool import LongText, Stopped, TextSpool
+from taskutils.endpoint.spooled_body import parse_spooled
 
 NOTE = "The stone village sits by the river; the mill turns all day."
 

@@ -1,8 +1,9 @@
-"""Long requests held on disk (taskutils/endpoint/spool.py): the incremental parser reads what ``json.loads`` reads
-and refuses what it refuses; a text on disk is cut by the question modes as the string is; a document on disk is
-tokenized window by window into exactly the whole text's ids; through the endpoint (the thresholds forced low) a
-spooled request sends the upstream the same prompts and answers with the same answer, memories and usage as the
-in-memory path; its files are never listed on disk and none is open once the request ends, however it ends."""
+"""Long requests held on disk (taskutils/endpoint/spool.py): the incremental parser (spooled_body.py) reads what
+``json.loads`` reads and refuses what it refuses; a text on disk is cut by the question modes as the string is; a
+document on disk is tokenized window by window into exactly the whole text's ids; through the endpoint (the
+thresholds forced low) a spooled request sends the upstream the same prompts and answers with the same answer,
+memories and usage as the in-memory path; its files are never listed on disk and none is open once the request ends,
+however it ends."""
 
 from __future__ import annotations
 
@@ -23,11 +24,13 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from recurrent.tokens import encode_windows
-from taskutils.endpoint import service as service_module
+from taskutils.endpoint import document_run as document_run_module
 from taskutils.endpoint import spool as spool_module
+from taskutils.endpoint import spooled_body as spooled_body_module
 from taskutils.endpoint.protocol import LONG_TEXT_FIELDS
 from taskutils.endpoint.questions import QuestionError, find_question
-from taskutils.endpoint.spool import LongText, TextSpool, parse_spooled
+from taskutils.endpoint.spool import LongText, TextSpool
+from taskutils.endpoint.spooled_body import parse_spooled
 
 # Every body spooled, every string over 8 characters on disk, the document tokenized 200 characters at a time.
 SPOOLED = {"spool_bytes": 0, "spool_string_chars": 8, "tokenize_window": 200}
@@ -75,7 +78,7 @@ def random_value(rng: random.Random, depth: int = 0):
 
 @pytest.mark.parametrize("block", [1, 3, 64, 4096])
 def test_the_parser_reads_what_json_loads_reads(monkeypatch, block):
-    monkeypatch.setattr(spool_module, "READ_BLOCK", block)  # escapes and characters cut at every byte
+    monkeypatch.setattr(spooled_body_module, "READ_BLOCK", block)  # escapes and characters cut at every byte
     rng = random.Random(block)
     for _ in range(300):
         value = random_value(rng)
@@ -128,7 +131,7 @@ def test_malformed_json_is_refused_naming_the_problem_and_where(data, said):
 @pytest.mark.parametrize("block", [1, 3, 4096, 1 << 18])
 def test_bytes_that_are_not_utf8_are_named_by_their_offset_in_the_body(monkeypatch, block):
     # Issue 36: a string read in pieces named the byte by its offset in the piece (89,337 for 1,400,057).
-    monkeypatch.setattr(spool_module, "READ_BLOCK", block)
+    monkeypatch.setattr(spooled_body_module, "READ_BLOCK", block)
     head = b'{"messages": [{"role": "user", "content": "'
     for filler, bad in [(b"a" * 1_400_000, b"\xff"), (b"\xc3\xa9" * 700_000, b"\xc3("), (b"ab", b"\xe9x")]:
         if block < 4096 and len(filler) > 100:
@@ -301,7 +304,7 @@ def test_a_tokenizer_without_agreeing_seams_reads_a_document_whole_up_to_a_bound
     assert f"tokenizer seams do not agree; the {context}-character document is tokenized whole" in caplog.text
     assert spooled_turns == memory_turns and spooled_reply == memory_reply
     # Over the bound, the document is refused rather than tokenized whole in memory (~190 bytes a character).
-    monkeypatch.setattr(service_module, "WHOLE_TOKENIZE_CHARS", context - 1)
+    monkeypatch.setattr(document_run_module, "WHOLE_TOKENIZE_CHARS", context - 1)
     scripted.bodies.clear()
     with served(scripted.url, scripted.model, tokenizer, chunk_size=24, **SPOOLED) as (base, _):
         response = post(base, {**request, "model": "memagent"})

@@ -372,13 +372,13 @@ def test_a_failed_write_leaves_no_output_at_all(tmp_path, capsys):
 @pytest.mark.parametrize("kind", ["train", "eval"])
 def test_a_full_disk_is_one_line_and_leaves_no_output(tmp_path, capsys, monkeypatch, kind):
     # A disk cannot be filled in a test: the writer fails as a full disk makes it fail, after part of its file.
-    from taskutils.memory_data import custom
+    from taskutils.memory_data import custom_outputs
 
     def full_disk(rows, dest, *rest):
         Path(dest).write_bytes(b"part of a file")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a write to an open file: no file named
 
-    monkeypatch.setattr(custom, "write_parquet" if kind == "train" else "write_eval_set", full_disk)
+    monkeypatch.setattr(custom_outputs, "write_parquet" if kind == "train" else "write_eval_set", full_disk)
     src = write_jsonl(tmp_path / "qa.jsonl", RECORDS)
     outputs = {"train": tmp_path / "out" / "t.parquet", "eval": tmp_path / "out" / "eval_1.jsonl"}
     code, out, err = run(
@@ -621,10 +621,10 @@ def test_answers_that_are_the_text_of_a_list_of_numbers(tmp_path, capsys):
 
 
 def test_the_readme_example_runs_as_written(tmp_path, capsys, monkeypatch):
-    text = (REPO / "memagent" / "memory_data" / "README.md").read_text()
+    text = (REPO / "taskutils" / "memory_data" / "README.md").read_text()
     section = text.split("## Your own data")[1].split("\n## ")[0]
     jsonl = re.search(r"```json\n(.*?)```", section, re.S).group(1)
-    command = re.search(r"(python -m memagent\.memory_data custom .*?)\n(?!\s)", section, re.S).group(1)
+    command = re.search(r"(python -m taskutils\.memory_data custom .*?)\n(?!\s)", section, re.S).group(1)
     monkeypatch.chdir(tmp_path)
     Path("my_qa.jsonl").write_text(jsonl)
     argv = command.replace("\\\n", " ").split()[3:]
