@@ -30,8 +30,8 @@ finite numbers >= 0: the client options of every command, ``recurrent/flags.py``
 when stopped by SIGTERM (128 + 15, the shells' convention).
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: the dataclasses below must build when this file is loaded as a module by
+# path (importlib, as the tests do), which string annotations would need sys.modules for.
 import argparse
 import asyncio
 import contextlib
@@ -234,7 +234,7 @@ class Budgets:
     seed: int | None
 
     @classmethod
-    def of(cls, args: argparse.Namespace, embedded: bool) -> Budgets:
+    def of(cls, args: argparse.Namespace, embedded: bool) -> "Budgets":
         def given(value: Any, cpu: Any, other: Any) -> Any:
             return value if value is not None else (cpu if embedded else other)
 

@@ -621,10 +621,10 @@ def test_answers_that_are_the_text_of_a_list_of_numbers(tmp_path, capsys):
 
 
 def test_the_readme_example_runs_as_written(tmp_path, capsys, monkeypatch):
-    text = (REPO / "memagent" / "memory_data" / "README.md").read_text()
+    text = (REPO / "taskutils" / "memory_data" / "README.md").read_text()
     section = text.split("## Your own data")[1].split("\n## ")[0]
     jsonl = re.search(r"```json\n(.*?)```", section, re.S).group(1)
-    command = re.search(r"(python -m memagent\.memory_data custom .*?)\n(?!\s)", section, re.S).group(1)
+    command = re.search(r"(python -m taskutils\.memory_data custom .*?)\n(?!\s)", section, re.S).group(1)
     monkeypatch.chdir(tmp_path)
     Path("my_qa.jsonl").write_text(jsonl)
     argv = command.replace("\\\n", " ").split()[3:]
