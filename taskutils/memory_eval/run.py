@@ -9,18 +9,16 @@ The run in order: the options (:mod:`.arguments`), the plan of results files and
 
 from __future__ import annotations
 
-if __name__ == "__main__" and not __package__:  # `python run.py` in this folder: run as the package's module
-    import runpy
+if __name__ == "__main__" and not __package__:  # `python run.py` in this folder: the module, as `-m` runs it
     import sys
     from pathlib import Path
 
-    # This folder's files (config.py, results.py, ...) would shadow modules of the same name: the repository root
-    # takes its place on sys.path, and the file runs as `python -m taskutils.memory_eval.run` runs it.
-    _here = Path(__file__).resolve().parent
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
-    sys.path.insert(0, str(_here.parents[1]))
-    runpy.run_module("taskutils.memory_eval.run", run_name="__main__", alter_sys=True)
-    sys.exit()
+    # The repository root, to import taskutils; run_as_module takes this folder, whose files would shadow
+    # modules of the same name, off sys.path.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from taskutils.file_run import run_as_module
+
+    run_as_module(__file__, "taskutils.memory_eval.run")
 
 import argparse
 import logging
