@@ -170,7 +170,7 @@ def problems_of(args: argparse.Namespace, lengths: list[int]) -> list[str]:
 
 
 def device_facts(args: argparse.Namespace) -> tuple[str, float | None, bool]:
-    """The device's name, its dense peak in FLOP/s (the flag, else the spec of a GPU named like it, else None),
+    """The device's name, its dense peak in FLOP/s (the flag, else GPU_SPECS's for a GPU named like it, else None),
     and whether the packed case runs (flash_attn installed, on a GPU)."""
     import torch
 
