@@ -1,15 +1,15 @@
-"""The async manager: one coroutine per sample, each running its episode (an agent function's run) through a
-:class:`ChatClient`.
+"""The async driver: one coroutine per sample, each running its episode (an agent function's run) through a
+:class:`ChatClient`; the sync driver is :mod:`recurrent.generation_manager`.
 
-Samples finish independently (no batch barrier): a sample with a short document is done while
-another is still reading. The client bounds in-flight requests; the manager may also bound how many samples
-run at once. A failing sample records its error and the others carry on (unless ``fail_fast``): errors are
-counted, never turned into empty answers (a failed sample scores 0, it is not dropped).
+Samples finish independently (no batch barrier): a sample with a short document is done while another is still
+reading. The client bounds in-flight requests; the manager may also bound how many samples run at once. A failing
+sample records its error and the others carry on (unless ``fail_fast``): errors are counted, never turned into empty
+answers (a failed sample scores 0, it is not dropped).
 
-The result uses the row convention of the sync manager: one row per :class:`TurnRecord`, ``sample_index``
-says which sample a row belongs to, ``final_mask`` marks the answer turns. Rows are sample-major here (each
-sample's turns in order, samples in input order, as the original async manager concatenated them; the sync
-manager's rows are turn-major): consumers must go by ``sample_index``, never by position.
+:class:`AsyncRollout` lists the turns of the successful samples as rows, sample-major (each sample's turns in order,
+samples in input order, as the original async manager concatenated them): ``sample_index`` says which sample a row
+belongs to and ``final_mask`` marks each sample's last turn (its answer). Training does not read these rows: verl's
+agent loop builds its own, one per call (verl_ext/rollout.py).
 """
 
 from __future__ import annotations

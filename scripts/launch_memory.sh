@@ -11,7 +11,8 @@
 #                   downloaded at run time; on a cluster, a folder every node can read)
 #   NNODES, NGPUS_PER_NODE   cluster shape (defaults: the paper's)
 #   RAY_ADDRESS     join an existing Ray cluster ("auto" on its head node); unset: start Ray on this node
-#   MODE            async (default) | sync        the memory agent's rollout mode (recurrent.mode)
+#   MODE            sync (default: the released runs' mode, lockstep rounds: recurrent/generation_manager.py) |
+#                   async (one coroutine per trajectory; same rows: docs/fidelity.md, "Sync and async mode")
 #   RESUME          auto (default: the latest checkpoint of the run folder) | disable | a global_step_N folder
 #   LOGGER          console,wandb (default; the paper's) | console | console,file | console,tensorboard
 #   WANDB_OFFLINE   1: wandb logs locally (upload later with `wandb sync`)
@@ -57,7 +58,11 @@ MODEL_PATH=${MODEL_PATH:-$DEFAULT_MODEL}
 if [ -d "$MODEL_PATH" ]; then MODEL_PATH=$(cd "$MODEL_PATH" && pwd); fi  # a folder; else a hub id
 NNODES=${NNODES:-$DEFAULT_NNODES}
 NGPUS_PER_NODE=${NGPUS_PER_NODE:-8}
-MODE=${MODE:-async}
+MODE=${MODE:-sync}
+case "$MODE" in
+  sync|async) ;;
+  *) echo "[memagent] MODE=$MODE: one of sync (the released runs' lockstep rounds) or async" >&2; exit 2 ;;
+esac
 RESUME=${RESUME:-auto}
 LOGGER=${LOGGER:-console,wandb}
 if [ -z "${PYTHON:-}" ]; then
@@ -93,6 +98,11 @@ fi
 ARGS+=("$@")
 
 echo "[memagent] ${RAY_ADDRESS:+Ray cluster $RAY_ADDRESS, }$NNODES node(s) x $NGPUS_PER_NODE GPU(s), run folder $RUN_DIR"
+if [ "$MODE" = sync ]; then
+  echo "[memagent] rollout mode: sync (lockstep rounds, answers last: the released runs' schedule; MODE=async for one coroutine per trajectory)"
+else
+  echo "[memagent] rollout mode: async (one coroutine per trajectory; MODE=sync replays the released runs' lockstep rounds)"
+fi
 if [ -n "${RAY_ADDRESS:-}" ] && [ -z "${PROJ_ROOT_SET:-}" ]; then
   echo "[memagent] note: PROJ_ROOT is not set; checkpoints go under the repository ($RUN_DIR), which every node" \
     "must reach at the same path (shared storage; docs/cluster.md)"

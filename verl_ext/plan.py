@@ -28,7 +28,7 @@ from verl_ext.cost import step_cost
 from verl_ext.minibatch import actor_settings, minibatch_mode, updates_per_step
 from verl_ext.settings import recurrent_settings
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 PHASES = ("generation", "old_log_prob", "ref", "update_actor", "update_weights")
 
 

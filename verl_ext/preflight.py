@@ -127,6 +127,9 @@ def preflight(config: DictConfig, load_tokenizer: bool = True) -> None:
         problems.append(str(err))
 
     problems += sampling_problems(config)
+    reward = reward_problem(config)
+    if reward is not None:
+        problems.append(reward)
     single = single_trajectory_problem(config)
     if single is not None and settings.single_trajectory == "refuse":
         problems.append(f"{single} (recurrent.single_trajectory=refuse)")
@@ -200,6 +203,20 @@ def sampling_problems(config: DictConfig) -> list[str]:
         except SamplingError as err:
             problems.append(str(err))
     return problems
+
+
+def reward_problem(config: DictConfig) -> str | None:
+    """An agent's run names its reward function: the generic config leaves it unset (configs/recurrent_trainer.yaml),
+    and verl's fallback scores only verl's example datasets, failing minutes into the run on any other data."""
+    reward = config.get("reward") or {}
+    function = reward.get("custom_reward_function") or {}
+    if function.get("path") is not None or (reward.get("reward_model") or {}).get("enable", False):
+        return None
+    return (
+        "reward.custom_reward_function.path is not set: name the agent's reward function in its config "
+        "(docs/write_your_own_agent.md, '3. Its config'); verl's own scorer by data_source, for verl's example "
+        "datasets, is path=pkg://verl.utils.reward_score with name=default_compute_score"
+    )
 
 
 def single_trajectory_problem(config: DictConfig) -> str | None:

@@ -202,9 +202,24 @@ class RecurrentPPOTrainer(PPOTrainerSync):
         finally:
             worker_group.update_actor = send
 
-    # ---- credit assignment (recurrent.credit; docs/fidelity.md "Credit on every turn") ----
+    # ---- credit assignment: the final reward becomes every turn's advantage ----
 
     def _compute_advantage(self, batch, metrics):
+        """Where a trajectory's one final reward becomes the advantage of every one of its turns (the paper's
+        multi-conversation GRPO; docs/fidelity.md, "Credit on every turn"). The rule is verl's, in two steps that
+        ``super()`` runs over the step's rows (keys ``{uid}_{session}_{index}``: prompt, trajectory, call):
+
+        1. the reward: verl's reward loop scores each trajectory's last row (the final answer, with the run's
+           reward function: for the memory agent the strict verifier, configs/memory_agent.yaml) and its agent-loop
+           worker copies that score to every row of the trajectory (``token_level_scores``);
+        2. the advantage: ``compute_advantage_for_multi_trajectories`` (verl/trainer/ppo/v1/utils.py) takes one
+           score per ``{uid}_{session}``, GRPO over each prompt's ``rollout.n`` trajectories (no std division,
+           ``algorithm.norm_adv_by_std_in_grpo=false``), and puts the trajectory's advantage on every response
+           token of every row of it.
+
+        Checked by hand on rows shaped like ours: tests/verl_ext/test_vx_advantage.py. Then, only for the ablations
+        (``recurrent.credit`` other than ``all``), the rows before each answer lose their advantage and loss terms
+        (:func:`earlier_credit_fields`; tests/verl_ext/test_vx_credit.py)."""
         batch = super()._compute_advantage(batch, metrics)
         mode = self.settings.credit
         if mode != "all":

@@ -27,7 +27,7 @@ PAPER = [
     (f"{AR}.model.path", "Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-14B-Instruct", "script: model"),
     ("trainer.nnodes", 4, 16, "script: nodes x GPUs"),
     ("trainer.n_gpus_per_node", 8, 8, "script: nodes x GPUs"),
-    ("recurrent.mode", "async", "async", "ours: same rows as the fork's sync mode (verl_ext/sync_rollout.py)"),
+    ("recurrent.mode", "sync", "sync", "script: the released runs' sync generation manager (verl_ext/sync_rollout.py)"),
     ("recurrent.config.chunk_size", 5000, 5000, "memory config / script: chunk_size"),
     ("recurrent.config.max_prompt_length", 1024, 1024, "memory config: the question budget"),
     ("recurrent.config.max_memorization_length", 1024, 1024, "memory config"),
@@ -112,8 +112,8 @@ PAPER = [
     ("trainer.use_v1", True, True, "V1 trainer (multi-output agent loops)"),
     ("trainer.v1.trainer_mode", "sync", "sync", "verl compares trainer_mode with the literal \"sync\""),
     (f"{AR}.rollout.agent.default_agent_loop", "recurrent_agent", "recurrent_agent", "our agent loop"),
-    (f"{AR}.rollout.agent.agent_loop_manager_class", "verl_ext.agent_loop_manager.RecurrentAgentLoopManager",
-     "verl_ext.agent_loop_manager.RecurrentAgentLoopManager", "sync/async switch, memory statistics"),
+    (f"{AR}.rollout.agent.agent_loop_manager_class", "verl_ext.agent_loop_manager.LockstepAgentLoopManager",
+     "verl_ext.agent_loop_manager.LockstepAgentLoopManager", "recurrent.mode=sync: the lockstep rounds"),
 ]
 # fmt: on
 

@@ -69,9 +69,12 @@ def names_in(path: Path) -> set[str]:
 
 def test_no_module_of_verl_ext_is_named_for_the_memory_agent_or_reads_its_settings():
     offenders = {}
-    for path in sorted((REPO / "recurrent" / "training").rglob("*.py")):
+    paths = sorted((REPO / "verl_ext").rglob("*.py"))
+    assert len(paths) > 20  # the glue itself, not an empty folder
+    for path in paths:
         names = names_in(path)
-        hits = sorted(names & MEMORY_NAMES | {n for n in names if n.startswith(("memagent", "experiments"))})
+        mine = ("memagent", "experiments", "taskutils", "recurrent.impls")
+        hits = sorted(names & MEMORY_NAMES | {n for n in names if n.startswith(mine)})
         hits += sorted(n for n in names if "memagent" in n.lower() or n.lower().startswith("memory_agent"))
         if "memory" in path.stem:
             hits.append(f"module name {path.stem}")
@@ -110,8 +113,13 @@ def test_the_base_trainer_config_names_no_agent():
     assert base["recurrent"]["agent"] is None and base["recurrent"]["config"] == {}
     assert config_keys(base) & MEMORY_NAMES == set()
     text = (REPO / "configs" / "recurrent_trainer.yaml").read_text()
-    assert "recurrent.config." not in "\n".join(line.split("#")[0] for line in text.splitlines())
+    values = "\n".join(line.split("#")[0] for line in text.splitlines())
+    assert "recurrent.config." not in values
+    # No MemAgent module either: the reward is the agent's config's (configs/memory_agent.yaml).
+    assert "taskutils" not in values and "recurrent.impls" not in values and "experiments" not in values
+    assert base["reward"]["custom_reward_function"]["path"] is None
     # The memory agent's settings are its own config file's, composed on the base.
     memory = OmegaConf.load(REPO / "configs" / "memory_agent.yaml")
     assert memory.defaults[0] == "recurrent_trainer" and memory.recurrent.agent == "memory"
     assert {"chunk_size", "context_key", "max_memorization_length"} <= set(memory.recurrent.config)
+    assert memory.reward.custom_reward_function.path == "pkg://taskutils.verifiers.strict"

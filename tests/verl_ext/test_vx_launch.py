@@ -28,7 +28,6 @@ def test_dry_run_prints_command_and_config(tmp_path, script, size, batch, tp):
         "PYTHON": sys.executable,
         "PROJ_ROOT": str(tmp_path / "runs"),
         "DATASET_ROOT": str(tmp_path / "data"),
-        "MODE": "sync",
         "DUMP_ROLLOUTS": "1",
         "WANDB_OFFLINE": "1",
     }
@@ -67,7 +66,36 @@ def test_dry_run_prints_command_and_config(tmp_path, script, size, batch, tp):
         "TQ_NUM_THREADS: '1'",
     ):
         assert line in out, line
+    # The released runs' mode by default (no MODE given): said, and in the composed config.
+    assert "[memagent] rollout mode: sync (lockstep rounds" in out
     assert not (tmp_path / "runs").exists()  # nothing ran
+
+
+def dry_run(tmp_path: Path, script: str, **env: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "PROJ_ROOT": str(tmp_path / "runs"), **env}
+    return subprocess.run(
+        ["bash", str(REPO / script)], capture_output=True, text=True, env=environment, cwd=tmp_path, timeout=300
+    )
+
+
+def test_mode_async_is_a_switch_and_an_unknown_mode_is_refused(tmp_path):
+    result = dry_run(tmp_path, "run_memory_7B.sh", MODE="async")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "recurrent.mode=async" in result.stdout and "[memagent] rollout mode: async" in result.stdout
+    assert "\n  mode: async\n" in result.stdout  # the composed config's recurrent.mode
+    refused = dry_run(tmp_path, "run_memory_14B.sh", MODE="lockstep")
+    assert refused.returncode == 2 and "MODE=lockstep: one of sync" in refused.stderr
+    assert "[memagent] command:" not in refused.stdout  # refused before anything
+
+
+def test_the_paper_configs_set_sync_mode_themselves():
+    # `python -m verl_ext.main --config-name memagent_7b` without the launcher is the released runs' mode too.
+    from vx_helpers import compose_config
+
+    for name in ("memagent_7b", "memagent_14b"):
+        config = compose_config(name, [])
+        assert config.recurrent.mode == "sync", name
+        assert config.actor_rollout_ref.rollout.agent.agent_loop_manager_class.endswith("LockstepAgentLoopManager")
 
 
 @pytest.mark.parametrize("proj_root", [None, "shared"])

@@ -166,3 +166,16 @@ def test_a_refused_rollout_n_exits_2_before_ray_starts(tmp_path, tiny_model_dir)
     assert "[memagent] the run cannot start:" in result.stderr
     assert "actor_rollout_ref.rollout.n must be an integer >= 1, got 0" in result.stderr
     assert "ray" not in result.stderr.lower()  # stopped before Ray was started
+
+
+def test_a_run_without_a_reward_function_is_refused_naming_the_key(tmp_path):
+    # The generic config leaves the reward to the agent's config; without one, verl's fallback would fail on the
+    # first scored trajectory, minutes in. A reward model in its place is a reward too.
+    data = write(tmp_path / "train.parquet", [ROW])
+    config = config_for(data, data, "tiny", "reward.custom_reward_function.path=null")
+    with pytest.raises(PreflightError, match=r"reward.custom_reward_function.path is not set: name the agent's"):
+        preflight(config)
+    config = config_for(
+        data, data, "tiny", "reward.custom_reward_function.path=null", "reward.reward_model.enable=true"
+    )
+    preflight(config)
