@@ -82,6 +82,7 @@ def option_string(field_: Field) -> str:
 
 
 def field_default(field_: Field) -> Any:
+    """A field's default as its flag's: its value, or its factory's (called now), or None for a required field."""
     if field_.default is not MISSING:
         return field_.default
     if field_.default_factory is not MISSING:
