@@ -25,12 +25,13 @@ every model call and the answer are printed, and the answer is read from its ``\
 
 Exit status: 0 when the agent ran to its answer (shown, or the reply when none could be extracted); 1 when it could
 not (a request that failed after its retries, a server that did not start); 2 on a bad option or setting (a model not
-available offline; ``--timeout`` must be a finite number of seconds > 0); 130 when interrupted (Ctrl-C), 143 when
-stopped by SIGTERM (128 + 15, the shells' convention).
+available offline; ``--timeout`` must be a finite number of seconds > 0, ``--timeout-per-token`` and ``--backoff``
+finite numbers >= 0: the client options of every command, ``recurrent/flags.py``); 130 when interrupted (Ctrl-C), 143
+when stopped by SIGTERM (128 + 15, the shells' convention).
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: the dataclasses below must build when this file is loaded as a module by
+# path (importlib, as the tests do), which string annotations would need sys.modules for.
 import argparse
 import asyncio
 import contextlib
@@ -41,14 +42,12 @@ import re
 import signal
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from recurrent.options import (  # python quickstart.py puts this folder on sys.path
-    non_negative_int,
-    positive_int,
-    positive_seconds,
-)  # python quickstart.py puts this folder on sys.path
+from recurrent.flags import ClientOptions, SamplingOptions, add_flags, flag, from_args  # this folder is on sys.path
+from recurrent.options import non_negative_int, positive_int
 from recurrent.sampling import argument as sampling_argument
 
 HERE = Path(__file__).resolve().parent
@@ -64,70 +63,75 @@ SHOWN_CHARS = 200  # of a reply's first sentence, shown when no answer can be ex
 DEFAULT_SERVER_LOG = HERE / ".cache" / "logs" / "quickstart-transformers-serve.log"
 
 
+@dataclass(frozen=True)
+class QuickstartOptions:
+    """What the quickstart reads and asks, with which agent and budgets (the sampling and the client's options are
+    every command's, recurrent/flags.py)."""
+
+    model: str | None = flag(
+        None,
+        f"with URL: the model name the endpoint serves; without URL: a model available offline, served locally "
+        f"(default: {DEFAULT_MODEL})",
+    )
+    agent: str = flag(
+        "memory",
+        "the agent: a registered name or the path of an agent file (default: memory, the memory agent; the options "
+        "--chunk, --max-new, --final-prompt and --max-context are the memory agent's)",
+    )
+    chunk: int | None = flag(
+        None,
+        f"context tokens per chunk (default: {CPU_CHUNK} for the embedded CPU models, else {PAPER_CHUNK})",
+        type=positive_int,
+    )
+    max_new: int | None = flag(
+        None,
+        f"max new tokens of every memory update and of the answer (default: {CPU_MAX_NEW} for the embedded CPU "
+        f"models, else {PAPER_MAX_NEW})",
+        type=positive_int,
+    )
+    context_file: Path = flag(DEFAULT_DOCUMENT, "the document (a text file)", type=Path)
+    question: str = flag(DEFAULT_QUESTION, "the question (default: %(default)r)")
+    trace: Path | None = flag(None, "append the run's trace (memory after each chunk, tokens) as JSONL", type=Path)
+    tokenizer: str | None = flag(
+        None,
+        "tokenizer folder or cached hub id for chunking (default: the model's; for a hosted model that is not "
+        "available offline, the SmolLM2 tokenizer, with a note)",
+    )
+    final_prompt: str | None = flag(
+        None,
+        "answer format: the paper's evaluation prompt ('Therefore, the answer is ...', the default for the embedded "
+        "CPU models, which were never trained to box) or the training prompt's \\boxed{} (the default for other "
+        "models, as in the original quickstart)",
+        choices=("boxed", "answer_is"),
+    )
+    max_context: int | None = flag(
+        None,
+        f"keep the first and last halves of this many document tokens (default {MAX_CONTEXT}; 0: no cap)",
+        type=non_negative_int,
+    )
+    seed: int | None = flag(
+        None,
+        "sampling seed per request (default: 0 for the embedded CPU models, so the demo repeats; none otherwise)",
+        type=sampling_argument("seed"),
+    )
+    server_log: Path = flag(
+        DEFAULT_SERVER_LOG,
+        f"without URL: the local server's log (default: {DEFAULT_SERVER_LOG.relative_to(HERE)} in the repository)",
+        type=Path,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python quickstart.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--model",
-        help=f"with URL: the model name the endpoint serves; without URL: a model available offline, served "
-        f"locally (default: {DEFAULT_MODEL})",
-    )
-    parser.add_argument(
-        "--agent",
-        default="memory",
-        help="the agent: a registered name or the path of an agent file (default: memory, the memory agent; the "
-        "options --chunk, --max-new, --final-prompt and --max-context are the memory agent's)",
-    )
-    parser.add_argument(
-        "--chunk",
-        type=positive_int,
-        help=f"context tokens per chunk (default: {CPU_CHUNK} for the embedded CPU models, else {PAPER_CHUNK})",
-    )
-    parser.add_argument(
-        "--max-new",
-        type=positive_int,
-        help=f"max new tokens of every memory update and of the answer (default: {CPU_MAX_NEW} for the embedded "
-        f"CPU models, else {PAPER_MAX_NEW})",
-    )
-    parser.add_argument("--context-file", type=Path, default=DEFAULT_DOCUMENT, help="the document (a text file)")
-    parser.add_argument("--question", default=DEFAULT_QUESTION, help=f"the question (default: {DEFAULT_QUESTION!r})")
-    parser.add_argument("--trace", type=Path, help="append the run's trace (memory after each chunk, tokens) as JSONL")
-    parser.add_argument(
-        "--tokenizer",
-        help="tokenizer folder or cached hub id for chunking (default: the model's; for a hosted model that "
-        "is not available offline, the SmolLM2 tokenizer, with a note)",
-    )
-    parser.add_argument(
-        "--final-prompt",
-        choices=("boxed", "answer_is"),
-        help="answer format: the paper's evaluation prompt ('Therefore, the answer is ...', the default for the "
-        "embedded CPU models, which were never trained to box) or the training prompt's \\boxed{} (the default "
-        "for other models, as in the original quickstart)",
-    )
-    parser.add_argument(
-        "--max-context",
-        type=non_negative_int,
-        help=f"keep the first and last halves of this many document tokens (default {MAX_CONTEXT}; 0: no cap)",
-    )
-    parser.add_argument(
-        "--temperature", type=sampling_argument("temperature"), default=0.7, help="sampling temperature (default 0.7)"
-    )
-    parser.add_argument(
-        "--top-p", type=sampling_argument("top_p"), default=0.95, help="nucleus sampling (default 0.95)"
-    )
-    parser.add_argument(
-        "--seed",
-        type=sampling_argument("seed"),
-        help="sampling seed per request (default: 0 for the embedded CPU models, so the demo repeats; none otherwise)",
-    )
-    parser.add_argument("--timeout", type=positive_seconds, default=600.0, help="seconds per request (default 600)")
-    parser.add_argument(
-        "--server-log",
-        type=Path,
-        default=DEFAULT_SERVER_LOG,
-        help=f"without URL: the local server's log (default: {DEFAULT_SERVER_LOG.relative_to(HERE)} in the repository)",
-    )
+    add_flags(parser, QuickstartOptions, skip=["seed", "server_log"])
+    sampling = parser.add_argument_group("sampling")
+    add_flags(sampling, SamplingOptions)
+    add_flags(sampling, QuickstartOptions, only=["seed"])
+    requests = parser.add_argument_group("requests and the local server")
+    add_flags(requests, ClientOptions)
+    add_flags(requests, QuickstartOptions, only=["server_log"])
     return parser
 
 
@@ -218,12 +222,106 @@ def _any_case(text: str) -> str:
     return re.sub(r"the answer is", "the answer is", text, flags=re.IGNORECASE)
 
 
+@dataclass(frozen=True)
+class Budgets:
+    """The memory agent's budgets and answer format of this run, its seed: the flags, else the defaults of the
+    embedded CPU models or of any other model."""
+
+    chunk: int
+    max_new: int
+    final_prompt: str
+    max_context: int
+    seed: int | None
+
+    @classmethod
+    def of(cls, args: argparse.Namespace, embedded: bool) -> "Budgets":
+        def given(value: Any, cpu: Any, other: Any) -> Any:
+            return value if value is not None else (cpu if embedded else other)
+
+        return cls(
+            chunk=given(args.chunk, CPU_CHUNK, PAPER_CHUNK),
+            max_new=given(args.max_new, CPU_MAX_NEW, PAPER_MAX_NEW),
+            final_prompt=given(args.final_prompt, "answer_is", "boxed"),
+            max_context=MAX_CONTEXT if args.max_context is None else args.max_context,
+            seed=given(args.seed, 0, None),
+        )
+
+
+def open_endpoint(
+    stack: contextlib.ExitStack, args: argparse.Namespace, url: str | None, model: str, model_dir: str | None
+) -> tuple:
+    """``(tokenizer, base_url, served model name)``: the URL's endpoint, or a local ``transformers serve`` for an
+    offline model's folder, stopped when ``stack`` closes."""
+    from recurrent.local_server import transformers_serve
+    from recurrent.models import load_tokenizer
+
+    if url:
+        tokenizer = endpoint_tokenizer(args, model)
+        print(f"endpoint: {url} (model {model})")
+        return tokenizer, url, model
+    tokenizer = load_tokenizer(args.tokenizer or model_dir)
+    print(f"starting transformers serve for {model} ({model_dir}) ...", flush=True)
+    start = time.perf_counter()
+    server = stack.enter_context(transformers_serve(model_dir, log_path=args.server_log))
+    print(
+        f"server ready at {server.base_url} in {time.perf_counter() - start:.1f} s (pid {server.process.pid}, "
+        f"log {args.server_log})",
+        flush=True,
+    )
+    return tokenizer, server.base_url, server.model
+
+
+def make_session(
+    args: argparse.Namespace, register: Any, memory: bool, tokenizer: Any, budgets: Budgets, document: str
+) -> tuple:
+    """``(session, on_turn, final_prompt)``: the episode of the document and question, what is printed after each
+    model call, and the answer format it is read with."""
+    question = args.question.strip()
+    if memory:
+        options = {"chunk_size": budgets.chunk, "max_new": budgets.max_new, "final_max_new": budgets.max_new}
+        options |= {"max_context": budgets.max_context or None, "final_prompt": budgets.final_prompt}
+        session = register.for_inference(tokenizer, **options).episode({"input": question, "context": document})
+        print(
+            f"document: {args.context_file.name}, {session.original_context_tokens} tokens -> "
+            f"{session.num_chunks} chunk(s) of up to {budgets.chunk}; memory and answer capped at {budgets.max_new} "
+            "new tokens"
+        )
+        on_turn, final_prompt = functools.partial(show_turn, session.num_chunks), budgets.final_prompt
+    else:
+        sample = {"input": question, "prompt": question, "context": document}
+        session = register.for_inference(tokenizer).episode(sample)
+        print(f"agent: {register.name} ({args.agent}); document: {args.context_file.name}")
+        on_turn, final_prompt = show_call, "boxed"  # how the harness scores another agent's answer
+    print(f"question: {question}")
+    return session, on_turn, final_prompt
+
+
+def print_result(args: argparse.Namespace, session: Any, stats: Any, final_prompt: str, seconds: tuple) -> None:
+    """The answer (and how it was found), the time, the tokens; the trace when asked. ``seconds``: the agent's and
+    the whole run's."""
+    from recurrent.trace import TraceWriter
+
+    answer, how = shown_answer(session.answer or "", final_prompt)
+    print(f"\nAnswer: {answer}")
+    if how:
+        print(f"        ({how})")
+    agent_seconds, all_seconds = seconds
+    calls = len(session.history)
+    print(f"Time: {agent_seconds:.1f} s for {calls} model calls ({all_seconds:.1f} s in all, server start included)")
+    print(
+        f"Tokens: {stats.prompt_tokens:,d} prompt + {stats.completion_tokens:,d} completion = "
+        f"{stats.prompt_tokens + stats.completion_tokens:,d}"
+    )
+    if args.trace:
+        with TraceWriter(args.trace) as writer:
+            writer.write_sample("quickstart", session, None, agent_seconds)
+        print(f"Trace: {args.trace}")
+
+
 def run(args: argparse.Namespace) -> int:
     from recurrent.async_manager import run_session
     from recurrent.client import OpenAIChatClient
-    from recurrent.local_server import transformers_serve
-    from recurrent.models import KNOWN_MODELS, ModelNotAvailableError, load_tokenizer, resolve_model_path
-    from recurrent.trace import TraceWriter
+    from recurrent.models import KNOWN_MODELS, ModelNotAvailableError, resolve_model_path
 
     url = os.environ.get("URL")
     if url and not args.model:
@@ -235,56 +333,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     model = args.model or DEFAULT_MODEL
-    embedded = model in KNOWN_MODELS
-    chunk = args.chunk if args.chunk is not None else (CPU_CHUNK if embedded else PAPER_CHUNK)
-    max_new = args.max_new if args.max_new is not None else (CPU_MAX_NEW if embedded else PAPER_MAX_NEW)
-    final_prompt = args.final_prompt or ("answer_is" if embedded else "boxed")
-    seed = args.seed if args.seed is not None else (0 if embedded else None)
+    budgets = Budgets.of(args, embedded=model in KNOWN_MODELS)
     document = args.context_file.read_text()
-    question = args.question.strip()
-
     with contextlib.ExitStack() as stack:
         start = time.perf_counter()
-        if url:
-            tokenizer = endpoint_tokenizer(args, model)
-            base_url, served = url, model
-            print(f"endpoint: {url} (model {model})")
-        else:
-            try:
-                model_dir = resolve_model_path(model)
-            except ModelNotAvailableError as err:
-                print(f"error: {err}\nOr serve it yourself (vllm serve {model}) and set URL.", file=sys.stderr)
-                return 2
-            tokenizer = load_tokenizer(args.tokenizer or model_dir)
-            print(f"starting transformers serve for {model} ({model_dir}) ...", flush=True)
-            server = stack.enter_context(transformers_serve(model_dir, log_path=args.server_log))
-            base_url, served = server.base_url, server.model
-            print(
-                f"server ready at {base_url} in {time.perf_counter() - start:.1f} s (pid {server.process.pid}, "
-                f"log {args.server_log})",
-                flush=True,
-            )
-        if memory:
-            max_context = MAX_CONTEXT if args.max_context is None else args.max_context
-            options = {"chunk_size": chunk, "max_new": max_new, "final_max_new": max_new}
-            options |= {"max_context": max_context or None, "final_prompt": final_prompt}
-            session = register.for_inference(tokenizer, **options).episode({"input": question, "context": document})
-            on_turn = functools.partial(show_turn, session.num_chunks)
-            print(
-                f"document: {args.context_file.name}, {session.original_context_tokens} tokens -> "
-                f"{session.num_chunks} chunk(s) of up to {chunk}; memory and answer capped at {max_new} new tokens"
-            )
-        else:
-            final_prompt = "boxed"  # how the harness scores another agent's answer (taskutils/memory_eval)
-            sample = {"input": question, "prompt": question, "context": document}
-            session = register.for_inference(tokenizer).episode(sample)
-            on_turn = show_call
-            print(f"agent: {register.name} ({args.agent}); document: {args.context_file.name}")
-        print(f"question: {question}")
-        client = OpenAIChatClient(base_url, served, max_concurrency=1, timeout=args.timeout, max_retries=2)
-        sampling = {"temperature": args.temperature, "top_p": args.top_p}
-        if seed is not None:
-            sampling["seed"] = seed
+        try:
+            model_dir = None if url else resolve_model_path(model)
+        except ModelNotAvailableError as err:
+            print(f"error: {err}\nOr serve it yourself (vllm serve {model}) and set URL.", file=sys.stderr)
+            return 2
+        tokenizer, base_url, served = open_endpoint(stack, args, url, model, model_dir)
+        session, on_turn, final_prompt = make_session(args, register, memory, tokenizer, budgets, document)
+        options = asdict(from_args(ClientOptions, args))
+        client = OpenAIChatClient(base_url, served, max_concurrency=1, **options)
+        sampling = asdict(from_args(SamplingOptions, args))
+        if budgets.seed is not None:
+            sampling["seed"] = budgets.seed
         began = time.perf_counter()
 
         async def main() -> None:
@@ -293,24 +357,7 @@ def run(args: argparse.Namespace) -> int:
 
         asyncio.run(main())
         agent_seconds = time.perf_counter() - began
-
-    answer, how = shown_answer(session.answer or "", final_prompt)
-    stats = client.stats
-    print(f"\nAnswer: {answer}")
-    if how:
-        print(f"        ({how})")
-    print(
-        f"Time: {agent_seconds:.1f} s for {len(session.history)} model calls ({time.perf_counter() - start:.1f} s "
-        f"in all, server start included)"
-    )
-    print(
-        f"Tokens: {stats.prompt_tokens:,d} prompt + {stats.completion_tokens:,d} completion = "
-        f"{stats.prompt_tokens + stats.completion_tokens:,d}"
-    )
-    if args.trace:
-        with TraceWriter(args.trace) as writer:
-            writer.write_sample("quickstart", session, None, agent_seconds)
-        print(f"Trace: {args.trace}")
+    print_result(args, session, client.stats, final_prompt, (agent_seconds, time.perf_counter() - start))
     return 0
 
 

@@ -40,13 +40,16 @@ def non_negative_int(text: str) -> int:
 
 
 def seconds(text: str) -> float:
-    """A duration in seconds, >= 0 (where 0 may mean 'no limit')."""
+    """A duration in seconds, finite and >= 0 (where 0 may mean 'no limit'; an infinite wait is no limit too, and
+    would reach a timer as a value it cannot take)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
     if not value >= 0:  # NaN too
         raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {text}")
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}")
     return value
 
 

@@ -29,6 +29,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -139,7 +140,7 @@ def cases(lengths: list[int], flash: bool) -> list[tuple[str, list[int], str, bo
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--toy", action="store_true", help="a toy-sized stack (hidden 64) for a CPU check")
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
@@ -150,10 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--peak-tflops", type=float, help="dense peak of the device (default: from its name)")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
-    args = parser.parse_args(argv)
+    return parser
 
-    shape = TOY if args.toy else SEVEN_B
-    lengths = args.lengths or ([48, 36] if args.toy else [8192, 6144])
+
+def problems_of(args: argparse.Namespace, lengths: list[int]) -> list[str]:
+    """What keeps the arguments from running, checked before torch is imported where it can be (seconds)."""
     problems = []
     if min(lengths) < 2 or len(lengths) < 2:
         problems.append(f"--lengths {lengths}: two or more rows of at least 2 tokens")
@@ -164,12 +166,14 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.device.startswith("cuda") and not torch.cuda.is_available():
             problems.append("--device cuda: no CUDA device visible (use --device cpu for the toy check)")
-    if problems:
-        print("[bench] " + "; ".join(problems), file=sys.stderr)
-        return 2
-    import transformers
+    return problems
 
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or ("bf16" if args.device != "cpu" else "fp32")]
+
+def device_facts(args: argparse.Namespace) -> tuple[str, float | None, bool]:
+    """The device's name, its dense peak in FLOP/s (the flag, else GPU_SPECS's for a GPU named like it, else None),
+    and whether the packed case runs (flash_attn installed, on a GPU)."""
+    import torch
+
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu"
     peak = args.peak_tflops * 1e12 if args.peak_tflops else None
     for kind, (_, flops, _) in GPU_SPECS.items():
@@ -181,20 +185,14 @@ def main(argv: list[str] | None = None) -> int:
         flash = args.device.startswith("cuda")
     except ImportError:
         flash = False
-    result = {
-        "device": name,
-        "peak_flops": peak,
-        "dtype": str(dtype).removeprefix("torch."),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "shape": shape.name,
-        "lengths": lengths,
-        "packed": "measured" if flash else "not measured: the flash_attn package is not installed",
-        "runs": [],
-    }
-    known = f"peak {peak / 1e12:g} TFLOP/s" if peak else "no peak known (--peak-tflops)"
-    versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
-    print(f"[bench] {name}, {result['dtype']}, {versions}; {known}")
+    return name, peak, flash
+
+
+def measure(
+    args: argparse.Namespace, shape: ModelShape, lengths: list[int], dtype: Any, flash: bool, peak: float | None
+) -> list[dict]:
+    """Every (depth, case, pass) timed and counted, each printed as it is measured."""
+    runs = []
     recompute = 1  # the GPU configs' gradient checkpointing: the update recomputes each forward once
     for layers in args.layers:
         model = build(shape, layers, dtype, args.device, "sdpa")
@@ -220,13 +218,43 @@ def main(argv: list[str] | None = None) -> int:
                     "tokens_per_s": count.tokens / seconds,
                     "utilisation": count.flops * factor / seconds / peak if peak else None,
                 }
-                result["runs"].append(run)
+                runs.append(run)
                 share = f"{run['utilisation']:6.1%}" if peak else "     -"
                 print(
                     f"[bench] layers {layers} {case:>6} {mode:>7}: {seconds * 1e3:9.2f} ms, "
                     f"{run['tokens_per_s']:12.0f} tokens/s, {run['flops'] / seconds:9.3g} FLOP/s, {share}"
                 )
         del model
+    return runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    shape = TOY if args.toy else SEVEN_B
+    lengths = args.lengths or ([48, 36] if args.toy else [8192, 6144])
+    problems = problems_of(args, lengths)
+    if problems:
+        print("[bench] " + "; ".join(problems), file=sys.stderr)
+        return 2
+    import torch
+    import transformers
+
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or ("bf16" if args.device != "cpu" else "fp32")]
+    name, peak, flash = device_facts(args)
+    result = {
+        "device": name,
+        "peak_flops": peak,
+        "dtype": str(dtype).removeprefix("torch."),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "shape": shape.name,
+        "lengths": lengths,
+        "packed": "measured" if flash else "not measured: the flash_attn package is not installed",
+    }
+    known = f"peak {peak / 1e12:g} TFLOP/s" if peak else "no peak known (--peak-tflops)"
+    versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
+    print(f"[bench] {name}, {result['dtype']}, {versions}; {known}")
+    result["runs"] = measure(args, shape, lengths, dtype, flash, peak)
     if len(args.layers) >= 2:
         result["full_depth"] = extrapolate(result["runs"], shape, peak)
         for row in result["full_depth"]:

@@ -217,31 +217,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.setup_only:
-        print(f"lm-eval {LM_EVAL_VERSION}: {lm_eval_python(args.venv.resolve())}")
-        return 0
-    work = args.work.resolve()
-    shutil.rmtree(work, ignore_errors=True)  # a fresh data set, fresh results: nothing resumed from another run
-    work.mkdir(parents=True)
-    model_dir = resolve_model_path(args.model)
-    commands: list[str] = []
-    python = sys.executable
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    began = time.perf_counter()
-
-    lm_python = lm_eval_python(args.venv.resolve())
-
+def make_data(args: argparse.Namespace, work: Path, model_dir: str, log: list[str], env: dict[str, str]) -> Path:
+    """A small RULER set made by our own tools (step 2), lengths measured with the model's tokenizer."""
     data = work / "data"
     make_data = [
-        python, "-m", "taskutils.memory_data", "ruler", "--out", str(data), "--tasks", args.task,
+        sys.executable, "-m", "taskutils.memory_data", "ruler", "--out", str(data), "--tasks", args.task,
         "--lengths", str(args.length), "--tokenizer", str(model_dir), "--num-samples", str(args.items),
     ]  # fmt: skip
-    run_logged(make_data, work, commands, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    data_file = data / f"eval_{args.task}_{args.length}.jsonl"
-    task = write_task(work / "tasks", args.task, data_file, args.final_max_new)
+    run_logged(make_data, work, log, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return data / f"eval_{args.task}_{args.length}.jsonl"
 
+
+def write_table(args: argparse.Namespace, work: Path, model_dir: str) -> Path:
+    """Our harness's model table: the model with the budgets the endpoint gets."""
     table = work / "table.yaml"
     table.write_text(
         "models:\n"
@@ -251,18 +239,32 @@ def main(argv: list[str] | None = None) -> int:
         f"    concurrency: {args.concurrent}\n"
         f"    memory: {{chunk_size: {args.chunk}, max_new: {args.max_new}, final_max_new: {args.final_max_new}}}\n"
     )
+    return table
 
+
+def run_both(
+    args: argparse.Namespace,
+    work: Path,
+    model_dir: str,
+    lm_python: Path,
+    task: str,
+    table: Path,
+    log: list[str],
+    env: dict[str, str],
+) -> None:
+    """Steps 3 to 6: the upstream, our endpoint in front of it with lm-eval through it, then our harness against the
+    same upstream."""
     print(f"starting the upstream: transformers serve {args.model} ...", flush=True)
     with transformers_serve(model_dir, log_path=work / "logs" / "upstream.log") as upstream:
         port = free_port()
         endpoint_cmd = [
-            python, "-m", "taskutils.endpoint", "--upstream", upstream.base_url, "--model", upstream.model,
+            sys.executable, "-m", "taskutils.endpoint", "--upstream", upstream.base_url, "--model", upstream.model,
             "--served-model-name", args.model, "--tokenizer", str(model_dir), "--chunk-size", str(args.chunk),
             "--max-new", str(args.max_new), "--final-max-new", str(args.final_max_new),
             "--max-documents", str(args.concurrent), "--port", str(port),
         ]  # fmt: skip
-        commands.append(shown(endpoint_cmd, work))
-        print(f"$ {commands[-1]}", flush=True)
+        log.append(shown(endpoint_cmd, work))
+        print(f"$ {log[-1]}", flush=True)
         ready = health_probe(f"http://127.0.0.1:{port}/health")
         with managed_server(endpoint_cmd, ready, work / "logs" / "endpoint.log", 300, 0.2, env=env):
             lm_env = {**env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_DATASETS_CACHE": str(work / "hf")}
@@ -275,15 +277,18 @@ def main(argv: list[str] | None = None) -> int:
                 "--model_args", model_args, "--tasks", task, "--include_path", str(work / "tasks"),
                 "--apply_chat_template", "--log_samples", "--output_path", str(work / "lm_eval"),
             ]  # fmt: skip
-            run_logged(lm_eval, work, commands, cwd=work, env=lm_env)
+            run_logged(lm_eval, work, log, cwd=work, env=lm_env)
         harness = [
-            python, "-m", "taskutils.memory_eval.run", "--table", str(table), "--models", args.model,
-            "--tasks", args.task, "--lengths", str(args.length), "--data-dir", str(data), "--method", "memory",
-            "--temperature", "0", "--url", upstream.base_url, "--served-model", upstream.model,
-            "--results-dir", str(work / "harness"), "--no-report", "--quiet",
+            sys.executable, "-m", "taskutils.memory_eval.run", "--table", str(table),
+            "--models", args.model, "--tasks", args.task, "--lengths", str(args.length), "--data-dir",
+            str(work / "data"), "--method", "memory", "--temperature", "0", "--url", upstream.base_url,
+            "--served-model", upstream.model, "--results-dir", str(work / "harness"), "--no-report", "--quiet",
         ]  # fmt: skip
-        run_logged(harness, work, commands, cwd=REPO, env=env)
+        run_logged(harness, work, log, cwd=REPO, env=env)
 
+
+def write_comparison(args: argparse.Namespace, work: Path, task: str, log: list[str], began: float) -> int:
+    """Step 7: the per-item comparison, printed and written; 0 when every item's two answers are equal."""
     samples = sorted((work / "lm_eval").rglob(f"samples_{task}_*.jsonl"))
     if len(samples) != 1:
         print(f"error: expected one lm-eval samples file, found {samples}", file=sys.stderr)
@@ -310,16 +315,36 @@ def main(argv: list[str] | None = None) -> int:
         "length": args.length,
         "budgets": {"chunk": args.chunk, "max_new": args.max_new, "final_max_new": args.final_max_new},
         "lm_eval_version": LM_EVAL_VERSION,
-        "commands": commands,
+        "commands": log,
         "seconds": round(time.perf_counter() - began, 1),
         "scores": {"lm_eval_exact_match_last_number": lm_score, "harness_sub_em": our_score},
         "items": [{**asdict(row), "equal": row.equal} for row in rows],
     }
     (work / "comparison.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
-    shown_commands = "\n".join(f"$ {c}" for c in commands)
+    shown_commands = "\n".join(f"$ {c}" for c in log)
     (work / "comparison.md").write_text(f"{table_md}\n\n```text\n{shown_commands}\n```\n")
     print(f"\n{summary['seconds']} s in all; {work / 'comparison.md'}")
     return 0 if rows and all(row.equal for row in rows) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.setup_only:
+        print(f"lm-eval {LM_EVAL_VERSION}: {lm_eval_python(args.venv.resolve())}")
+        return 0
+    work = args.work.resolve()
+    shutil.rmtree(work, ignore_errors=True)  # a fresh data set, fresh results: nothing resumed from another run
+    work.mkdir(parents=True)
+    model_dir = resolve_model_path(args.model)
+    commands: list[str] = []
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    began = time.perf_counter()
+    lm_python = lm_eval_python(args.venv.resolve())
+    data_file = make_data(args, work, model_dir, commands, env)
+    task = write_task(work / "tasks", args.task, data_file, args.final_max_new)
+    table = write_table(args, work, model_dir)
+    run_both(args, work, model_dir, lm_python, task, table, commands, env)
+    return write_comparison(args, work, task, commands, began)
 
 
 if __name__ == "__main__":

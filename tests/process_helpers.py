@@ -62,3 +62,22 @@ def load_script(name: str) -> Any:
     sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
     spec.loader.exec_module(module)
     return module
+
+
+def run_in_folder_copy(
+    folder: str, tmp_path: Path, *argv: str, timeout: float = 600, prepare: Callable[[Path], None] | None = None
+) -> tuple[Path, Any]:
+    """``python ARGV`` in a subprocess whose working directory is a temporary copy of the repository folder
+    ``folder`` and nothing else (the original's ``cd taskutils/memory_eval && python run.py``); ``prepare`` may add
+    files to the copy first. Returns the copy and the completed process (text output)."""
+    import shutil
+    import subprocess
+    import sys
+
+    copy = tmp_path / Path(folder).name
+    shutil.copytree(Path(__file__).resolve().parents[1] / folder, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    if prepare is not None:
+        prepare(copy)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, *argv], cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
+    return copy, done

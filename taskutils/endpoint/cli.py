@@ -9,22 +9,26 @@ import logging
 import os
 import signal
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
+from recurrent.flags import ClientOptions, SamplingOptions, add_flags, flag, from_args
+from recurrent.impls.memory import FINAL_TEMPLATES
 from recurrent.options import (
     ConfigError,
     agent_config,
     non_negative_int,
     parse_with_config,
-    port,
     positive_int,
     positive_seconds,
     seconds,
 )
-from recurrent.sampling import argument as sampling_argument
+from recurrent.options import port as port_number
+from taskutils.endpoint.questions import QUESTION_MODES
+from taskutils.endpoint.spool import MAX_REQUEST_BYTES, SPOOL_BYTES
 
 if TYPE_CHECKING:
     from taskutils.endpoint.service import ServeSettings
@@ -50,148 +54,140 @@ counts tokens.
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from recurrent.impls.memory import FINAL_TEMPLATES
-    from taskutils.endpoint.questions import QUESTION_MODES
-    from taskutils.endpoint.spool import MAX_REQUEST_BYTES, SPOOL_BYTES
+@dataclass(frozen=True)
+class UpstreamOptions:
+    """The model behind the server: an upstream's, or a local one started for it; the agent that serves it."""
 
+    model: str | None = flag(
+        None,
+        "with --upstream: the model name the upstream serves; without: a model available offline, served locally by "
+        "transformers serve (required)",
+    )
+    upstream: str | None = flag(None, "base URL of an OpenAI-compatible server (vLLM, a hosted API), e.g. .../v1")
+    api_key_env: str | None = flag(
+        None,
+        "environment variable holding the upstream's API key (default: API_KEY if set); never logged",
+        metavar="VAR",
+    )
+    tokenizer: str | None = flag(
+        None,
+        "tokenizer folder or cached hub id, for an agent that counts tokens (the memory agent's chunks, the direct "
+        "agent's truncation; default: the model's; required then for an upstream model that is not available "
+        "offline); an agent that needs none loads none",
+    )
+    served_model_name: str | None = flag(None, "the model name clients use (default: --model)")
+    server_log: Path | None = flag(None, "without --upstream: the local server's log (default: a temp file)", type=Path)
+    ready_timeout: float = flag(
+        300.0, "seconds for the local server to start; a finite number > 0 (default %(default)s)", type=positive_seconds
+    )
+    agent: str = flag(
+        "memory",
+        "the agent to serve: a registered name (memory, direct, calculator, ...), a module path, or a file path "
+        "(path/to/agent.py, relative to the working directory); default memory: each request's document is read by "
+        "the memory agent",
+    )
+    agent_config: Path | None = flag(
+        None,
+        "YAML or JSON file of the agent's config fields (its config class; relative to the working directory), set "
+        "over its defaults; for the memory agent, over the budgets below",
+        type=Path,
+        metavar="FILE",
+    )
+
+
+@dataclass(frozen=True)
+class MemoryAgentOptions:
+    """The memory agent's budgets and answer prompt: the paper's evaluation protocol (the harness's memory method)."""
+
+    chunk_size: int = flag(5000, "document tokens per memory turn (%(default)s)", type=positive_int)
+    max_new: int = flag(1024, "max new tokens of a memory update (%(default)s)", type=positive_int)
+    final_max_new: int = flag(
+        1024, "max new tokens of the answer (%(default)s; a request's max_tokens replaces it)", type=positive_int
+    )
+    max_context: int = flag(
+        0,
+        "keep the first and last halves of this many document tokens (0, the default: read the whole document)",
+        type=non_negative_int,
+    )
+    final_prompt: str = flag(
+        "answer_is",
+        "the answer prompt: answer_is ('Therefore, the answer is ...', the paper's evaluation, default), boxed "
+        "(\\boxed{}, the training format), boxed_released (what the released checkpoints saw in training)",
+        choices=FINAL_TEMPLATES,
+    )
+
+
+@dataclass(frozen=True)
+class QuestionOptions:
+    """Where a request's question is (docs/serving.md, "Where the question is")."""
+
+    question_mode: str = flag(
+        "auto",
+        "field: memagent.document and memagent.question (or the last user message); messages: the document in "
+        "earlier user messages, the question in the last; split: one message cut at --split-marker or else at its "
+        "last blank line; auto (default): field if memagent.document is given, else messages if there are several "
+        "user messages, else split",
+        choices=QUESTION_MODES,
+    )
+    split_marker: str | None = flag(None, "split mode: the question is the text after the last occurrence of this")
+    passthrough: bool = flag(
+        False, "a request whose messages fit in one chunk goes upstream as it is (plain model behaviour)"
+    )
+
+
+@dataclass(frozen=True)
+class ServiceOptions:
+    """The service's address, limits and drain (docs/serving.md, "A service")."""
+
+    host: str = flag("127.0.0.1", "interface to listen on (default %(default)s)")
+    port: int = flag(8000, "port, 1-65535 (default %(default)s)", type=port_number)
+    max_documents: int = flag(4, "documents in flight at once (default %(default)s)", type=positive_int)
+    max_queue: int = flag(64, "documents waiting beyond those (%(default)s); more: 503", type=non_negative_int)
+    queue_timeout: float = flag(0.0, "seconds a document may wait (0: no limit)", type=seconds)
+    document_timeout: float = flag(0.0, "seconds a document may run (0: no limit)", type=seconds)
+    max_model_len: int = flag(
+        0,
+        "the model's context in tokens: a request's max_tokens over it is 400, and it caps a turn's timeout (default "
+        "0: the tokenizer's model_max_length, else 131072)",
+        type=non_negative_int,
+    )
+    shutdown_grace: float = flag(30.0, "seconds in-flight documents get after SIGTERM (%(default)s)", type=seconds)
+    keepalive: float = flag(15.0, "seconds between stream keep-alives (%(default)s; 0: none)", type=seconds)
+    spool_bytes: int = flag(
+        SPOOL_BYTES,
+        "a request body over this many bytes is held on disk, not in memory (default %(default)s)",
+        type=non_negative_int,
+    )
+    spool_dir: str | None = flag(None, "where a long request's files are made (default: the system's temp folder)")
+    max_request_bytes: int = flag(
+        MAX_REQUEST_BYTES,
+        "a request body over this many bytes is refused with 413 before it is read (default %(default)s, 64 MiB: a "
+        "3.5M-token document fits; 0: no limit)",
+        type=non_negative_int,
+    )
+    server_key_env: str | None = flag(
+        None, "environment variable holding a key clients must send (Bearer)", metavar="VAR"
+    )
+    log_level: str = flag("info", "(%(default)s)", choices=("debug", "info", "warning", "error"))
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m taskutils.endpoint",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", type=Path, help="YAML file of defaults for these options (keys as the long flags)")
-    up = parser.add_argument_group("model and upstream")
-    up.add_argument(
-        "--model",
-        help="with --upstream: the model name the upstream serves; without: a model available offline, served "
-        "locally by transformers serve (required)",
+    add_flags(parser.add_argument_group("model and upstream"), UpstreamOptions)
+    agent = parser.add_argument_group(
+        "the memory agent (defaults: the paper's evaluation protocol)",
+        "--temperature and --top-p: the sampling of a request that gives none",
     )
-    up.add_argument("--upstream", help="base URL of an OpenAI-compatible server (vLLM, a hosted API), e.g. .../v1")
-    up.add_argument(
-        "--api-key-env",
-        metavar="VAR",
-        help="environment variable holding the upstream's API key (default: API_KEY if set); never logged",
-    )
-    up.add_argument(
-        "--tokenizer",
-        help="tokenizer folder or cached hub id, for an agent that counts tokens (the memory agent's chunks, the "
-        "direct agent's truncation; default: the model's; required then for an upstream model that is not "
-        "available offline); an agent that needs none loads none",
-    )
-    up.add_argument("--served-model-name", help="the model name clients use (default: --model)")
-    up.add_argument("--server-log", type=Path, help="without --upstream: the local server's log (default: a temp file)")
-    up.add_argument("--ready-timeout", type=seconds, default=300.0, help="seconds for the local server to start")
-    up.add_argument(
-        "--agent",
-        default="memory",
-        help="the agent to serve: a registered name (memory, direct, calculator, ...), a module path, or a file path "
-        "(path/to/agent.py, relative to the working directory); default memory: each request's document is read "
-        "by the memory agent",
-    )
-    up.add_argument(
-        "--agent-config",
-        type=Path,
-        metavar="FILE",
-        help="YAML or JSON file of the agent's config fields (its config class; relative to the working "
-        "directory), set over its defaults; for the memory agent, over the budgets below",
-    )
-    agent = parser.add_argument_group("the memory agent (defaults: the paper's evaluation protocol)")
-    agent.add_argument("--chunk-size", type=positive_int, default=5000, help="document tokens per memory turn (5000)")
-    agent.add_argument("--max-new", type=positive_int, default=1024, help="max new tokens of a memory update (1024)")
-    agent.add_argument(
-        "--final-max-new",
-        type=positive_int,
-        default=1024,
-        help="max new tokens of the answer (1024; a request's max_tokens replaces it)",
-    )
-    agent.add_argument(
-        "--max-context",
-        type=non_negative_int,
-        default=0,
-        help="keep the first and last halves of this many document tokens (0, the default: read the whole document)",
-    )
-    agent.add_argument(
-        "--final-prompt",
-        choices=tuple(FINAL_TEMPLATES),
-        default="answer_is",
-        help="the answer prompt: answer_is ('Therefore, the answer is ...', the paper's evaluation, default), boxed "
-        "(\\boxed{}, the training format), boxed_released (what the released checkpoints saw in training)",
-    )
-    agent.add_argument(
-        "--temperature",
-        type=sampling_argument("temperature"),
-        default=0.7,
-        help="when a request gives none (paper: 0.7)",
-    )
-    agent.add_argument(
-        "--top-p", type=sampling_argument("top_p"), default=0.95, help="when a request gives none (paper: 0.95)"
-    )
-    q = parser.add_argument_group("where the question is")
-    q.add_argument(
-        "--question-mode",
-        choices=QUESTION_MODES,
-        default="auto",
-        help="field: memagent.document and memagent.question (or the last user message); messages: the document in "
-        "earlier user messages, the question in the last; split: one message cut at --split-marker or else at its "
-        "last blank line; auto (default): field if memagent.document is given, else messages if there are several "
-        "user messages, else split",
-    )
-    q.add_argument("--split-marker", help="split mode: the question is the text after the last occurrence of this")
-    q.add_argument(
-        "--passthrough",
-        action="store_true",
-        help="a request whose messages fit in one chunk goes upstream as it is (plain model behaviour)",
-    )
-    svc = parser.add_argument_group("service")
-    svc.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
-    svc.add_argument("--port", type=port, default=8000, help="port, 1-65535 (default 8000)")
-    svc.add_argument("--max-documents", type=positive_int, default=4, help="documents in flight at once (default 4)")
-    svc.add_argument(
-        "--max-queue", type=non_negative_int, default=64, help="documents waiting beyond those (64); more: 503"
-    )
-    svc.add_argument("--queue-timeout", type=seconds, default=0.0, help="seconds a document may wait (0: no limit)")
-    svc.add_argument("--document-timeout", type=seconds, default=0.0, help="seconds a document may run (0: no limit)")
-    svc.add_argument(
-        "--timeout", type=positive_seconds, default=600.0, help="seconds per upstream request attempt (default 600)"
-    )
-    svc.add_argument(
-        "--timeout-per-token",
-        type=seconds,
-        default=0.0,
-        help="seconds added to an attempt's timeout per prompt token (estimated) and per max_tokens (default 0)",
-    )
-    svc.add_argument(
-        "--max-model-len",
-        type=non_negative_int,
-        default=0,
-        help="the model's context in tokens: a request's max_tokens over it is 400, and it caps a turn's timeout "
-        "(default 0: the tokenizer's model_max_length, else 131072)",
-    )
-    svc.add_argument("--max-retries", type=non_negative_int, default=2, help="retries of a failed upstream request (2)")
-    svc.add_argument("--backoff", type=seconds, default=1.0, help="first retry delay in seconds, doubling (1)")
-    svc.add_argument(
-        "--shutdown-grace", type=seconds, default=30.0, help="seconds in-flight documents get after SIGTERM (30)"
-    )
-    svc.add_argument("--keepalive", type=seconds, default=15.0, help="seconds between stream keep-alives (15; 0: none)")
-    svc.add_argument(
-        "--spool-bytes",
-        type=non_negative_int,
-        default=SPOOL_BYTES,
-        help=f"a request body over this many bytes is held on disk, not in memory (default {SPOOL_BYTES})",
-    )
-    svc.add_argument("--spool-dir", help="where a long request's files are made (default: the system's temp folder)")
-    svc.add_argument(
-        "--max-request-bytes",
-        type=non_negative_int,
-        default=MAX_REQUEST_BYTES,
-        help=f"a request body over this many bytes is refused with 413 before it is read (default {MAX_REQUEST_BYTES}, "
-        "64 MiB: a 3.5M-token document fits; 0: no limit)",
-    )
-    svc.add_argument(
-        "--server-key-env", metavar="VAR", help="environment variable holding a key clients must send (Bearer)"
-    )
-    svc.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"), help="(info)")
+    add_flags(agent, MemoryAgentOptions)
+    add_flags(agent, SamplingOptions)
+    add_flags(parser.add_argument_group("where the question is"), QuestionOptions)
+    add_flags(parser.add_argument_group("service"), ServiceOptions)
+    add_flags(parser.add_argument_group("upstream requests"), ClientOptions)
     return parser
 
 
@@ -212,9 +208,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             args.agent_values = agent_config(args.register, args.agent_config)
         except (ConfigError, OSError) as err:
             parser.error(f"--agent-config {err}" if isinstance(err, ConfigError) else f"--agent-config: {err}")
-    for flag, var in (("--api-key-env", args.api_key_env), ("--server-key-env", args.server_key_env)):
+    for option, var in (("--api-key-env", args.api_key_env), ("--server-key-env", args.server_key_env)):
         if var and not os.environ.get(var):
-            parser.error(f"{flag} {var}: the environment variable {var} is not set")
+            parser.error(f"{option} {var}: the environment variable {var} is not set")
     return args
 
 
@@ -316,10 +312,7 @@ def serve(args: argparse.Namespace, stop: _Stop) -> int:
             upstream_model,
             api_key=api_key,
             max_concurrency=args.max_documents,  # one request at a time per document
-            timeout=args.timeout,
-            timeout_per_token=args.timeout_per_token,
-            max_retries=args.max_retries,
-            backoff=args.backoff,
+            **asdict(from_args(ClientOptions, args)),
         )
         try:
             service = MemAgentService(settings, tokenizer, client, args.register)

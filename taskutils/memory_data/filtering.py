@@ -18,7 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recurrent.atomic import atomic_path
+from recurrent.flags import flag
+from recurrent.options import positive_int
 from recurrent.resume import iter_jsonl, repair_jsonl
+from recurrent.sampling import argument as sampling_argument
 from taskutils.verifiers import strict_score
 
 FILTER_TEMPLATE = "{prompt}\nYour final answer in \\boxed{{}}.\n"
@@ -30,11 +33,13 @@ DEFAULT_MODELS = (
 
 @dataclass(frozen=True)
 class FilterSettings:
-    samples: int = 2
-    temperature: float = 1.0
-    top_p: float = 0.7
-    max_tokens: int = 512
-    concurrency: int = 256
+    """How each model is asked (the paper's values are the defaults); also the flags of ``hotpotqa-filter``."""
+
+    samples: int = flag(2, "samples per model and question (paper: %(default)s)", type=positive_int)
+    temperature: float = flag(1.0, "sampling temperature (paper: %(default)s)", type=sampling_argument("temperature"))
+    top_p: float = flag(0.7, "nucleus sampling (paper: %(default)s)", type=sampling_argument("top_p"))
+    max_tokens: int = flag(512, "new tokens of an answer (paper: %(default)s)", type=positive_int)
+    concurrency: int = flag(256, "requests in flight per model (default: %(default)s)", type=positive_int)
 
 
 def answered_without_context(responses: list[str], ground_truths: list[str]) -> dict[str, bool]:

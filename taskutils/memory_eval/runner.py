@@ -92,31 +92,86 @@ async def run_items(
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     streak = streak if streak is not None else FailureStreak(limit=0)
-    outcome = FileOutcome()
-    slots = asyncio.Semaphore(concurrency)
-    stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    start = time.perf_counter()
+    run = _FileRun(make_session, make_record, client, writer, concurrency, sampling, bar, streak)
+    return await run.run(items)
 
-    def write(record: dict[str, Any], failed: bool) -> None:
-        writer.write(record)
-        outcome.done += 1
-        outcome.prompt_tokens += record.get("prompt_tokens", 0)
-        outcome.completion_tokens += record.get("completion_tokens", 0)
-        if failed:
-            outcome.failed += 1
-            if outcome.first_error is None:
-                outcome.first_error = record.get("error")
-                log.warning("item %s failed: %s", record.get("id"), outcome.first_error)
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(failed=outcome.failed, refresh=False)
 
-    def finish(record: dict[str, Any], error: BaseException | None) -> None:
+class _FileRun:
+    """One call of :func:`run_items`: at most ``concurrency`` items in flight, each result line written (or held
+    by the failure streak) as its item finishes, and ``stop`` set when the streak stops the run."""
+
+    def __init__(
+        self,
+        make_session: Callable[[dict[str, Any]], Episode],
+        make_record: Callable[[dict[str, Any], Episode | None, BaseException | None, float], dict[str, Any]],
+        client: ChatClient,
+        writer: TraceWriter,
+        concurrency: int,
+        sampling: dict[str, Any] | None,
+        bar: tqdm | None,
+        streak: FailureStreak,
+    ) -> None:
+        self.make_session, self.make_record = make_session, make_record
+        self.client, self.writer, self.sampling, self.bar, self.streak = client, writer, sampling, bar, streak
+        self.outcome = FileOutcome()
+        self.slots = asyncio.Semaphore(concurrency)
+        self.stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.tasks: set[asyncio.Task] = set()
+
+    async def run(self, items: Iterable[dict[str, Any]]) -> FileOutcome:
+        start = time.perf_counter()
+        feeder = asyncio.ensure_future(self.feed(items))
+        try:
+            await asyncio.wait({feeder, self.stop}, return_when=asyncio.FIRST_COMPLETED)
+            if self.stop.done():
+                self.stop.result()  # raises EndpointDownError
+            feeder.result()  # raises what reading an item or writing its record raised
+        finally:
+            await cancel_and_wait([feeder, *self.tasks, self.stop])
+        for held in self.streak.held:  # this file is done: its failures so far are recorded; the count goes on
+            self.write(held, failed=True)
+        self.streak.held.clear()
+        self.outcome.seconds = time.perf_counter() - start
+        return self.outcome
+
+    async def feed(self, items: Iterable[dict[str, Any]]) -> None:
+        for item in items:
+            await self.slots.acquire()  # backpressure: the next item is read only when a slot is free
+            if self.stop.done():
+                return
+            task = asyncio.create_task(self.run_one_item(item))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        if self.tasks:
+            await asyncio.gather(*self.tasks)
+
+    async def run_one_item(self, item: dict[str, Any]) -> None:
+        session: Episode | None = None
+        error: BaseException | None = None
+        began = time.perf_counter()
+        try:
+            try:
+                if len(item.get("context") or "") <= INLINE_CHARS:
+                    session = self.make_session(item)
+                else:
+                    session = await asyncio.to_thread(self.make_session, item)
+                item.pop("context", None)  # the session holds the tokens; megabytes of text need not wait with it
+                await run_session(session, self.client, self.sampling)
+                check_finished(session)
+            except Exception as err:  # this item's failure; cancellation (BaseException) passes through
+                error = err
+            if not self.stop.done():
+                self.finish(self.make_record(item, session, error, time.perf_counter() - began), error)
+        finally:
+            self.slots.release()  # only once the stop is decided: a stopped run starts no further item
+
+    def finish(self, record: dict[str, Any], error: BaseException | None) -> None:
+        streak = self.streak
         if streak.limit and is_connection_failure(error):
             streak.count += 1
             streak.held.append(record)
             if streak.count >= streak.limit:
-                stop.set_exception(
+                self.stop.set_exception(
                     EndpointDownError(
                         f"{streak.count} items in a row could not connect to the endpoint (last: "
                         f"{record.get('error')}); stopped: those of this file and the items in flight were not "
@@ -126,53 +181,21 @@ async def run_items(
             return
         streak.count = 0
         for held in streak.held:  # the endpoint answers again: those failures were their own
-            write(held, failed=True)
+            self.write(held, failed=True)
         streak.held.clear()
-        write(record, failed=error is not None)
+        self.write(record, failed=error is not None)
 
-    async def run_one_item(item: dict[str, Any]) -> None:
-        session: Episode | None = None
-        error: BaseException | None = None
-        began = time.perf_counter()
-        try:
-            try:
-                if len(item.get("context") or "") <= INLINE_CHARS:
-                    session = make_session(item)
-                else:
-                    session = await asyncio.to_thread(make_session, item)
-                item.pop("context", None)  # the session holds the tokens; megabytes of text need not wait with it
-                await run_session(session, client, sampling)
-                check_finished(session)
-            except Exception as err:  # this item's failure; cancellation (BaseException) passes through
-                error = err
-            if not stop.done():
-                finish(make_record(item, session, error, time.perf_counter() - began), error)
-        finally:
-            slots.release()  # only once the stop is decided: a stopped run starts no further item
-
-    tasks: set[asyncio.Task] = set()
-
-    async def feed() -> None:
-        for item in items:
-            await slots.acquire()  # backpressure: the next item is read only when a slot is free
-            if stop.done():
-                return
-            task = asyncio.create_task(run_one_item(item))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.gather(*tasks)
-
-    feeder = asyncio.ensure_future(feed())
-    try:
-        await asyncio.wait({feeder, stop}, return_when=asyncio.FIRST_COMPLETED)
-        if stop.done():
-            stop.result()  # raises EndpointDownError
-        feeder.result()  # raises what reading an item or writing its record raised
-    finally:
-        await cancel_and_wait([feeder, *tasks, stop])
-    for held in streak.held:  # this file is done: its failures so far are recorded; the count goes on
-        write(held, failed=True)
-    streak.held.clear()
-    outcome.seconds = time.perf_counter() - start
-    return outcome
+    def write(self, record: dict[str, Any], failed: bool) -> None:
+        outcome = self.outcome
+        self.writer.write(record)
+        outcome.done += 1
+        outcome.prompt_tokens += record.get("prompt_tokens", 0)
+        outcome.completion_tokens += record.get("completion_tokens", 0)
+        if failed:
+            outcome.failed += 1
+            if outcome.first_error is None:
+                outcome.first_error = record.get("error")
+                log.warning("item %s failed: %s", record.get("id"), outcome.first_error)
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(failed=outcome.failed, refresh=False)

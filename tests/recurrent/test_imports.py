@@ -15,7 +15,7 @@ MODULES = (
     "recurrent.trace",
     "recurrent.local_server",
     "taskutils.memory_eval.run",
-    "taskutils.memory_data.__main__",
+    "taskutils.memory_data.run",
 )
 
 

@@ -22,7 +22,9 @@ from recurrent.impls.memory import MemoryWorkflow
 from recurrent.interface import Reply
 from taskutils.memory_eval import config as cfg
 from taskutils.memory_eval import evalsets, report, scoring
-from taskutils.memory_eval.run import check_data, make_workflow, parse_args
+from taskutils.memory_eval.agents import make_workflow
+from taskutils.memory_eval.arguments import parse_args
+from taskutils.memory_eval.planning import check_data
 from taskutils.memory_eval.run import main as run_main
 
 NEEDLE = "The special magic number for odd-tiger is 4711."

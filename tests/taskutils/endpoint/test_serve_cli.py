@@ -117,6 +117,12 @@ def test_the_command_line_refuses_what_it_cannot_serve(capsys):
         ("--timeout", "0", "must be a finite number of seconds > 0, got 0"),
         ("--timeout", "nan", "must be a finite number of seconds > 0, got nan"),
         ("--timeout-per-token", "-1", "must be >= 0 seconds, got -1"),
+        ("--timeout-per-token", "inf", "must be a finite number of seconds >= 0, got inf"),
+        ("--backoff", "nan", "must be >= 0 seconds, got nan"),
+        ("--backoff", "-1", "must be >= 0 seconds, got -1"),
+        ("--max-retries", "-1", "must be an integer >= 0, got -1"),
+        ("--ready-timeout", "0", "must be a finite number of seconds > 0, got 0"),
+        ("--shutdown-grace", "inf", "must be a finite number of seconds >= 0, got inf"),
     ):
         assert f"error: argument {flag}: {said}" in _refused([*upstream, flag, value], capsys)
     assert parse_args([*upstream, "--port", "65535"]).port == 65535

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from taskutils.memory_data.__main__ import main
+from taskutils.memory_data.run import main
 
 
 def _eval_argv(sources, out, *options: str) -> list[str]:

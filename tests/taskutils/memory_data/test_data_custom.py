@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from taskutils.memory_data.__main__ import main
+from taskutils.memory_data.run import main
 from taskutils.memory_eval import evalsets, scoring
 
 REPO = Path(__file__).resolve().parents[3]

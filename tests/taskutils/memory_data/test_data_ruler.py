@@ -8,11 +8,11 @@ from collections import Counter
 import pytest
 
 from taskutils.memory_data import stages
-from taskutils.memory_data.__main__ import main
 from taskutils.memory_data.ruler import NIAH_TASKS, TASKS, Sources, make_task
 from taskutils.memory_data.ruler.calibrate import fit_units
 from taskutils.memory_data.ruler.haystack import NOISE, insert_at_depths
 from taskutils.memory_data.ruler.niah import DEPTHS, NiahParams, NiahTask
+from taskutils.memory_data.run import main
 from taskutils.memory_data.sources import read_hotpotqa, read_squad
 from taskutils.memory_data.tokenizer import count_tokens
 

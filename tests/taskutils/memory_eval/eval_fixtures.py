@@ -8,6 +8,8 @@ import json
 import random
 from pathlib import Path
 
+import yaml
+
 WORDS = (
     "river stone garden window lantern harbor meadow violet copper orchard village bridge market candle "
     "forest winter morning silver thunder valley castle pepper marble island anchor ribbon saddle quiet "
@@ -75,6 +77,39 @@ def harness_argv(data: Path, results: Path, length: int, *options: str) -> list[
     without the final report, plus ``options`` (the model, the server, retries...)."""
     paths = ("--data-dir", str(data), "--results-dir", str(results))
     return ["--tasks", "hotpotqa", "--lengths", str(length), *paths, "--no-report", "--quiet", *options]
+
+
+TINY_BUDGETS = {
+    "memory": {"chunk_size": 128, "max_new": 16, "final_max_new": 16},
+    "direct": {"max_input": 400, "max_output": 16},
+}
+
+
+def write_table(path: Path, server, broken: bool = False) -> Path:
+    """A model table of the tiny model behind ``server`` (its budgets small); ``broken``: and a model whose every
+    request fails (the same server under a path it does not serve: HTTP 404)."""
+    models = [
+        {
+            "name": "tiny",
+            "checkpoint": "tiny",
+            "url": server.base_url,
+            "served_name": server.model,
+            "concurrency": 1,
+            **TINY_BUDGETS,
+        }
+    ]
+    if broken:  # the same server under a path it does not serve: HTTP 404 for every request
+        models.append(
+            {
+                "name": "broken",
+                "checkpoint": "tiny",
+                "url": server.base_url + "/no-such-path",
+                "concurrency": 1,
+                **TINY_BUDGETS,
+            }
+        )
+    path.write_text(yaml.safe_dump({"models": models}))
+    return path
 
 
 # An agent of the user's own, outside the repository: it asks, runs the calculator the scripted model calls for

@@ -287,7 +287,12 @@ BAD_TIMEOUT_FLAGS = [
     ("--timeout", "-1", "must be a finite number of seconds > 0, got -1"),
     ("--timeout-per-token", "-1", "must be >= 0 seconds, got -1"),
     ("--timeout-per-token", "nan", "must be >= 0 seconds, got nan"),
-]
+    ("--timeout-per-token", "inf", "must be a finite number of seconds >= 0, got inf"),
+    ("--backoff", "nan", "must be >= 0 seconds, got nan"),
+    ("--backoff", "-1", "must be >= 0 seconds, got -1"),
+    ("--backoff", "inf", "must be a finite number of seconds >= 0, got inf"),
+    ("--max-retries", "-1", "must be an integer >= 0, got -1"),
+]  # the client options of every command (recurrent/flags.py): the endpoint's and the quickstart's tests reuse them
 
 
 @pytest.mark.parametrize(("flag", "value", "said"), BAD_TIMEOUT_FLAGS)
@@ -569,13 +574,13 @@ def _quickstart_module():
     return quickstart
 
 
-@pytest.mark.parametrize(("value", "said"), [(v, s) for f, v, s in BAD_TIMEOUT_FLAGS if f == "--timeout"])
-def test_quickstart_refuses_a_bad_timeout(capsys, value, said):
+@pytest.mark.parametrize(("flag", "value", "said"), BAD_TIMEOUT_FLAGS)
+def test_quickstart_refuses_a_bad_timeout(capsys, flag, value, said):
     # --timeout nan / 0 / -1 was taken, and every request then failed after the server had started.
     with pytest.raises(SystemExit) as stop:
-        _quickstart_module().main(["--timeout", value, "--model", "tiny"])
+        _quickstart_module().main([flag, value, "--model", "tiny"])
     assert stop.value.code == 2
-    assert f"error: argument --timeout: {said}" in capsys.readouterr().err
+    assert f"error: argument {flag}: {said}" in capsys.readouterr().err
 
 
 def test_quickstart_exits_143_when_stopped_by_sigterm(capsys, monkeypatch):

@@ -15,40 +15,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from eval_fixtures import harness_argv, hotpotqa_set, read_lines
+from eval_fixtures import harness_argv, hotpotqa_set, read_lines, write_table
 from process_helpers import pid_alive
 
 from taskutils.memory_eval.run import main as run_main
-
-TINY_BUDGETS = {
-    "memory": {"chunk_size": 128, "max_new": 16, "final_max_new": 16},
-    "direct": {"max_input": 400, "max_output": 16},
-}
-
-
-def write_table(path: Path, server, broken: bool = False) -> Path:
-    models = [
-        {
-            "name": "tiny",
-            "checkpoint": "tiny",
-            "url": server.base_url,
-            "served_name": server.model,
-            "concurrency": 1,
-            **TINY_BUDGETS,
-        }
-    ]
-    if broken:  # the same server under a path it does not serve: HTTP 404 for every request
-        models.append(
-            {
-                "name": "broken",
-                "checkpoint": "tiny",
-                "url": server.base_url + "/no-such-path",
-                "concurrency": 1,
-                **TINY_BUDGETS,
-            }
-        )
-    path.write_text(yaml.safe_dump({"models": models}))
-    return path
 
 
 def wait_for_lines(path: Path, n: int, process: subprocess.Popen, timeout: float = 120) -> None:
