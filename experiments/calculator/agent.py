@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from experiments.calculator.tool import calculate
+from experiments.calculator.tool import calculate_off_loop
 from recurrent.functions import CallRecorder, agent_function
 from recurrent.interface import RowWidths, WorkflowConfig, question_text
 from recurrent.templating import chat_prompt_ids
@@ -59,7 +59,7 @@ async def solve(sample: dict[str, Any], client: CallRecorder, config: Calculator
         expression = parse_tool_call(reply.text)
         if expression is None:
             break
-        result = calculate(expression) if expression else "error: malformed tool call"
+        result = await calculate_off_loop(expression) if expression else "error: malformed tool call"
         messages.append({"role": "assistant", "content": reply.text})
         messages.append(
             {"role": "user", "content": f"<tool_response>{result[: config.max_result_chars]}</tool_response>"}

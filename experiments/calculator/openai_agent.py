@@ -18,7 +18,7 @@ from typing import Any
 
 from openai import AsyncOpenAI
 
-from experiments.calculator.tool import calculate  # the tool itself: plain Python, no framework
+from experiments.calculator.tool import calculate_off_loop  # the tool itself: plain Python, no framework
 from recurrent.openai_agents import openai_agent
 
 SYSTEM_PROMPT = (
@@ -70,7 +70,7 @@ async def solve(sample: dict[str, Any], client: AsyncOpenAI, config: CalculatorC
             break
         messages.append(message.model_dump(exclude_none=True))
         for call in message.tool_calls:
-            result = run_tool(call.function.name, call.function.arguments)
+            result = await run_tool(call.function.name, call.function.arguments)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result[: config.max_result_chars]})
     return message.content or ""
 
@@ -80,16 +80,19 @@ def question(sample: dict[str, Any], key: str) -> str:
     value = sample[key]
     if isinstance(value, str):
         return value
-    return [m for m in value if m.get("role") == "user"][-1]["content"]
+    users = [m for m in value if m.get("role") == "user"]
+    if not users:
+        raise ValueError(f"the {key!r} chat has no user message: no question to ask")
+    return users[-1]["content"]
 
 
-def run_tool(name: str, arguments: str) -> str:
-    """The result of one call: the expression's value, or an error as text."""
+async def run_tool(name: str, arguments: str) -> str:
+    """The result of one call: the expression's value, or an error as text (evaluated off the event loop)."""
     try:
         expression = json.loads(arguments)["expression"]
     except (json.JSONDecodeError, KeyError, TypeError):
         return MALFORMED
-    return calculate(str(expression)) if name == "calculate" else MALFORMED
+    return await calculate_off_loop(str(expression)) if name == "calculate" else MALFORMED
 
 
 REGISTER = openai_agent("calculator_openai", CalculatorConfig, solve, columns=lambda config: (config.question_key,))
