@@ -22,8 +22,15 @@ import httpx2  # the HTTP library of the openai package (a hard dependency of it
 import openai
 from openai import AsyncOpenAI
 
-from recurrent.interface import FinishReason, Reply
-from recurrent.tool_calls import call_text
+from recurrent.interface import Reply
+from recurrent.replies import (
+    MalformedReplyError,
+    ReplyTooLargeError,
+    bound_reply,
+    reply_byte_limit,
+    reply_limit,
+    reply_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -121,33 +128,16 @@ def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
 
 
-def _reply_text(choice: dict[str, Any], stop: Any) -> str:
-    """The message content, plus the stop string that ended generation when the server reports it (vLLM's
-    ``stop_reason``), so the stored text equals the generated tokens (as the fork's async path did;
-    without it a tool call would lose its closing tag). Servers that do not report
-    it (``transformers serve``, hosted APIs) leave the content as is."""
-    text = (choice.get("message") or {}).get("content") or ""
-    matched = choice.get("stop_reason")
-    stops = [stop] if isinstance(stop, str) else list(stop or [])
-    finished = choice.get("finish_reason") == "stop"
-    if finished and isinstance(matched, str) and matched in stops and not text.endswith(matched):
-        text += matched
-    return text + _calls_text((choice.get("message") or {}).get("tool_calls"))
+@dataclass(frozen=True)
+class UpstreamCheck:
+    """What a health check of the upstream found (:meth:`OpenAIChatClient.check_upstream`): ``reachable`` when it
+    answered anything (a hosted deployment URL may have no ``/models``: any HTTP status says it is up) or took the
+    connection; ``busy`` when it took the connection but did not answer in time."""
 
-
-def _calls_text(calls: Any) -> str:
-    """Tool calls a server parsed out of the text (``vllm serve --tool-call-parser hermes``, hosted APIs), written
-    back in the Qwen format after the content, where vLLM's parser took them from: the reply's text stays the
-    model's, and the recording route reads the same calls out of it (recurrent/tool_calls.py)."""
-    written = []
-    for call in calls or []:
-        function = (call.get("function") if isinstance(call, dict) else None) or {}
-        try:
-            arguments = json.loads(function.get("arguments") or "{}")
-        except (TypeError, ValueError):
-            arguments = function.get("arguments")
-        written.append(call_text(str(function.get("name", "")), arguments))
-    return "".join(written)
+    reachable: bool
+    busy: bool = False
+    status_code: int | None = None
+    error: str | None = None
 
 
 class OpenAIChatClient:
@@ -203,6 +193,7 @@ class OpenAIChatClient:
         # run_sessions) gets fresh ones instead of failing on the closed loop's connections.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._openai: AsyncOpenAI | None = None
+        self._health: AsyncOpenAI | None = None  # the health check's own connection (check_upstream)
         self._semaphore: asyncio.Semaphore | None = None
 
     def __repr__(self) -> str:  # no key here, ever
@@ -214,27 +205,35 @@ class OpenAIChatClient:
     def _bind(self) -> tuple[AsyncOpenAI, asyncio.Semaphore]:
         loop = asyncio.get_running_loop()
         if self._openai is None or self._semaphore is None or self._loop is not loop:
-            limits = httpx2.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
             # No read timeout below: a non-streamed reply is one long read; the attempt's deadline bounds it.
             io_timeout = httpx2.Timeout(None, connect=min(self.timeout, CONNECT_TIMEOUT))
-            self._openai = AsyncOpenAI(
-                base_url=self.base_url,
-                api_key=self._api_key,
-                timeout=io_timeout,
-                max_retries=0,  # retries are ours: counted, logged, and classified the same for every server
-                default_headers=self._headers,
-                default_query=self._query or None,
-                http_client=httpx2.AsyncClient(limits=limits, timeout=io_timeout),
-            )
+            self._openai = self._sdk(self.max_concurrency, io_timeout)
+            self._health = None
             self._semaphore = asyncio.Semaphore(self.max_concurrency)
             self._loop = loop
         return self._openai, self._semaphore
 
+    def _sdk(self, connections: int, timeout: httpx2.Timeout) -> AsyncOpenAI:
+        """An SDK client over a pool of ``connections``, its replies bounded in size (recurrent/replies.py)."""
+        limits = httpx2.Limits(max_connections=connections, max_keepalive_connections=connections)
+        hooks = {"response": [bound_reply]}
+        return AsyncOpenAI(
+            base_url=self.base_url,
+            api_key=self._api_key,
+            timeout=timeout,
+            max_retries=0,  # retries are ours: counted, logged, and classified the same for every server
+            default_headers=self._headers,
+            default_query=self._query or None,
+            http_client=httpx2.AsyncClient(limits=limits, timeout=timeout, event_hooks=hooks),
+        )
+
     async def aclose(self) -> None:
         """Close the HTTP connections of the current event loop (the next call opens new ones)."""
-        if self._openai is not None and self._loop is asyncio.get_running_loop():
-            await self._openai.close()
-        self._openai, self._semaphore, self._loop = None, None, None
+        if self._loop is asyncio.get_running_loop():
+            for sdk in (self._openai, self._health):
+                if sdk is not None:
+                    await sdk.close()
+        self._openai, self._health, self._semaphore, self._loop = None, None, None, None
 
     async def __aenter__(self) -> OpenAIChatClient:
         return self
@@ -282,10 +281,11 @@ class OpenAIChatClient:
                     # can drop a cancellation that arrives just as the reply does, so a stopped run reads on.
                     # A raw POST parsed as plain JSON: the SDK's request transforms and response models cost
                     # ~0.5 ms a call; its transport, errors and headers are the same.
-                    async with _deadline(deadline):
-                        response = await client.post("/chat/completions", body=request, cast_to=object)
+                    with reply_limit(reply_byte_limit(max_tokens)):
+                        async with _deadline(deadline):
+                            response = await client.post("/chat/completions", body=request, cast_to=object)
                     error = None
-                except (TimeoutError, openai.APIError) as err:
+                except (TimeoutError, openai.APIError, ReplyTooLargeError) as err:
                     error = err
                 seconds = time.perf_counter() - start
             if error is None:
@@ -302,17 +302,26 @@ class OpenAIChatClient:
             attempt += 1
             await asyncio.sleep(delay)
 
-    async def list_models(self, timeout: float = 5.0) -> list[str]:
-        """The model ids ``GET /models`` lists (one attempt within ``timeout`` seconds, no retry: a health check).
-        A failure raises :class:`ChatRequestError`, its message naming the endpoint and the key redacted."""
-        client, _ = self._bind()
+    async def check_upstream(self, timeout: float = 5.0) -> UpstreamCheck:
+        """``GET /models`` on a connection of its own (a health check: never queued behind the chat calls, one
+        attempt, each phase within ``timeout`` seconds): whether the upstream answered, is busy (it took the
+        connection but did not answer in time) or is unreachable (no connection)."""
+        if self._health is None or self._loop is not asyncio.get_running_loop():
+            self._bind()
+            self._health = self._sdk(1, httpx2.Timeout(timeout))
         try:
-            async with _deadline(timeout):
-                response = await client.get("/models", cast_to=object)
-        except (TimeoutError, openai.APIError) as err:
-            raise self._failure(err, 1, _is_transient(err), what="GET /models") from err
-        data = response.get("data") if isinstance(response, dict) else None
-        return [m.get("id") for m in data or [] if isinstance(m, dict)]
+            async with _deadline(2 * timeout):  # connecting, then answering: each within timeout
+                await self._health.get("/models", cast_to=object)
+        except (TimeoutError, openai.APIError, ReplyTooLargeError) as err:
+            connected = isinstance(err, TimeoutError) or not isinstance(
+                err.__cause__, httpx2.ConnectTimeout | httpx2.ConnectError
+            )
+            status = getattr(err, "status_code", None)
+            answered = status is not None or isinstance(err, ReplyTooLargeError)
+            busy = not answered and connected and isinstance(err, TimeoutError | openai.APITimeoutError)
+            message = self._redact(f"GET /models at {self.base_url}: {_describe(err)}")
+            return UpstreamCheck(reachable=answered or busy, busy=busy, status_code=status, error=message)
+        return UpstreamCheck(reachable=True)
 
     def _failure(
         self, error: BaseException, attempts: int, transient: bool, what: str = "chat request"
@@ -329,23 +338,13 @@ class OpenAIChatClient:
         status = getattr(error, "status_code", None)
         return ChatRequestError(message, attempts=attempts, status_code=status, transient=transient)
 
-    def _to_reply(self, response: dict[str, Any], stop: Any, seconds: float, attempts: int) -> Reply:
-        choices = response.get("choices") if isinstance(response, dict) else None
-        if not choices:
+    def _to_reply(self, response: Any, stop: Any, seconds: float, attempts: int) -> Reply:
+        try:
+            reply = reply_of(response, stop, seconds)
+        except MalformedReplyError as err:  # the upstream's fault, not retried: the endpoint's 502
             self.stats.failures += 1
-            message = f"chat request to {self.base_url} returned no choices"
-            raise ChatRequestError(message, attempts=attempts, status_code=None, transient=False)
-        choice = choices[0]
-        finish: FinishReason = "length" if choice.get("finish_reason") == "length" else "stop"
-        usage = response.get("usage") or {}
-        prompt_tokens = usage.get("prompt_tokens") or 0
-        completion_tokens = usage.get("completion_tokens") or 0
-        self.stats.prompt_tokens += prompt_tokens
-        self.stats.completion_tokens += completion_tokens
-        return Reply(
-            text=_reply_text(choice, stop),
-            finish_reason=finish,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            seconds=seconds,
-        )
+            message = self._redact(f"chat request to {self.base_url} returned a malformed reply: {err}")
+            raise ChatRequestError(message, attempts=attempts, status_code=None, transient=False) from err
+        self.stats.prompt_tokens += reply.prompt_tokens
+        self.stats.completion_tokens += reply.completion_tokens
+        return reply

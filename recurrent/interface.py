@@ -297,7 +297,10 @@ def load_register(spec: str, obj_name: str = "REGISTER") -> WorkflowRegistration
             raise ImportError(f"cannot import agent file {path}")
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[module_spec.name] = module  # dataclasses resolve annotations through sys.modules
-        module_spec.loader.exec_module(module)
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as err:  # the file's own fault (a syntax error, a raise at import): one line, its cause
+            raise ImportError(f"agent file {path} failed on import: {type(err).__name__}: {err}") from err
         where = str(path)
     else:
         name = target

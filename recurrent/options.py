@@ -80,6 +80,11 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
 
 
+# A config file's values (keys, scalars, lists, mappings) with its aliases expanded: the largest of the project's
+# model tables holds a few hundred.
+MAX_YAML_VALUES = 100_000
+
+
 class ConfigError(ValueError):
     """A config file that cannot be used as it is; the message names the file, the line and the field."""
 
@@ -95,7 +100,11 @@ def read_yaml(path: str | Path) -> tuple[Any, yaml.Node | None]:
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
+        if node is not None:
+            _check_expansion(node, path)  # before anything is built from it
         data = loader.construct_document(node) if node is not None else None
+    except RecursionError:  # the composer recurses once per level
+        raise ConfigError(f"{path}: not read: its values nest too deep") from None
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where_ = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -105,6 +114,47 @@ def read_yaml(path: str | Path) -> tuple[Any, yaml.Node | None]:
     finally:
         loader.dispose()
     return data, node
+
+
+def check_yaml(path: str | Path) -> None:
+    """Raise :class:`ConfigError` unless the YAML file ``path`` is one :func:`read_yaml` reads: a file that another
+    library then loads (a run config that Hydra composes, a config OmegaConf reads) is checked here first, so that an
+    alias bomb is one line, not a hang."""
+    read_yaml(path)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
+def _check_expansion(root: yaml.Node, path: Path) -> None:
+    """Refuse a YAML document whose values, its aliases expanded, number over :data:`MAX_YAML_VALUES` (an alias
+    bomb: nine aliases of nine aliases of ... grow to billions) or that holds itself through an alias. A node's
+    expanded size is counted once, however many aliases name it: linear in the file's own nodes."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if children_done:
+            open_nodes.discard(key)
+            sizes[key] = 1 + sum(sizes[id(child)] for child in _children(node))
+            if sizes[key] > MAX_YAML_VALUES:
+                raise ConfigError(
+                    f"{where(path, node)}: not read: with its aliases (*name) expanded it holds over "
+                    f"{MAX_YAML_VALUES:,} values; write the values out"
+                )
+        elif key in open_nodes:
+            raise ConfigError(f"{where(path, node)}: not read: an alias (*name) names a value that holds it")
+        elif key not in sizes:
+            open_nodes.add(key)
+            stack.append((node, True))
+            stack.extend((child, False) for child in _children(node) if id(child) not in sizes)
 
 
 def where(path: str | Path, node: yaml.Node | None) -> str:

@@ -20,6 +20,10 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 TOKEN_DTYPE = np.int32
+# No tokenizer's token is longer than this many characters: a text longer than this many characters per token of a
+# budget cannot fit it (the endpoint's pass-through check), and a reply of N tokens holds at most N times this many
+# characters (the chat client's bound on a reply's size).
+MAX_CHARS_PER_TOKEN = 64
 
 
 class SeamError(ValueError):

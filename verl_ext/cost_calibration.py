@@ -24,6 +24,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from recurrent.options import check_yaml
 from verl_ext.cost import PHASES, TRAINING_PHASES, Cluster, Device, StepCost, step_cost
 from verl_ext.cost_report import CostInputs, default_args, train_file
 
@@ -66,6 +67,7 @@ def read_run(run_dir: Path) -> tuple[DictConfig, list[MeasuredStep]]:
     configs = sorted(run_dir.glob("hydra/*/.hydra/config.yaml"))
     if not configs:
         raise ValueError(f"{run_dir}: no hydra/*/.hydra/config.yaml (not a scripts/train_tiny_cpu.sh OUT_DIR?)")
+    check_yaml(configs[-1])  # a ConfigError (a ValueError) before OmegaConf expands what it holds
     config = OmegaConf.load(configs[-1])
     OmegaConf.resolve(config)
     metrics = run_dir / "metrics.jsonl"

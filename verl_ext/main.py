@@ -90,5 +90,32 @@ def main(config: DictConfig) -> None:
         sys.exit(2)
 
 
+def check_run_config(argv: list[str]) -> None:
+    """The run config named on the command line (``--config-name``, looked for in ``--config-dir`` then
+    ``configs/``), checked before Hydra composes it (:func:`recurrent.options.check_yaml`): a YAML alias bomb is one
+    line and exit 2, not a Hydra that grows until the machine runs out of memory."""
+    from recurrent.options import ConfigError, check_yaml
+
+    given: dict[str, str] = {}
+    names = {"-cn": "name", "--config-name": "name", "-cd": "dir", "--config-dir": "dir"}
+    for k, arg in enumerate(argv):
+        flag, eq, value = arg.partition("=")
+        if flag in names:
+            value = value if eq else argv[k + 1] if k + 1 < len(argv) else ""
+            given[names[flag]] = value
+    name = given.get("name", "memagent_7b")
+    folders = [Path(given["dir"])] if "dir" in given else []
+    for folder in [*folders, CONFIG_DIR]:
+        path = folder / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
+        if path.is_file():
+            try:
+                check_yaml(path)
+            except ConfigError as err:
+                print(f"[memagent] the run config cannot be read: {err}", file=sys.stderr)
+                sys.exit(2)
+            return
+
+
 if __name__ == "__main__":
+    check_run_config(sys.argv[1:])
     main()

@@ -127,6 +127,7 @@ def preflight(config: DictConfig, load_tokenizer: bool = True) -> None:
         problems.append(str(err))
 
     problems += sampling_problems(config)
+    problems += batch_size_problems(config)
     reward = reward_problem(config)
     if reward is not None:
         problems.append(reward)
@@ -202,6 +203,33 @@ def sampling_problems(config: DictConfig) -> list[str]:
             check_value(rule, value, key)
         except SamplingError as err:
             problems.append(str(err))
+    return problems
+
+
+# The batch sizes of a run: required ones (verl divides by them) and those that may be left null (verl's default).
+BATCH_SIZE_KEYS = {
+    "data.train_batch_size": True,
+    "data.val_batch_size": False,
+    "data.gen_batch_size": False,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": True,
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": False,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": False,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": False,
+}
+
+
+def batch_size_problems(config: DictConfig) -> list[str]:
+    """Batch sizes that are not whole numbers >= 1 (:data:`BATCH_SIZE_KEYS`): a train_batch_size of 0 or -4 passes
+    verl's own checks and fails a minute into the run, with Ray up, in a traceback that names none of them."""
+    from omegaconf import OmegaConf
+
+    problems = []
+    for key, required in BATCH_SIZE_KEYS.items():
+        value = OmegaConf.select(config, key, default=None)
+        if value is None and not required:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            problems.append(f"{key}={value!r}: a batch size is a whole number >= 1")
     return problems
 
 

@@ -91,8 +91,10 @@ def run_budgets(path: Path = RUN_CONFIG) -> Budgets:
     configs/calculator_cpu.yaml): the calls evaluated are refused where training would refuse them."""
     from omegaconf import OmegaConf
 
+    from recurrent.options import check_yaml
     from verl_ext.rollout import Budgets
 
+    check_yaml(path)  # one line for a file OmegaConf could not read in bounded time
     data = OmegaConf.load(path).data
     return Budgets(int(data.max_prompt_length), int(data.max_response_length))
 

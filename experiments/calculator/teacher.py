@@ -34,6 +34,7 @@ from experiments.calculator.task import Problem, problems
 from recurrent.functions import FunctionEpisode
 from recurrent.interface import Reply, load_register
 from recurrent.models import train_bpe_tokenizer
+from recurrent.options import check_yaml
 from recurrent.templating import chat_prompt_ids
 
 RUN_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "calculator_cpu.yaml"
@@ -49,6 +50,7 @@ Row = tuple[list[int], list[int]]  # (prompt ids, target ids with eos)
 def agent_config(path: Path = RUN_CONFIG) -> CalculatorConfig:
     """The agent's settings of the RL run (``recurrent.config`` of configs/calculator_cpu.yaml): the warm start
     is trained on the prompts that run sends."""
+    check_yaml(path)  # one line for a file OmegaConf could not read in bounded time
     values = OmegaConf.to_container(OmegaConf.load(path).recurrent.config, resolve=True)
     return CalculatorConfig(**values)
 

@@ -19,12 +19,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from taskutils.endpoint.admission import Document
+from taskutils.endpoint.connections import CLOSED_KEY
 from taskutils.endpoint.document_run import Outcome
 from taskutils.endpoint.protocol import LONG_TEXT_FIELDS, ApiError, ChatRequest, bad_request, parse_request
 from taskutils.endpoint.service import MemAgentService
 from taskutils.endpoint.settings import ServeSettings
 from taskutils.endpoint.spool import Spools
-from taskutils.endpoint.spooled_body import parse_spooled
+from taskutils.endpoint.spooled_body import TOO_DEEP, check_depth, parse_spooled
 
 log = logging.getLogger("taskutils.endpoint")
 
@@ -43,9 +44,10 @@ def _loads(buffer: bytearray) -> Any:
     text = buffer.decode(json.detect_encoding(buffer), "surrogatepass")  # as json.loads decodes bytes
     del buffer[:]
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except RecursionError:  # arrays or objects nested past Python's recursion limit: the client's 400, not a 500
-        raise ValueError("the JSON nests too deep") from None
+        raise ValueError(TOO_DEEP) from None
+    return check_depth(value)  # the rule of a long body's parse, whatever the size
 
 
 def _too_large(settings: ServeSettings, size: int | None = None, received: int | None = None) -> ApiError:
@@ -88,7 +90,9 @@ async def _receive(request: Request, settings: ServeSettings) -> tuple[bytearray
                 buffer = bytearray()
     except ClientDisconnect:
         said = f" of {int(length):,}" if length.isdigit() else ""
-        log.info("a client left during its upload, after %s%s bytes of its request", f"{received:,}", said)
+        why = request.scope.get(CLOSED_KEY)  # the server closed it (taskutils/endpoint/connections.py)
+        who = f"a client was disconnected: {why}" if why else "a client left during its upload"
+        log.info("%s, after %s%s bytes of its request", who, f"{received:,}", said)
         if spools is not None:
             spools.close()
         raise
@@ -134,7 +138,7 @@ def _usage(outcome: Outcome) -> dict[str, int]:
 class _EventStream(StreamingResponse):
     """A stream that, however it ends (finished, client gone), cancels what its document still runs."""
 
-    def __init__(self, content: AsyncIterator[str], doc: Document) -> None:
+    def __init__(self, content: AsyncIterator[bytes], doc: Document) -> None:
         super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         self.doc = doc
 
@@ -293,17 +297,18 @@ class _ChatRoute:
                 return error.response()
         return _EventStream(self._events(doc, event), doc)
 
-    async def _events(self, doc: Document, event: tuple | None) -> AsyncIterator[str]:
-        """The stream's events; a fault while writing them ends it with an error event, counted failed."""
+    async def _events(self, doc: Document, event: tuple | None) -> AsyncIterator[bytes]:
+        """The stream's events, each encoded here (a text that is not Unicode fails in this try, not in the server
+        after it): a fault while writing them ends the stream with an error event and [DONE], counted failed."""
         try:
             async for text in self._event_texts(doc, event):
-                yield text
+                yield text.encode()
         except Exception as err:  # a fault of this server, not of the document: the client is told, /health counts it
             log.error("%s: the stream failed", doc.id, exc_info=err)
             self.service.stream_failed(doc)
             error = ApiError(500, f"internal error while streaming: {type(err).__name__}: {err}", "server_error")
-            yield f"data: {json.dumps(error.body(), ensure_ascii=False)}\n\n"
-            yield "data: [DONE]\n\n"
+            yield f"data: {json.dumps(error.body())}\n\n".encode()  # ASCII JSON: whatever the message holds
+            yield b"data: [DONE]\n\n"
 
     async def _event_texts(self, doc: Document, event: tuple | None) -> AsyncIterator[str]:
         model = self.settings.model

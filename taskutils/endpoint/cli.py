@@ -27,6 +27,7 @@ from recurrent.options import (
     seconds,
 )
 from recurrent.options import port as port_number
+from taskutils.endpoint.connections import ConnectionLimits
 from taskutils.endpoint.questions import QUESTION_MODES
 from taskutils.endpoint.spool import MAX_REQUEST_BYTES, SPOOL_BYTES
 
@@ -165,6 +166,37 @@ class ServiceOptions:
         "3.5M-token document fits; 0: no limit)",
         type=non_negative_int,
     )
+    max_header_bytes: int = flag(
+        ConnectionLimits.max_header_bytes,
+        "a request's head (request line and headers) over this many bytes is refused with 431 (default %(default)s)",
+        type=positive_int,
+    )
+    max_headers: int = flag(
+        ConnectionLimits.max_headers, "a request with more headers is refused with 431 (%(default)s)", type=positive_int
+    )
+    header_timeout: float = flag(
+        ConnectionLimits.header_timeout,
+        "seconds for a request's head to arrive, from the connection's opening or the previous answer; a slower "
+        "connection is closed (default %(default)s)",
+        type=positive_seconds,
+    )
+    body_timeout: float = flag(
+        ConnectionLimits.body_timeout,
+        "seconds for a request's body to arrive once its head has; a slower connection is closed (default "
+        "%(default)s: 64 MiB at 220 KB/s)",
+        type=positive_seconds,
+    )
+    idle_timeout: float = flag(
+        ConnectionLimits.idle_timeout,
+        "seconds a kept-alive connection may wait for its next request (default %(default)s)",
+        type=positive_seconds,
+    )
+    max_connections: int = flag(
+        0,
+        "connections open at once; past it a new one closes the oldest idle or half-sent one (default 0: the "
+        "open-file limit less what the server and its documents may open)",
+        type=non_negative_int,
+    )
     server_key_env: str | None = flag(
         None, "environment variable holding a key clients must send (Bearer)", metavar="VAR"
     )
@@ -276,11 +308,25 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     )
 
 
+def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
+    """The :class:`~taskutils.endpoint.connections.ConnectionLimits` of parsed flags (``--max-connections 0``: from
+    the open-file limit, None)."""
+    return ConnectionLimits(
+        max_header_bytes=args.max_header_bytes,
+        max_headers=args.max_headers,
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
+        idle_timeout=args.idle_timeout,
+        max_connections=args.max_connections or None,
+    )
+
+
 def serve(args: argparse.Namespace, stop: _Stop) -> int:
     from recurrent.client import OpenAIChatClient
     from recurrent.local_server import ServerError, transformers_serve
     from recurrent.models import ModelNotAvailableError, resolve_model_path
     from taskutils.endpoint.app import build_app
+    from taskutils.endpoint.connections import Connections, connection_bound, raise_open_file_limit, server_config
     from taskutils.endpoint.service import MemAgentService
 
     log = logging.getLogger("taskutils.endpoint")
@@ -319,12 +365,25 @@ def serve(args: argparse.Namespace, stop: _Stop) -> int:
         except (ValueError, TypeError) as err:  # the agent cannot be built with these settings
             print(f"error: --agent {args.agent}: {err}", file=sys.stderr)
             return 2
+        raise_open_file_limit()  # connections are files: as many as this machine lets a process open
+        try:
+            bound = connection_bound(connection_limits(args), args.max_documents, args.max_queue)
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        service.connections = Connections(connection_limits(args), bound)
         log.info(
-            "model %r: upstream %s (model %r); %s", settings.model, client.base_url, upstream_model, service.describe()
+            "model %r: upstream %s (model %r); %s; at most %d connections",
+            settings.model,
+            client.base_url,
+            upstream_model,
+            service.describe(),
+            bound,
         )
-        config = uvicorn.Config(
-            build_app(service), host=args.host, port=args.port, log_level=args.log_level, lifespan="on"
-        )
+        config = server_config(
+            build_app(service), service.connections, host=args.host, port=args.port, log_level=args.log_level,
+            lifespan="on",
+        )  # fmt: skip
         server = DrainingServer(config, service)
         stop.service = service
         server.run()

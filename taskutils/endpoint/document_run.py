@@ -27,7 +27,7 @@ from recurrent.client import OpenAIChatClient
 from recurrent.impls.memory import MemoryWorkflow
 from recurrent.impls.memory_episode import MemoryEpisode
 from recurrent.interface import Reply, Turn, WorkflowRegistration
-from recurrent.tokens import SeamError, encode_long, encode_windows
+from recurrent.tokens import MAX_CHARS_PER_TOKEN, SeamError, encode_long, encode_windows
 from taskutils.endpoint.admission import Counters, Document
 from taskutils.endpoint.protocol import ApiError, ChatRequest, bad_request
 from taskutils.endpoint.questions import Found, QuestionError, find_question
@@ -36,9 +36,6 @@ from taskutils.endpoint.spool import LongText, Spools, Stopped, as_str
 
 log = logging.getLogger("taskutils.endpoint")
 
-# A message longer than this many characters per token of the chunk budget cannot fit one chunk (no tokenizer's
-# token is that long): the pass-through check need not tokenize it.
-MAX_CHARS_PER_TOKEN = 64
 # A document up to this many characters (~8K tokens) is tokenized on the event loop: a few ms, less than what two
 # hand-overs to a worker thread and back cost on a loaded machine (docs/third_party_eval.md). A longer one goes to
 # a thread, so that the loop keeps serving the other documents while it is tokenized.
@@ -141,6 +138,8 @@ class DocumentRunner:
         """What a request needs before it runs: whether it passes through, else where its question is."""
         request = doc.request
         if not self.reads_documents:
+            if not request.user_texts:  # the agent's sample is the conversation, its input the last user message
+                raise bad_request("messages hold no user message: the agent answers the last one", "messages")
             request.messages = [{**m, "content": as_str(m["content"])} for m in request.messages]
         elif self.reads_chunks and self._passes_through(request, check_tokens=False):
             doc.passthrough = await self.in_thread(doc, self._passes_through, request, True)
@@ -186,6 +185,7 @@ class DocumentRunner:
         if not on or request.ext.document is not None:
             return False
         texts = [m["content"] for m in request.messages]
+        # A message longer than this cannot fit one chunk: the check need not tokenize it.
         if sum(len(t) for t in texts) > self.settings.chunk_size * MAX_CHARS_PER_TOKEN:
             return False
         if not check_tokens:

@@ -40,6 +40,9 @@ UNSUPPORTED = {
 # The object fields where a request holds texts that may be long (a message's content, a text part's text, the
 # extension's document and question): in a long request they may stay on disk (taskutils.endpoint.spool).
 LONG_TEXT_FIELDS = frozenset({"content", "text", "document", "question"})
+# The roles of OpenAI's chat messages; any other is the client's 400 (it would reach an agent or an upstream that
+# cannot read it).
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 EXTENSION_FIELDS = (
     "question_mode",
     "split_marker",
@@ -175,13 +178,16 @@ def parse_request(body: Any, served_model: str, max_model_len: int | None = None
             param="model",
         )
     messages = body.get("messages")
-    if not isinstance(messages, list):
-        raise bad_request("messages must be a list of {role, content} objects", "messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages must be a non-empty list of {role, content} objects", "messages")
     parsed = []
     for k, message in enumerate(messages):
         where = f"messages[{k}]"
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise bad_request(f"{where} must be an object with a string role", where)
+        if message["role"] not in ROLES:
+            role = ascii(message["role"])[:40]
+            raise bad_request(f"{where}.role must be one of {', '.join(ROLES)}, got {role}", f"{where}.role")
         content = _unicode_text(_text_content(message.get("content"), where), f"{where}.content")
         parsed.append({"role": message["role"], "content": content})
     for name, what in UNSUPPORTED.items():
@@ -219,6 +225,8 @@ def parse_request(body: Any, served_model: str, max_model_len: int | None = None
         stop = check_stop(body.get("stop"))
     except SamplingError as err:
         raise bad_request(str(err), "stop") from None
+    for k, text in enumerate(stop):
+        _unicode_text(text, f"stop[{k}]")
     sampling = {}
     for name in SAMPLING_FIELDS:
         value = _sampling_value(body, name)

@@ -22,12 +22,15 @@ from recurrent.client import ChatRequestError, OpenAIChatClient
 from recurrent.functions import AnswerNotLastReplyError
 from recurrent.interface import WorkflowRegistration, load_register
 from taskutils.endpoint.admission import Admission, Document
+from taskutils.endpoint.connections import Connections
 from taskutils.endpoint.document_run import DocumentRunner, Outcome
 from taskutils.endpoint.protocol import ApiError, ChatRequest, upstream_error
 from taskutils.endpoint.settings import ServeSettings, context_length
 from taskutils.endpoint.spool import Spools
 
 log = logging.getLogger("taskutils.endpoint")
+
+HEALTH_TIMEOUT = 5.0  # seconds for the upstream to take /health's connection, and as many to answer on it
 
 
 class MemAgentService:
@@ -51,6 +54,7 @@ class MemAgentService:
         self.runner = DocumentRunner(settings, tokenizer, client, register, self.admission.counters)
         self.stopped = False  # set once the server has shut down cleanly (the CLI reads it)
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.connections: Connections | None = None  # the server's, once it serves (GET /health reports them)
 
     def describe(self) -> str:
         """The agent served and its settings (the start-up line)."""
@@ -157,23 +161,30 @@ class MemAgentService:
     # ---- status ----
 
     async def health(self) -> tuple[int, dict[str, Any]]:
+        """``GET /health``: the upstream checked on a connection of its own (never behind the documents' calls),
+        the documents and the counters. 200 "ok", or "busy" (every document slot taken, or the upstream took the
+        connection but did not answer in time); 503 "upstream unreachable" (no connection) or "shutting down"."""
+        check = await self.client.check_upstream(HEALTH_TIMEOUT)
         upstream: dict[str, Any] = {"url": self.client.base_url, "model": self.client.model}
-        status = 200
-        try:
-            await self.client.list_models()
-            upstream["reachable"] = True
-        except ChatRequestError as err:
-            # Any HTTP answer means it is up (a hosted deployment URL may have no /models); no answer: 503.
-            upstream["reachable"] = err.status_code is not None
-            upstream["error"] = str(err)
-            if err.status_code is None:
-                status = 503
-        draining = self.admission.draining
+        upstream["reachable"], upstream["busy"] = check.reachable, check.busy
+        if check.error is not None:
+            upstream["error"] = check.error
+        documents = self.admission.status()
+        if self.admission.draining:
+            status, said = 503, "shutting down"
+        elif not check.reachable:
+            status, said = 503, "upstream unreachable"
+        elif check.busy or documents["running"] >= documents["max_documents"]:
+            status, said = 200, "busy"
+        else:
+            status, said = 200, "ok"
         body = {
-            "status": "shutting down" if draining else ("ok" if status == 200 else "upstream unreachable"),
+            "status": said,
             "model": self.settings.model,
             "upstream": upstream,
-            "documents": self.admission.status(),
+            "documents": documents,
             "counters": vars(self.admission.counters),
         }
-        return (503 if draining else status), body
+        if self.connections is not None:
+            body["connections"] = self.connections.status()
+        return status, body

@@ -24,9 +24,12 @@ _ESCAPES = {b'"': '"', b"\\": "\\", b"/": "/", b"b": "\b", b"f": "\f", b"n": "\n
 _LITERALS = ((b"true", True), (b"false", False), (b"null", None), (b"NaN", float("nan")),
              (b"Infinity", float("inf")), (b"-Infinity", float("-inf")))  # fmt: skip
 
-# How deep a long body's arrays and objects may nest (a request nests 5 deep): each level costs this parser a few
-# Python frames, and past Python's recursion limit it would fail with RecursionError, a 500 (docs/serving.md).
+# How deep a body's arrays and objects may nest (a request nests 5 deep), whatever its size: each level costs this
+# parser a few Python frames, and past Python's recursion limit it would fail with RecursionError, a 500; a body
+# parsed in memory is held to the same rule (check_depth), so that one request is refused or not whatever its
+# size (docs/serving.md, "What a request costs").
 MAX_DEPTH = 200
+TOO_DEEP = f"the JSON nests too deep (over {MAX_DEPTH} levels)"
 # How many JSON values (objects, arrays, strings, numbers, literals) a long body may hold: each costs the parsed
 # request about 300 bytes of memory however short its text (60,000 one-KB messages, 180,000 values: 54 MiB), so
 # this bounds a running request's memory at about 90 MiB whatever its shape (docs/serving.md, "What a request
@@ -100,7 +103,7 @@ class _Parser:
 
     def value(self, depth: int, long: bool) -> Any:
         if depth > MAX_DEPTH:
-            raise self.error(f"the JSON nests too deep (over {MAX_DEPTH} levels)")
+            raise self.error(TOO_DEEP)
         self.values += 1
         if self.values > MAX_VALUES:
             raise self.error(f"the JSON holds too many values (over {MAX_VALUES:,}: objects, arrays, strings, numbers)")
@@ -265,7 +268,21 @@ def parse_spooled(
     source.seek(0)
     if json.detect_encoding(head) != "utf-8":
         try:
-            return json.loads(source.read())
+            value = json.loads(source.read())
         except RecursionError:  # nested past Python's recursion limit: the client's 400, not a 500
-            raise ValueError("the JSON nests too deep") from None
+            raise ValueError(TOO_DEEP) from None
+        return check_depth(value)
     return _Parser(source, spool, string_chars, keys, stop).document()
+
+
+def check_depth(value: Any) -> Any:
+    """``value`` (parsed JSON) when no value in it lies deeper than :data:`MAX_DEPTH` (the top level is 0), as
+    :func:`parse_spooled` reads a body; else ValueError. Iterative: its cost is one step per array or object."""
+    stack = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        if children and depth >= MAX_DEPTH:
+            raise ValueError(TOO_DEEP)
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return value

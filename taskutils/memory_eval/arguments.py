@@ -11,7 +11,7 @@ from pathlib import Path
 
 from recurrent.flags import ClientOptions, SamplingOptions, add_flags, flag
 from recurrent.interface import is_agent_file
-from recurrent.options import non_negative_int, parse_with_config, positive_int, positive_seconds
+from recurrent.options import non_negative_int, parse_with_config, positive_int, positive_seconds, seconds
 from recurrent.sampling import argument as sampling_argument
 from taskutils.memory_eval import config as cfg
 from taskutils.memory_eval import evalsets
@@ -144,6 +144,12 @@ class Serving:
         "stop a model when this many items in a row could not connect to its endpoint (their retries spent); those "
         "and the items in flight are not recorded, so the same command resumes them (default %(default)s; 0: never)",
         type=non_negative_int,
+    )
+    item_timeout: float = flag(
+        0.0,
+        "seconds an item's agent may run, its calls and its own code (any agent, one given by path too); past it the "
+        "item is recorded as failed, saying so (default 0: no limit; --timeout bounds each request)",
+        type=seconds,
     )
     seed: int | None = flag(
         None, "per-request sampling seed, if the server supports it", type=sampling_argument("seed")

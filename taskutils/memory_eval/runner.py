@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 INLINE_CHARS = 20_000  # contexts up to this size (~5K tokens, a few ms to tokenize) skip the worker thread
 
 
+class ItemTimeoutError(TimeoutError):
+    """An item whose agent did not finish within the harness's ``--item-timeout``."""
+
+
 class EndpointDownError(ServerError):
     """The endpoint does not answer: it failed the check before the first item, or items in a row could not
     connect to it."""
@@ -84,15 +88,19 @@ async def run_items(
     sampling: dict[str, Any] | None = None,
     bar: tqdm | None = None,
     streak: FailureStreak | None = None,
+    item_timeout: float | None = None,
 ) -> FileOutcome:
     """Drive every item to a result line. An item whose session cannot be built or whose requests fail for good
     is written with its error (it counts as failed, never as skipped); a cancelled run (Ctrl-C, SIGTERM) writes
     nothing for the items in flight, so a resumed run redoes them. ``streak`` (default: none kept) stops the run
-    with :class:`EndpointDownError` when the endpoint stops answering (see the module docstring)."""
+    with :class:`EndpointDownError` when the endpoint stops answering (see the module docstring). ``item_timeout``:
+    seconds an item's agent may run (None: no limit); past it the item fails with :class:`ItemTimeoutError`, its
+    agent cancelled wherever it waits, whatever it is (one given by path too)."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     streak = streak if streak is not None else FailureStreak(limit=0)
     run = _FileRun(make_session, make_record, client, writer, concurrency, sampling, bar, streak)
+    run.item_timeout = item_timeout
     return await run.run(items)
 
 
@@ -117,6 +125,7 @@ class _FileRun:
         self.slots = asyncio.Semaphore(concurrency)
         self.stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.tasks: set[asyncio.Task] = set()
+        self.item_timeout: float | None = None
 
     async def run(self, items: Iterable[dict[str, Any]]) -> FileOutcome:
         start = time.perf_counter()
@@ -124,7 +133,7 @@ class _FileRun:
         try:
             await asyncio.wait({feeder, self.stop}, return_when=asyncio.FIRST_COMPLETED)
             if self.stop.done():
-                self.stop.result()  # raises EndpointDownError
+                self.stop.result()  # raises EndpointDownError, or what writing a record raised
             feeder.result()  # raises what reading an item or writing its record raised
         finally:
             await cancel_and_wait([feeder, *self.tasks, self.stop])
@@ -156,12 +165,26 @@ class _FileRun:
                 else:
                     session = await asyncio.to_thread(self.make_session, item)
                 item.pop("context", None)  # the session holds the tokens; megabytes of text need not wait with it
-                await run_session(session, self.client, self.sampling)
+                deadline = asyncio.timeout(self.item_timeout)
+                try:
+                    async with deadline:
+                        await run_session(session, self.client, self.sampling)
+                except TimeoutError:
+                    if not deadline.expired():  # the agent's own
+                        raise
+                    calls = f"after {len(session.history)} model call{'s' * (len(session.history) != 1)}"
+                    raise ItemTimeoutError(
+                        f"the agent did not finish within {self.item_timeout:g} s (--item-timeout), {calls}"
+                    ) from None
                 check_finished(session)
             except Exception as err:  # this item's failure; cancellation (BaseException) passes through
                 error = err
             if not self.stop.done():
-                self.finish(self.make_record(item, session, error, time.perf_counter() - began), error)
+                try:
+                    self.finish(self.make_record(item, session, error, time.perf_counter() - began), error)
+                except Exception as err:  # the run's failure (a full disk): it stops now, the error raised once
+                    if not self.stop.done():
+                        self.stop.set_exception(err)
         finally:
             self.slots.release()  # only once the stop is decided: a stopped run starts no further item
 

@@ -90,6 +90,7 @@ async def run_model(
                         sampling,
                         bar,
                         streak,
+                        args.item_timeout or None,
                     )
                 finally:
                     bar.close()

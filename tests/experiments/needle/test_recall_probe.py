@@ -72,3 +72,21 @@ def test_a_fresh_tiny_reader_writes_a_curve_line_per_evaluation(tmp_path) -> Non
     assert [line["step"] for line in lines] == [0, 2, 4]
     assert lines[0]["chance"] == pytest.approx(chance([2, 3, 4] * 100), abs=1e-3)
     assert all(0 <= line["exact"] <= 1 for line in lines)
+
+
+def test_the_probe_scores_validation_documents_and_trains_on_train_documents(tokenizer, tmp_path, monkeypatch) -> None:
+    """The held-out rows' keys are the validation split's, the training rows' the train split's: read off the
+    rows' text, not off the arguments (the splits' keys are disjoint: experiments/needle/needle.py)."""
+    from experiments.needle import recall_probe
+    from experiments.needle.needle import split_keys
+
+    scored, trained = [], []
+    monkeypatch.setattr(recall_probe, "teacher_forced", lambda model, rows, pad: scored.extend(rows) or {"exact": 0.0})
+    monkeypatch.setattr(recall_probe, "sft_steps", lambda model, sample, *args: trained.extend(sample(4)))
+    recall_probe.probe(None, tokenizer, 1, tmp_path / "curve.jsonl", held_docs=5)
+
+    def keys(rows) -> set[str]:
+        return {tokenizer.decode(prompt).split("magic number for ")[-1].split(" ")[0] for prompt, _ in rows}
+
+    assert len(scored) == 5 and len(trained) == 4
+    assert keys(scored) <= set(split_keys("validation")) and keys(trained) <= set(split_keys("train"))

@@ -26,6 +26,7 @@ from threaded_http import serve_in_a_thread
 from recurrent.client import OpenAIChatClient
 from recurrent.local_server import free_port, wait_ready
 from taskutils.endpoint.app import build_app
+from taskutils.endpoint.connections import ConnectionLimits, Connections, connection_bound, server_config
 from taskutils.endpoint.service import MemAgentService
 from taskutils.endpoint.settings import ServeSettings
 
@@ -42,7 +43,9 @@ DOCUMENT = " ".join(
 class ScriptedUpstream:
     """An OpenAI-style upstream. Chat requests are numbered from 1; ``hold`` names those that wait until
     :meth:`release` (or until their client disconnects, which :attr:`aborted` records); ``fail`` answers every
-    chat request with ``(status, body)``; every reply has the usage above."""
+    chat request with ``(status, body)``; ``raw`` answers the request of a number with ``(content type, bytes)``
+    as they are; ``hold_models`` makes ``GET /models`` wait until :meth:`release`; every reply has the usage
+    above."""
 
     def __init__(self) -> None:
         self.url = ""
@@ -50,6 +53,8 @@ class ScriptedUpstream:
         self.reply = "the memory so far"
         self.hold: set[int] = set()
         self.fail: tuple[int, Any] | None = None
+        self.raw: dict[int, tuple[str, bytes]] = {}
+        self.hold_models = False
         self.bodies: list[dict] = []
         self.headers: list[dict] = []
         self.arrived: dict[int, threading.Event] = collections.defaultdict(threading.Event)
@@ -67,6 +72,8 @@ class ScriptedUpstream:
         self._loop.call_soon_threadsafe(self._release.set)
 
     async def _models(self, request: web.Request) -> web.Response:
+        if self.hold_models:
+            await self._release.wait()
         return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
 
     async def _chat(self, request: web.Request) -> web.Response:
@@ -80,6 +87,9 @@ class ScriptedUpstream:
         try:
             if number in self.hold:
                 await self._release.wait()
+            if number in self.raw:
+                kind, data = self.raw[number]
+                return web.Response(body=data, content_type=kind)
             if self.fail is not None:
                 status, payload = self.fail
                 if isinstance(payload, str):
@@ -134,15 +144,26 @@ def served(
     **settings: Any,
 ) -> Iterator[tuple[str, MemAgentService]]:
     """The server in this process (uvicorn in a thread) in front of ``upstream``: its base URL and its service.
-    Client settings: no retry, a fast backoff; ``timeout`` per upstream attempt may be given. uvicorn's loggers
-    are left to propagate, so that ``caplog`` sees them too."""
+    Client settings: no retry, a fast backoff; ``timeout`` per upstream attempt may be given. ``limits``: its
+    connection limits (the command line's defaults if not given). uvicorn's loggers are left to propagate, so that
+    ``caplog`` sees them too."""
     client = OpenAIChatClient(
-        upstream, upstream_model, api_key=api_key, max_retries=0, backoff=0.01, timeout=settings.pop("timeout", WAIT)
+        upstream,
+        upstream_model,
+        api_key=api_key,
+        max_concurrency=settings.get("max_documents", ServeSettings.max_documents),  # one call per document: the CLI's
+        max_retries=0,
+        backoff=0.01,
+        timeout=settings.pop("timeout", WAIT),
     )
+    limits = settings.pop("limits", ConnectionLimits())
     service = MemAgentService(ServeSettings(**{"model": "memagent", **settings}), tokenizer, client)
     port = free_port()
     app = build_app(service)
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level=log_level, log_config=None, lifespan="on")
+    s = service.settings
+    service.connections = Connections(limits, connection_bound(limits, s.max_documents, s.max_queue))
+    options = {"host": "127.0.0.1", "port": port, "log_level": log_level, "log_config": None, "lifespan": "on"}
+    config = server_config(app, service.connections, **options)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
