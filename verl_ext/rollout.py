@@ -29,6 +29,7 @@ from recurrent.interface import Episode, Reply, Workflow, load_register
 from recurrent.templating import chat_prompt_ids
 from recurrent.tokens import end_token_ids
 from verl_ext.settings import RecurrentSettings, recurrent_settings
+from verl_ext.trajectory_deadline import TimedEpisode
 
 
 @dataclass(frozen=True)
@@ -137,8 +138,11 @@ class AgentRollout:
     # ---- episodes ----
 
     async def episode(self, sample: dict[str, Any]) -> Episode:
-        """The episode of one trajectory, built in the rollout's worker thread."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self.agent.episode, sample)
+        """The episode of one trajectory, built in the rollout's worker thread; within
+        ``recurrent.trajectory_timeout_s`` when set (verl_ext/trajectory_deadline.py)."""
+        episode = await asyncio.get_running_loop().run_in_executor(self._executor, self.agent.episode, sample)
+        seconds, mode = self.settings.trajectory_timeout_s, self.settings.mode
+        return episode if seconds is None else TimedEpisode(episode, seconds, cancel_calls=mode == "async")
 
     def render(self, messages: list[dict[str, str]]) -> list[int]:
         """A call's messages as the policy sees them (:func:`recurrent.templating.chat_prompt_ids`)."""

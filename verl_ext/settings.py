@@ -45,6 +45,9 @@ class RecurrentSettings:
     # them);
     # off by default: at the paper's scale they would triple a dump of ~7K-token rows.
     dump_token_ids: bool = False
+    # Seconds a trajectory's agent may run; past it the trajectory fails (verl_ext/trajectory_deadline.py). None:
+    # no limit, as verl's own agent loops.
+    trajectory_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ROLLOUT_MODES:
@@ -71,6 +74,9 @@ class RecurrentSettings:
             raise ValueError(f"recurrent.single_trajectory must be one of {choices}, got {self.single_trajectory!r}")
         if self.replay_poll_interval_s is not None and not self.replay_poll_interval_s > 0:
             raise ValueError(f"recurrent.replay_poll_interval_s must be positive, got {self.replay_poll_interval_s}")
+        timeout = self.trajectory_timeout_s
+        if timeout is not None and not 0 < timeout < float("inf"):
+            raise ValueError(f"recurrent.trajectory_timeout_s must be a finite number of seconds > 0, got {timeout}")
 
 
 KNOWN_KEYS = {
@@ -83,6 +89,7 @@ KNOWN_KEYS = {
     "manager_class",
     "single_trajectory",
     "dump_token_ids",
+    "trajectory_timeout_s",
 }
 
 
@@ -96,6 +103,7 @@ def recurrent_settings(config: DictConfig | Any) -> RecurrentSettings:
     if unknown:
         raise ValueError(f"recurrent: has no key {', '.join(map(repr, unknown))}; its keys: {sorted(KNOWN_KEYS)}")
     poll = values.get("replay_poll_interval_s")
+    timeout = values.get("trajectory_timeout_s")
     return RecurrentSettings(
         agent=str(values.get("agent") or ""),
         agent_config=dict(values.get("config") or {}),
@@ -105,6 +113,7 @@ def recurrent_settings(config: DictConfig | Any) -> RecurrentSettings:
         replay_poll_interval_s=None if poll is None else float(poll),
         single_trajectory=str(values.get("single_trajectory", "warn")),
         dump_token_ids=bool(values.get("dump_token_ids", False)),
+        trajectory_timeout_s=None if timeout is None else float(timeout),
     )
 
 
