@@ -71,6 +71,9 @@ def document_pool(path: Path) -> tuple[str, ...]:
         raise EvalDataError(str(err)) from err
 
 
+TOO_DEEP = "not valid JSON (it nests too deep to read: an item nests a few levels)"
+
+
 def _shown(value: Any, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -89,6 +92,8 @@ def _raw_items(path: Path) -> Iterator[tuple[str, Any]]:
             line = raw.count(b"\n", 0, err.start) + 1
             column = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
             raise EvalDataError(f"{path}:{line}:{column}: {_not_utf8(err)}") from None
+        except RecursionError:  # arrays or objects nested past Python's recursion limit
+            raise EvalDataError(f"{path}: {TOO_DEEP}") from None
         if not isinstance(data, list):
             raise EvalDataError(f"{path}: expected a JSON array of items, got a JSON {type(data).__name__}")
         for k, item in enumerate(data):
@@ -114,6 +119,8 @@ def _parse(where: str, raw: Any) -> Any:
         raise EvalDataError(f"{where}:{err.colno}: not valid JSON ({err.msg}): {_shown(line)}") from err
     except UnicodeDecodeError as err:  # json.loads decodes bytes first: its error has no place in the file
         raise EvalDataError(f"{where}:{err.start + 1}: {_not_utf8(err)}") from None
+    except RecursionError:  # arrays or objects nested past Python's recursion limit
+        raise EvalDataError(f"{where}: {TOO_DEEP}") from None
 
 
 def check_item(where: str, item: Any, pool_size: int | None) -> None:
