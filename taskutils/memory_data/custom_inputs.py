@@ -4,7 +4,9 @@ parquet, or a folder written by ``datasets``' ``save_to_disk``, each record name
 
 from __future__ import annotations
 
+import errno
 import json
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,15 +31,20 @@ def open_sources(paths: list[Path], split: str | None = None) -> tuple[list[Sour
     write, or a ``datasets`` folder of several splits without ``split``. Nothing is read yet."""
     sources, problems = [], []
     for path in map(Path, paths):
-        if path.is_dir():
+        kind = _file_kind(path)
+        if kind == "folder":
             try:
                 sources.append(Source(path, "datasets", _dataset_split(path, split)))
             except CustomDataError as err:
                 problems.append(str(err))
-        elif not path.is_file():
-            problems.append(f"{path}: no such file or folder")
+        elif kind != "file":
+            problems.append(f"{path}: {kind}")
         elif path.suffix == ".parquet":
-            sources.append(Source(path, "parquet"))
+            problem = _parquet_problem(path)
+            if problem is None:
+                sources.append(Source(path, "parquet"))
+            else:
+                problems.append(problem)
         elif path.suffix in JSONL_SUFFIXES:
             sources.append(Source(path, "jsonl"))
         else:
@@ -46,6 +53,37 @@ def open_sources(paths: list[Path], split: str | None = None) -> tuple[list[Sour
                 "parquet (.parquet) or a datasets save_to_disk folder"
             )
     return sources, problems
+
+
+def _file_kind(path: Path) -> str:
+    """"file", "folder", or what is wrong with the path: missing, a loop of symbolic links, not a regular file (a
+    FIFO would block the read forever), not readable."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "no such file or folder"
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "a loop of symbolic links (it names itself through them)"
+        return f"cannot be read ({err.strerror or err})"
+    if stat.S_ISDIR(mode):
+        return "folder"
+    if stat.S_ISREG(mode):
+        return "file"
+    what = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+    return f"not a regular file ({what}); give a file or a datasets folder"
+
+
+def _parquet_problem(path: Path) -> str | None:
+    """Why a parquet file cannot be read (its footer: a corrupt, truncated or sparse file), or None."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pq.ParquetFile(path).close()
+    except (pa.ArrowException, OSError) as err:
+        return f"{path}: not a readable parquet file ({type(err).__name__}: {str(err).splitlines()[0]})"
+    return None
 
 
 def _dataset_split(path: Path, split: str | None) -> str | None:
@@ -74,13 +112,18 @@ def iter_raw(source: Source) -> Iterator[tuple[str, Any]]:
     if source.kind == "jsonl":
         yield from _iter_jsonl(source.path)
     elif source.kind == "parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
         row = 0
-        for batch in pq.ParquetFile(source.path).iter_batches(batch_size=256):
-            for record in batch.to_pylist():
-                yield f"{source.path}: row {row}", record
-                row += 1
+        try:
+            for batch in pq.ParquetFile(source.path).iter_batches(batch_size=256):
+                for record in batch.to_pylist():
+                    yield f"{source.path}: row {row}", record
+                    row += 1
+        except (pa.ArrowException, OSError) as err:  # a corrupt page: the rows before it were read
+            reason = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+            yield f"{source.path}: row {row}", Unreadable(f"the parquet file cannot be read from here on ({reason})")
     else:
         from datasets import load_from_disk
 

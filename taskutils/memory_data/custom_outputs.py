@@ -58,12 +58,20 @@ def output_problems(outputs: Outputs, eval_fraction: float | None, inputs: list[
             problems.append(f"--eval-fraction {eval_fraction}: must be between 0 and 1")
         if outputs.train is None or (outputs.val is None and outputs.eval is None):
             problems.append("--eval-fraction splits the records: give --train-out and --val-out or --eval-out")
-    resolved = {p.resolve() for p in inputs}
-    problems += [f"--{k}-out {p}: is also an input" for k, p in given.items() if p.resolve() in resolved]
-    paths = [p.resolve() for p in given.values()]
+    resolved = {_resolved(p) for p in inputs}
+    problems += [f"--{k}-out {p}: is also an input" for k, p in given.items() if _resolved(p) in resolved]
+    paths = [_resolved(p) for p in given.values()]
     if len(set(paths)) < len(paths):
         problems.append("two outputs have the same path")
     return problems
+
+
+def _resolved(path: Path) -> Path:
+    """The path with its links followed; as given when they loop (the input's own problem, named there)."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError):
+        return path
 
 
 def held_out(records: int, eval_fraction: float | None, seed: int, dropped: frozenset[int] = frozenset()) -> set[int]:

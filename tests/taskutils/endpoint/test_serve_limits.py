@@ -296,3 +296,37 @@ def test_a_calculator_call_of_an_unbounded_expression_is_answered_with_the_tools
     said = f"error: the result would have more than {MAX_DIGITS} digits"[: CalculatorConfig().max_result_chars]
     assert seen[1]["messages"][-1]["content"] == f"<tool_response>{said}</tool_response>"
     assert state.status_code == 200
+
+
+# ---- usage of any agent, and the model's context ----
+
+
+def test_usage_of_any_agent_sums_every_call(scripted):
+    # Three calls of the calculator, two tool calls and the answer: usage is what the upstream did, the last call's
+    # tokens included.
+    call = json.dumps({"name": "calculate", "arguments": {"expression": "6*7"}})
+    choice = {"index": 0, "message": {"role": "assistant", "content": f"<tool_call>{call}</tool_call>"}}
+    reply = {"choices": [{**choice, "finish_reason": "stop"}], "usage": {"prompt_tokens": 10, "completion_tokens": 4}}
+    scripted.raw = {k: ("application/json", json.dumps(reply).encode()) for k in (1, 2)}
+    with served(scripted.url, scripted.model, None, agent="calculator") as (base, _):
+        response = post(base, {"messages": [{"role": "user", "content": "What is 6 * 7?"}]})
+    usage = response.json()["usage"]
+    assert response.status_code == 200 and scripted.requests == 3
+    assert usage == {"prompt_tokens": 10 + 10 + 10, "completion_tokens": 4 + 4 + 3, "total_tokens": 41}
+
+
+class Tokenizer:
+    def __init__(self, model_max_length) -> None:
+        self.model_max_length = model_max_length
+
+
+@pytest.mark.parametrize(
+    ("known", "expected"),
+    [(4096, 4096), (1 << 24, 1 << 24), ((1 << 24) + 1, 131_072), (int(1e30), 131_072), (0, 131_072), (None, 131_072)],
+)
+def test_a_tokenizers_model_max_length_is_the_context_only_when_it_is_a_real_one(known, expected):
+    from taskutils.endpoint.settings import DEFAULT_MODEL_LEN, ServeSettings, context_length
+
+    assert DEFAULT_MODEL_LEN == 131_072  # 128K tokens (docs/serving.md, "What a request costs")
+    assert context_length(ServeSettings(model="m"), Tokenizer(known)) == expected
+    assert context_length(ServeSettings(model="m", max_model_len=2048), Tokenizer(known)) == 2048
