@@ -48,7 +48,6 @@ import contextlib
 import http.client
 import json
 import random
-import socket
 import statistics
 import sys
 import tempfile
@@ -61,7 +60,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from process_meter import Sampler, cpu_between, cpu_seconds, reset_peak, rss_kib, thread_cpu, wait_idle  # noqa: E402
+from process_meter import cpu_between, cpu_seconds, reset_peak, rss_kib, thread_cpu  # noqa: E402
 
 from recurrent.async_manager import run_session  # noqa: E402
 from recurrent.client import OpenAIChatClient  # noqa: E402
@@ -126,16 +125,21 @@ class Endpoint:
 
 
 @contextlib.contextmanager
-def upstream_and_endpoint(logs: Path, tiny: Path, endpoint_flags: list[str]) -> Iterator[tuple[str, int, Any]]:
-    """The instant upstream and an endpoint in front of it (the ``tiny`` model's tokenizer, ``endpoint_flags``
-    added), each in its own process, their logs in ``logs``: (the upstream's root URL, the endpoint's port, the
-    endpoint's process)."""
+def upstream_and_endpoint(
+    logs: Path, tiny: Path, endpoint_flags: list[str], upstream_flags: list[str] = (), open_files: int | None = None
+) -> Iterator[tuple[str, int, Any]]:
+    """The instant upstream (``upstream_flags`` added) and an endpoint in front of it (the ``tiny`` model's
+    tokenizer, ``endpoint_flags`` added; ``open_files``: its limit on open files, soft and hard), each in its own
+    process, their logs in ``logs``: (the upstream's root URL, the endpoint's port, the endpoint's process)."""
     upstream_port, port = free_port(), free_port()
+    logs.mkdir(parents=True, exist_ok=True)
     upstream_root = f"http://127.0.0.1:{upstream_port}"
     upstream_cmd = [sys.executable, str(Path(__file__).with_name("instant_server.py")), "--port", str(upstream_port),
-                    "--served-model-name", MODEL]  # fmt: skip
+                    "--served-model-name", MODEL, *upstream_flags]  # fmt: skip
     endpoint_cmd = [sys.executable, "-m", "taskutils.endpoint", "--upstream", f"{upstream_root}/v1", "--model", MODEL,
                     "--tokenizer", str(tiny), "--port", str(port), *endpoint_flags]  # fmt: skip
+    if open_files is not None:
+        endpoint_cmd = ["bash", "-c", f'ulimit -n {open_files} && exec "$@"', "bash", *endpoint_cmd]
     with (
         managed_server(upstream_cmd, health_probe(f"{upstream_root}/health"), logs / "upstream.log", 60, 0.05),
         managed_server(
@@ -160,6 +164,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--soak-stalled", type=int, default=4, help="uploads that stop after 2 MB of 8 MB")
     parser.add_argument("--soak-deep", type=int, default=4, help="requests of JSON nested 100,000+ deep")
     parser.add_argument("--soak-limit", type=float, default=300.0, help="seconds the soak waits for idle, at most")
+    parser.add_argument("--soak-floods", type=int, default=6, help="connections that each send a 64 MiB header")
+    parser.add_argument("--soak-idle", type=int, default=1100, help="idle connections, against an fd limit of 1,024")
+    parser.add_argument("--soak-reply-mib", type=int, default=100, help="MiB of the upstream's huge reply")
+    parser.add_argument("--soak-calculator", type=int, default=4, help="requests whose model calls the calculator")
+    parser.add_argument(
+        "--soak-phases", default="requests,calculator,connections,reply", help="the soak's phases, comma list"
+    )
     args = parser.parse_args(argv)
     if not args.soak:
         args.lengths = [int(x) for x in args.tokens.split(",")]
@@ -171,7 +182,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    return soak(args) if args.soak else overhead(args)
+    if args.soak:
+        from serve_soak import soak  # the hostile-client soak: its own module
+
+        return soak(args)
+    return overhead(args)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -334,93 +349,6 @@ def body_of(document: str, model: str = MODEL) -> bytes:
     (the endpoint's default question mode)."""
     message = {"role": "user", "content": f"{document.strip()}\n\n{QUESTION}"}
     return json.dumps({"model": model, "messages": [message], "temperature": 0.0}).encode()
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# the hostile-client soak (--soak)
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def many_messages_body(tokenizer: Any, messages: int) -> bytes:
-    """A chat of ``messages`` one-KB user messages and a question: the many-messages shape of a long request."""
-    block = "\n".join(_english_like_corpus(0, lines=40))[:1000]
-    chat = [{"role": "user", "content": block} for _ in range(messages)] + [{"role": "user", "content": QUESTION}]
-    return json.dumps({"model": MODEL, "messages": chat, "temperature": 0.0}).encode()
-
-
-def deep_body(depth: int) -> bytes:
-    return ('{"model": "instant", "messages": ' + "[" * depth + "]" * depth + "}").encode()
-
-
-def raw_post(port: int, body: bytes, length: int | None = None) -> socket.socket:
-    """A connection that has sent a chat request's head and ``body`` (which may be part of ``length`` bytes)."""
-    connection = socket.create_connection(("127.0.0.1", port))
-    head = "POST /v1/chat/completions HTTP/1.1\r\nHost: soak\r\nContent-Type: application/json\r\n"
-    connection.sendall(f"{head}Content-Length: {length or len(body)}\r\n\r\n".encode() + body)
-    return connection
-
-
-def hostile_clients(args: argparse.Namespace, port: int, pid: int, abandoned: bytes, probe: bytes) -> dict[str, Any]:
-    """The soak's clients at once: stalled uploads, abandoned many-message requests, deep JSON, then a normal
-    request (``probe``); the endpoint's peak RSS meanwhile, the statuses, when its clients left (``left``, a
-    ``time.perf_counter``), the seconds until the probe was answered and until the endpoint was idle (None: not
-    within ``--soak-limit``), and its documents after."""
-    endpoint = Endpoint(port)
-    with Sampler(pid) as sampler:
-        stalled = [raw_post(port, b'{"messages": [' + b" " * (2 << 20), 8 << 20) for _ in range(args.soak_stalled)]
-        gone = [raw_post(port, abandoned) for _ in range(args.soak_abandoned)]
-        for connection in gone:
-            connection.close()  # the client leaves once its request is sent
-        left = time.perf_counter()
-        # 100,000 deep in memory, 1,000,000 deep (2 MB) on disk, in turn
-        depths = [(100_000, 1_000_000)[k % 2] for k in range(args.soak_deep)]
-        deep = [endpoint.request("POST", "/v1/chat/completions", deep_body(d))[1] for d in depths]
-        _, status, _ = endpoint.request("POST", "/v1/chat/completions", probe)
-        to_answer = time.perf_counter() - left
-        to_idle = wait_idle(pid, args.soak_limit)
-        health = get_json(f"http://127.0.0.1:{port}/health")["documents"]
-        peak = sampler.peak_kib
-        for connection in stalled:
-            connection.close()
-    return {"peak_kib": peak, "status": status, "deep": deep, "left": left, "to_answer": to_answer,
-            "to_idle": to_idle, "health": health}  # fmt: skip
-
-
-def soak(args: argparse.Namespace) -> int:
-    """N abandoned many-message requests, stalled uploads and deep JSON at once, against an endpoint with one
-    slot: its RSS and CPU before, during and after, the time until a normal request is answered and until its
-    CPU is idle again (the work stopped), and what its log grew by (docs/serving.md, "What a request costs")."""
-    tiny = resolve_model_path(TINY)
-    tokenizer = load_tokenizer(tiny)
-    logs = Path(tempfile.mkdtemp(prefix="bench-soak-"))
-    abandoned = many_messages_body(tokenizer, args.soak_messages)
-    probe = body_of("A short note about the river.")
-    with upstream_and_endpoint(logs, tiny, ["--max-documents", "1"]) as (_, port, process):
-        pid = process.pid
-        Endpoint(port).chat(probe)
-        rss_before, cpu_before, log_before = rss_kib(pid)[0], cpu_seconds(pid), (logs / "endpoint.log").stat().st_size
-        print(f"soak: {args.soak_abandoned} x {len(abandoned) / 2**20:.1f} MiB abandoned, {args.soak_stalled} stalled "
-              f"uploads, {args.soak_deep} deep JSON; endpoint RSS {rss_before / 1024:.0f} MiB", flush=True)  # fmt: skip
-        run = hostile_clients(args, port, pid, abandoned, probe)
-        after = wait_idle(pid, args.soak_limit)
-        to_answer, to_idle = run["to_answer"], run["to_idle"]
-        figures = {
-            "rss_before_mib": rss_before / 1024,
-            "rss_peak_mib": run["peak_kib"] / 1024,
-            "rss_after_mib": rss_kib(pid)[0] / 1024,
-            "cpu_s": cpu_seconds(pid) - cpu_before,
-            "probe_status": run["status"],
-            "deep_statuses": run["deep"],
-            "s_until_probe_answered": to_answer,
-            "s_until_idle": (time.perf_counter() - run["left"]) if to_idle is None else to_answer + to_idle,
-            "idle_within_limit": to_idle is not None and after is not None,
-            "health_after": run["health"],
-            "log_kib_added": ((logs / "endpoint.log").stat().st_size - log_before) / 1024,
-        }
-    print(json.dumps(figures, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
-    return 0
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ limit) and by the serving tests as a stand-in for ``vllm serve`` (it accepts vLL
 the options it does not need). Standard library only (asyncio streams, HTTP/1.1 keep-alive).
 
     python scripts/instant_server.py [serve] [MODEL] --port 8000 [--served-model-name NAME]
-        [--reply TEXT] [--delay SECONDS]
+        [--reply TEXT] [--reply-repeat N] [--delay SECONDS]
 
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``, ``GET /health``, ``GET /stats`` (requests
 served, peak in-flight requests, total server-side seconds), ``POST /stats/reset``.
@@ -119,12 +119,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", default=None, help="the id /v1/models lists (default: MODEL)")
     parser.add_argument("--reply", default="Therefore, the answer is 42.", help="the content of every answer")
+    parser.add_argument("--reply-repeat", type=int, default=1, help="the reply is TEXT this many times (a huge one)")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds of simulated model time per request")
     args, _unknown = parser.parse_known_args(argv)  # vLLM options (tp, max-model-len, ...) are accepted, unused
     words = [w for w in args.positional if w != "serve"]
     model = args.served_model_name or (words[0] if words else "instant")
     print(f"instant server for {model!r} on http://{args.host}:{args.port}/v1", flush=True)
-    asyncio.run(InstantServer(model, args.reply, args.delay).serve(args.host, args.port))
+    asyncio.run(InstantServer(model, args.reply * args.reply_repeat, args.delay).serve(args.host, args.port))
 
 
 if __name__ == "__main__":

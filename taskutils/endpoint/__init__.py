@@ -13,6 +13,8 @@ path), every model call sent to an upstream OpenAI-compatible server.
 - :mod:`taskutils.endpoint.spool` and :mod:`taskutils.endpoint.spooled_body`: long requests kept on disk, and their
   bodies parsed there;
 - :mod:`taskutils.endpoint.app`: the FastAPI app (plain and streamed answers, client disconnects);
+- :mod:`taskutils.endpoint.connections`: what a connection may hold before its request is read (uvicorn's h11 with
+  limits on a request's head, deadlines for its head and body, a bound on open connections);
 - :mod:`taskutils.endpoint.cli`: the command line (flags, ``--config``, a local upstream, uvicorn, SIGTERM).
 
 docs/serving.md describes it for users.

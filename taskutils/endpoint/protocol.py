@@ -180,8 +180,6 @@ def parse_request(body: Any, served_model: str, max_model_len: int | None = None
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise bad_request("messages must be a list of {role, content} objects", "messages")
-    if not messages:
-        raise bad_request("messages must hold at least one message", "messages")
     parsed = []
     for k, message in enumerate(messages):
         where = f"messages[{k}]"

@@ -225,7 +225,7 @@ SURROGATE_STOP = json.dumps({"messages": MESSAGES}).replace("}]", '}], "stop": "
 @pytest.mark.parametrize(
     ("body", "param", "said"),
     [
-        ({"messages": []}, "messages", "must hold at least one message"),
+        ({"messages": []}, "messages", "found no question"),
         ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role", "got 'wizard'"),
         (SURROGATE_ROLE, "messages[0].role", "got '\\ud800'"),
         (SURROGATE_STOP, "stop[0]", "lone surrogate"),
