@@ -56,7 +56,7 @@ def open_sources(paths: list[Path], split: str | None = None) -> tuple[list[Sour
 
 
 def _file_kind(path: Path) -> str:
-    """"file", "folder", or what is wrong with the path: missing, a loop of symbolic links, not a regular file (a
+    """ "file", "folder", or what is wrong with the path: missing, a loop of symbolic links, not a regular file (a
     FIFO would block the read forever), not readable."""
     try:
         mode = path.stat().st_mode
