@@ -287,6 +287,8 @@ class OpenAIChatClient:
                     error = None
                 except (TimeoutError, openai.APIError, ReplyTooLargeError) as err:
                     error = err
+                except ValueError as err:  # a body said to be JSON that is not (an HTML error page)
+                    raise self._malformed(f"not JSON ({err})", attempt + 1) from err
                 seconds = time.perf_counter() - start
             if error is None:
                 return self._to_reply(response, sampling.get("stop"), seconds, attempt + 1)
@@ -312,6 +314,8 @@ class OpenAIChatClient:
         try:
             async with _deadline(2 * timeout):  # connecting, then answering: each within timeout
                 await self._health.get("/models", cast_to=object)
+        except ValueError:  # it answered, with a body that is not JSON: up
+            return UpstreamCheck(reachable=True)
         except (TimeoutError, openai.APIError, ReplyTooLargeError) as err:
             connected = isinstance(err, TimeoutError) or not isinstance(
                 err.__cause__, httpx2.ConnectTimeout | httpx2.ConnectError
@@ -338,13 +342,18 @@ class OpenAIChatClient:
         status = getattr(error, "status_code", None)
         return ChatRequestError(message, attempts=attempts, status_code=status, transient=transient)
 
+    def _malformed(self, what: str, attempts: int) -> ChatRequestError:
+        """The failure of a reply that is not a chat completion: the upstream's fault, not retried (the endpoint's
+        502 ``upstream_bad_response``)."""
+        self.stats.failures += 1
+        message = self._redact(f"chat request to {self.base_url} returned a malformed reply: {what}")
+        return ChatRequestError(message, attempts=attempts, status_code=None, transient=False)
+
     def _to_reply(self, response: Any, stop: Any, seconds: float, attempts: int) -> Reply:
         try:
             reply = reply_of(response, stop, seconds)
-        except MalformedReplyError as err:  # the upstream's fault, not retried: the endpoint's 502
-            self.stats.failures += 1
-            message = self._redact(f"chat request to {self.base_url} returned a malformed reply: {err}")
-            raise ChatRequestError(message, attempts=attempts, status_code=None, transient=False) from err
+        except MalformedReplyError as err:
+            raise self._malformed(str(err), attempts) from err
         self.stats.prompt_tokens += reply.prompt_tokens
         self.stats.completion_tokens += reply.completion_tokens
         return reply

@@ -35,6 +35,9 @@ class InstantServer:
         self.reply = reply
         self.delay = delay
         self.stats = Stats()
+        # A huge reply (--reply-repeat) is encoded once: serializing 100 MiB per request would hold this server's
+        # loop for seconds, and its /v1/models with it.
+        self.encoded = json.dumps(self._completion({})).encode() if len(reply) > 1 << 20 else None
 
     def _completion(self, body: dict) -> dict:
         prompt_chars = sum(len(str(m.get("content", ""))) for m in body.get("messages", []))
@@ -51,7 +54,7 @@ class InstantServer:
             },
         }
 
-    async def _respond(self, path: str, method: str, body: bytes) -> tuple[int, dict]:
+    async def _respond(self, path: str, method: str, body: bytes) -> tuple[int, dict | bytes]:
         if method == "GET" and path.rstrip("/") in ("/v1/models", "/models"):
             return 200, {"object": "list", "data": [{"id": self.model, "object": "model"}]}
         if method == "GET" and path == "/health":
@@ -65,6 +68,8 @@ class InstantServer:
         if method == "POST" and path.endswith("/chat/completions"):
             if self.delay:
                 await asyncio.sleep(self.delay)
+            if self.encoded is not None:
+                return 200, self.encoded
             return 200, self._completion(json.loads(body or b"{}"))
         return 404, {"error": {"message": f"no route {method} {path}"}}
 
@@ -88,7 +93,7 @@ class InstantServer:
                     self.stats.max_in_flight = max(self.stats.max_in_flight, self.stats.in_flight)
                 try:
                     status, payload = await self._respond(target.split("?")[0], method, body)
-                    data = json.dumps(payload).encode()
+                    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
                     reason = "OK" if status == 200 else "Not Found"
                     head = f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
                     writer.write(f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data)

@@ -78,7 +78,7 @@ def measured(pid: int, port: int, limit: float, work) -> dict[str, Any]:
     cpu = cpu_seconds(pid)
     with Sampler(pid) as sampler, HealthWatch(port) as watch:
         result = work()
-        idle = wait_idle(pid, limit)  # seconds from the clients' leaving until its CPU is idle
+        idle = wait_idle(pid, limit, window=0.25, busy=0.0125)  # seconds from the clients' leaving until idle (5% CPU)
     return {
         **result,
         **watch.figures(),

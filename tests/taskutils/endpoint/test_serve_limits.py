@@ -183,6 +183,7 @@ def completion(**fields) -> bytes:
 
 MALFORMED = {
     "an HTML page": ("text/html", b"<html><body>502 Bad Gateway</body></html>"),
+    "an HTML page said to be JSON": ("application/json", b"<html><body>502 Bad Gateway</body></html>"),
     "choices a string": ("application/json", completion(choices="none")),
     "choices a dict": ("application/json", completion(choices={"0": {"message": {}}})),
     "choices [1]": ("application/json", completion(choices=[1])),
