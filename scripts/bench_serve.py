@@ -167,7 +167,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--soak-floods", type=int, default=6, help="connections that each send a 64 MiB header")
     parser.add_argument("--soak-idle", type=int, default=1100, help="idle connections, against an fd limit of 1,024")
     parser.add_argument("--soak-reply-mib", type=int, default=100, help="MiB of the upstream's huge reply")
-    parser.add_argument("--soak-calculator", type=int, default=4, help="requests whose model calls the calculator")
+    parser.add_argument("--soak-calculator", type=int, default=40, help="requests whose model calls the calculator")
     parser.add_argument(
         "--soak-phases", default="requests,calculator,connections,reply", help="the soak's phases, comma list"
     )

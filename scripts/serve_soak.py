@@ -147,11 +147,12 @@ def worst_accepted_expression() -> dict[str, Any]:
     """The slowest of the expressions the calculator accepts at its bounds (the largest integers, the longest
     chains of operations on them), and of the hostile ones it refuses, timed here over 200 evaluations each."""
     big = "(9**64)**16"  # 978 digits, just under the bound
-    candidates = [big, f"{big}%({big}-1)", f"{big}//(7**64)**16*(7**64)**16", "2**64*" * 30 + "1"]
-    chain = big
-    while len(chain) + len(f"//{big}*{big}") <= MAX_EXPRESSION_CHARS:
-        chain += f"//{big}*{big}"
-    candidates.append(chain)
+    candidates = [big, f"{big}%({big}-1)", f"{big}//(7**64)**16*(7**64)**16"]
+    for start, step in ((big, f"//{big}*{big}"), ("1", "*2**64"), ("1", "*9**64%7")):
+        chain = start  # the longest chain of the step the bounds accept (characters and operations)
+        while len(chain + step) <= MAX_EXPRESSION_CHARS and not calculate(chain + step).startswith("error: more"):
+            chain += step
+        candidates.append(chain)
     timed = {}
     for expression in [*candidates, *HOSTILE_EXPRESSIONS]:
         began = time.perf_counter()
