@@ -114,16 +114,17 @@ class HangingServer:
         return await self.server.generate(request_id, **kwargs)
 
 
+@pytest.mark.slow(seconds=40)  # the hung trajectory's 10 s, and the worker's start
 async def test_a_hung_trajectory_fails_counted_and_the_step_goes_on(
     tmp_path, monkeypatch, tiny_model_dir, tiny_tokenizer, tiny_server, caplog
 ):
     uids = [uuid.uuid4().hex for _ in QUESTIONS[:2]]
     good, hung = uids
-    extra = ["recurrent.trajectory_timeout_s=20"]
+    extra = ["recurrent.trajectory_timeout_s=10"]  # the other trajectories take ~1 s
     config, batch_dict = make_batch(tmp_path, tiny_tokenizer, QUESTIONS[:2], "async", extra)
     server = HangingServer(tiny_server, request_id=hung)
     stored, statuses = await run_worker(config, batch_dict, uids, tiny_tokenizer, server, monkeypatch, tiny_model_dir)
     n = config.actor_rollout_ref.rollout.n
     assert trajectories_per_uid(stored) == Counter({good: n})
     assert statuses == {good: ["running", "finished"], hung: ["running", "failure"]}
-    assert "did not finish its trajectory within 20 s (recurrent.trajectory_timeout_s)" in caplog.text
+    assert "did not finish its trajectory within 10 s (recurrent.trajectory_timeout_s)" in caplog.text
