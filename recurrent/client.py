@@ -154,7 +154,8 @@ class OpenAIChatClient:
     call's sampling. ``token_limit_param`` names the field that carries ``max_tokens`` (OpenAI's o-series want
     ``max_completion_tokens``; ``transformers serve`` ignores that one). ``max_model_len``, when given, caps the
     tokens an attempt's timeout counts (no model reads or writes more than its context): the timeout then has a
-    ceiling that no ``max_tokens`` lifts.
+    ceiling that no ``max_tokens`` lifts. A reply is read up to the size its ``max_tokens`` allows and must be a
+    chat completion (recurrent/replies.py); either fault fails the call at once, not retried.
     """
 
     def __init__(
