@@ -112,7 +112,7 @@ IMPORT_WATCH = """
 import os
 import sys
 
-WATCHED = ("memagent.", "experiments.")
+WATCHED = ("recurrent.impls.", "experiments.")
 
 
 class ImportWatch:
