@@ -35,7 +35,9 @@ An agent whose samples need work before it runs (a long document tokenized once,
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from recurrent.interface import (
@@ -81,7 +83,23 @@ def _excerpt(text: str, limit: int = 60) -> str:
     return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
 
 
-AgentFunction = Callable[[Any, "CallRecorder", Any], Awaitable[str]]  # (sample, client, config) -> the answer
+@dataclass(frozen=True)
+class Answer:
+    """What an agent function may return in place of its answer's text: the text (its last call's reply, as ever)
+    and the agent's own score of its run, which a training reward function reads (``verl_ext.rewards``:
+    ``agent_score``; docs/write_your_own_agent.md, "A reward over the whole trajectory")."""
+
+    text: str
+    score: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.score is not None and (
+            isinstance(self.score, bool) or not isinstance(self.score, int | float) or not math.isfinite(self.score)
+        ):
+            raise ValueError(f"an agent's score is a finite number, got {self.score!r}")
+
+
+AgentFunction = Callable[[Any, "CallRecorder", Any], Awaitable["str | Answer"]]  # (sample, client, config) -> answer
 RowWidthsOf = Callable[[Any, Any], RowWidths]  # (config, tokenizer) -> the widest call
 
 
@@ -105,6 +123,7 @@ class CallRecorder:
         self._keep_prompts = keep_prompts
         self._send_turn = getattr(client, "send_turn", None)  # a TurnClient (the lockstep barrier)
         self.history: list[TurnRecord] = []
+        self.in_flight = 0  # calls made and not yet answered (an agent returns only once none is left)
 
     async def chat(
         self,
@@ -125,13 +144,18 @@ class CallRecorder:
         traces and training rows (default "call", "final" for a final one); ``meta``: more facts for them."""
         messages = [dict(message) for message in messages]  # the record keeps what was sent, not later edits
         kind = kind if kind is not None else ANSWER_KIND if final else "call"
-        turn = Turn(messages, max_tokens, prompt_ids, final=final, meta={"kind": kind, **(meta or {})})
+        meta = {"kind": kind, **(meta or {})}
+        turn = Turn(messages, max_tokens, prompt_ids, final=final, meta=meta, sampling=dict(sampling))
         sampling = {**(self._final_sampling if final else self._sampling), **sampling}
-        if self._send_turn is not None:
-            reply = await self._send_turn(turn, **sampling)
-        else:  # prompt_ids only when built: an OpenAI-style client that does not know the keyword never sees it
-            extra = {} if prompt_ids is None else {"prompt_ids": prompt_ids}
-            reply = await self._client.chat(messages, max_tokens, **extra, **sampling)
+        self.in_flight += 1
+        try:
+            if self._send_turn is not None:
+                reply = await self._send_turn(turn, **sampling)
+            else:  # prompt_ids only when built: an OpenAI-style client that does not know the keyword never sees it
+                extra = {} if prompt_ids is None else {"prompt_ids": prompt_ids}
+                reply = await self._client.chat(messages, max_tokens, **extra, **sampling)
+        finally:
+            self.in_flight -= 1
         if stop_requested():  # a cancellation that arrived together with the reply: stop here, not at the next call
             raise asyncio.CancelledError("cancelled between calls")
         if prompt_ids is None:
@@ -162,6 +186,7 @@ class FunctionEpisode(Episode):
         self.keep_prompts = keep_prompts
         self._recorder: CallRecorder | None = None
         self._answer: str | None = None
+        self._score: float | None = None
 
     @property
     def history(self) -> list[TurnRecord]:
@@ -175,6 +200,10 @@ class FunctionEpisode(Episode):
     def answer(self) -> str | None:
         return self._answer
 
+    @property
+    def score(self) -> float | None:
+        return self._score
+
     async def run(
         self,
         client: ChatClient,
@@ -185,16 +214,32 @@ class FunctionEpisode(Episode):
         """Call the agent function with a recording client; ``final_sampling`` applies to calls flagged final."""
         if self._recorder is not None:
             raise RuntimeError(f"agent {self.name!r}: an episode runs once")
-        self._recorder = CallRecorder(client, sampling, on_turn, final_sampling, self.keep_prompts)
-        answer = await self.agent(self.sample, self._recorder, self.config)
+        recorder = self._recorder = CallRecorder(client, sampling, on_turn, final_sampling, self.keep_prompts)
+        answer = await self.agent(self.sample, recorder, self.config)
+        score = None
+        if isinstance(answer, Answer):
+            answer, score = answer.text, answer.score
         if not isinstance(answer, str):
-            raise TypeError(f"agent {self.name!r} returned a {type(answer).__name__}, expected its answer as a str")
-        if not self._recorder.history:
-            raise RuntimeError(f"agent {self.name!r} returned without calling the model (no call to reward)")
-        self._answer = answer
+            raise TypeError(
+                f"agent {self.name!r} returned a {type(answer).__name__}, expected its answer as a str (or an Answer)"
+            )
+        await asyncio.sleep(0)  # one pass: calls it started just before returning begin, ones it cancelled end
+        if recorder.in_flight:
+            raise RuntimeError(
+                f"agent {self.name!r} returned with {recorder.in_flight} model call(s) still running: every call is "
+                "a row of its episode, so an agent awaits (or cancels) each call it starts before it returns, e.g. "
+                "with asyncio.gather"
+            )
+        if not recorder.history:
+            raise RuntimeError(
+                f"agent {self.name!r} returned without calling the model: an episode is its model calls (in training "
+                "each one is a row, and the last one's reply is the answer), so an agent makes at least one"
+            )
+        self._answer, self._score = answer, score
 
     def trace(self) -> dict[str, Any]:
-        return {**super().trace(), "answer": self._answer}
+        scored = {} if self._score is None else {"score": self._score}
+        return {**super().trace(), "answer": self._answer, **scored}
 
 
 class FunctionWorkflow(Workflow):
@@ -270,5 +315,6 @@ def agent_function(
         columns=columns,
         large_columns=large_columns,
         needs_tokenizer=needs_tokenizer,
+        source=agent,
     )
     return registration
