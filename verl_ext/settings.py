@@ -45,6 +45,12 @@ class RecurrentSettings:
     # them);
     # off by default: at the paper's scale they would triple a dump of ~7K-token rows.
     dump_token_ids: bool = False
+    # The reward function's extra_info holds every call's messages and reply and the sample (verl_ext/
+    # agent_loop_manager.py); off for the memory agent, whose calls hold its whole document.
+    reward_trajectory: bool = True
+    # The preflight runs one episode of the agent against a scripted model before the launch
+    # (verl_ext/agent_probe.py); off for an agent that cannot end an episode on the scripted reply.
+    preflight_episode: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in ROLLOUT_MODES:
@@ -83,6 +89,8 @@ KNOWN_KEYS = {
     "manager_class",
     "single_trajectory",
     "dump_token_ids",
+    "reward_trajectory",
+    "preflight_episode",
 }
 
 
@@ -105,6 +113,8 @@ def recurrent_settings(config: DictConfig | Any) -> RecurrentSettings:
         replay_poll_interval_s=None if poll is None else float(poll),
         single_trajectory=str(values.get("single_trajectory", "warn")),
         dump_token_ids=bool(values.get("dump_token_ids", False)),
+        reward_trajectory=bool(values.get("reward_trajectory", True)),
+        preflight_episode=bool(values.get("preflight_episode", True)),
     )
 
 
