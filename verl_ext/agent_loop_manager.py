@@ -52,7 +52,6 @@ class RecurrentAgentLoopWorkerImpl(AgentLoopWorkerTQ.__ray_actor_class__):
         AgentLoopWorker.__init__(self, *args, **kwargs)
         tq.init()
         self.background_tasks = set()
-        self.reported_prompts: set[str] = set()  # prompts whose first failure is in their status tag
         log_once_filter()
 
     async def _run_agent_loop(self, sampling_params, trajectory, *, agent_name, trace=True, **kwargs):
@@ -70,7 +69,8 @@ class RecurrentAgentLoopWorkerImpl(AgentLoopWorkerTQ.__ray_actor_class__):
         except Exception:  # the agent itself cannot be built: the error says so, without a line of it
             source = None
         partition_id = "val" if validate else "train"
-        return await report_failure(logger, self.reported_prompts, uid, session, partition_id, error, source)
+        reported = self.__dict__.setdefault("reported_prompts", set())  # prompts whose first failure is tagged
+        return await report_failure(logger, reported, uid, session, partition_id, error, source)
 
     async def _agent_loop_postprocess(self, output, validate, **kwargs) -> None:
         for column in AgentRollout.get(self.config, self.tokenizer).large_columns:

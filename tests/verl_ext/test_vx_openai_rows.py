@@ -126,7 +126,8 @@ async def test_a_call_without_its_own_sampling_keeps_the_rollouts(tiny_model_dir
 
 async def refused(sample, client, config):
     options = json.loads(sample["options"])
-    completion = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], **options)
+    messages = [{"role": "user", "content": "hi"}]
+    completion = await client.chat.completions.create(model="m", messages=messages, **options)
     return completion.choices[0].message.content
 
 
@@ -136,7 +137,7 @@ REFUSED = openai_agent("refused", Nothing, refused)
 @pytest.mark.parametrize(
     ("options", "error"),
     [
-        ({"max_tokens": 4, "seed": 3}, r"passed sampling parameters \['seed'\] in training; a call may set temperature"),
+        ({"max_tokens": 4, "seed": 3}, r"sampling parameters \['seed'\] in training; a call may set temperature"),
         ({"max_tokens": 4, "temperature": 0.0}, r"temperature=0 \(greedy decoding\) cannot be trained on"),
         ({"max_tokens": 4, "top_p": 1.5}, r"top_p must be a finite number in \(0, 1\]"),
     ],
