@@ -223,12 +223,14 @@ class FunctionEpisode(Episode):
             raise TypeError(
                 f"agent {self.name!r} returned a {type(answer).__name__}, expected its answer as a str (or an Answer)"
             )
+        finished = len(recorder.history)
         await asyncio.sleep(0)  # one pass: calls it started just before returning begin, ones it cancelled end
-        if recorder.in_flight:
+        late = recorder.in_flight + len(recorder.history) - finished
+        if late:
             raise RuntimeError(
-                f"agent {self.name!r} returned with {recorder.in_flight} model call(s) still running: every call is "
-                "a row of its episode, so an agent awaits (or cancels) each call it starts before it returns, e.g. "
-                "with asyncio.gather"
+                f"agent {self.name!r} returned with {late} model call(s) still running: every call is a row of its "
+                "episode, so an agent awaits (or cancels) each call it starts before it returns, e.g. with "
+                "asyncio.gather"
             )
         if not recorder.history:
             raise RuntimeError(

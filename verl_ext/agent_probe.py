@@ -44,6 +44,7 @@ class ScriptedServer:
 
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **_: Any):
         self.calls += 1
+        await asyncio.sleep(0)  # a server answers later, never within the call
         ids = self.reply_ids[: int(sampling_params["max_tokens"])]
         log_probs = [-0.1] * len(ids) if sampling_params.get("logprobs") else None
         return TokenOutput(token_ids=ids, log_probs=log_probs, stop_reason="completed", extra_fields={})

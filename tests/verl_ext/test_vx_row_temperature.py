@@ -23,7 +23,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from omegaconf import open_dict
 from torchdata.stateful_dataloader import StatefulDataLoader
 from transformers import AutoModelForCausalLM
 from verl.trainer.ppo.utils import create_rl_dataset
@@ -32,14 +31,43 @@ from verl.utils.dataset.dataset_utils import DatasetPadMode
 from verl.utils.dataset.rl_dataset import collate_fn
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 from verl.workers.utils.padding import response_from_nested
-from vx_helpers import capture_transfer_queue, compose_config, make_worker
+from vx_helpers import capture_transfer_queue, make_worker
 
 from verl_ext.row_sampling import ACTOR_METHODS, row_temperatures
+from verl_ext.run_config import compose_run_config
 
 AGENT = Path(__file__).resolve().parents[1] / "self_consistency_agent.py"
 DRAFT_T, VOTE_T = 1.2, 0.5
 ATOL = 2e-5  # fp32 on both sides: the server and the actor differ in the order of float operations only
 QUESTIONS = ["What is 12 + 30?", "What is 7 + 8?"]
+# A user's run config (the generic trainer on the CPU platform), the agent's own score as the reward.
+RUN_CONFIG = """
+hydra:
+  searchpath:
+    - pkg://verl.trainer.config
+defaults:
+  - recurrent_trainer
+  - cpu_platform
+  - _self_
+recurrent:
+  agent: {agent}
+  config:
+    max_tokens: 8
+    draft_temperature: {draft}
+    vote_temperature: {vote}
+data:
+  max_prompt_length: 256
+  max_response_length: 8
+actor_rollout_ref:
+  rollout:
+    n: 2
+    max_model_len: 264
+    calculate_log_probs: true
+reward:
+  custom_reward_function:
+    path: pkg://verl_ext.rewards
+    name: agent_score
+"""
 
 
 def nested(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -66,21 +94,9 @@ async def stored(request, tmp_path_factory, tiny_model_dir, tiny_tokenizer, tiny
         for q in QUESTIONS
     ]
     pd.DataFrame(rows).to_parquet(folder / "train.parquet")
-    config = compose_config(
-        "tiny_cpu",
-        [
-            f"recurrent.agent={AGENT}",
-            f"recurrent.mode={mode}",
-            f"data.train_files={folder / 'train.parquet'}",
-            f"actor_rollout_ref.model.path={tiny_model_dir}",
-            "actor_rollout_ref.rollout.n=2",
-            "actor_rollout_ref.rollout.calculate_log_probs=true",
-            "reward.custom_reward_function.path=pkg://verl_ext.rewards",
-            "reward.custom_reward_function.name=agent_score",
-        ],
-    )
-    with open_dict(config):
-        config.recurrent.config = {"max_tokens": 8, "draft_temperature": DRAFT_T, "vote_temperature": VOTE_T}
+    (folder / "sc_cpu.yaml").write_text(RUN_CONFIG.format(agent=AGENT, draft=DRAFT_T, vote=VOTE_T))
+    overrides = [f"recurrent.mode={mode}", f"data.train_files={folder / 'train.parquet'}"]
+    config = compose_run_config(folder / "sc_cpu.yaml", [*overrides, f"actor_rollout_ref.model.path={tiny_model_dir}"])
     dataset = create_rl_dataset(config.data.train_files, config.data, tiny_tokenizer, None, is_train=True)
     batch_dict = next(iter(StatefulDataLoader(dataset, batch_size=len(rows), collate_fn=collate_fn)))
     batch_dict = copy.deepcopy(batch_dict)
@@ -155,7 +171,7 @@ async def test_every_row_carries_the_temperature_that_sampled_it(stored):
 
 async def test_the_actors_log_probs_are_at_each_rows_temperature(stored, actor):
     rows = [row for trajectory in stored for row in trajectory]
-    verl_extra_info = {"temperature": 1.0, "calculate_entropy": True, "compute_loss": False}
+    verl_extra_info = {"temperature": 1.0, "calculate_entropy": False, "compute_loss": False}
 
     class Worker:  # a worker group: records what the actor would be sent
         def compute_log_prob(self, batch):
@@ -167,7 +183,7 @@ async def test_the_actors_log_probs_are_at_each_rows_temperature(stored, actor):
     worker = Worker()
     with row_temperatures(worker):
         sent = worker.compute_log_prob(Batch())
-    assert "temperature" not in sent and sent["calculate_entropy"] is True  # only the scalar is taken out
+    assert "temperature" not in sent and sent["compute_loss"] is False  # only the scalar is taken out
     ours = actor_log_probs(actor, rows, sent)
     verls = actor_log_probs(actor, rows, verl_extra_info)  # the scalar over every row's own
     worst_hand = worst_server = 0.0
@@ -180,7 +196,7 @@ async def test_the_actors_log_probs_are_at_each_rows_temperature(stored, actor):
             assert float((at_one - hand).abs().max()) > 100 * ATOL
     print(f"\nmax |actor - by hand| {worst_hand:.2e}, max |actor - server| {worst_server:.2e}, {len(rows)} rows")
     assert worst_hand < ATOL and worst_server < ATOL
-    assert {float(row["temperature"]) for row in rows} == pytest.approx({DRAFT_T, VOTE_T})
+    assert sorted({round(float(row["temperature"]), 6) for row in rows}) == [VOTE_T, DRAFT_T]  # two temperatures
 
 
 def test_the_wrapper_covers_the_actor_and_reference_calls_and_is_undone():
