@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 from verl.workers.rollout.replica import TokenOutput
 
 from recurrent.async_manager import run_session
-from recurrent.failures import describe_failure
+from recurrent.failures import describe_failure, shown
 from verl_ext.rollout import AgentRollout, Budgets, TokenClient
 from verl_ext.settings import RecurrentSettings
 from verl_ext.sync_rollout import Trajectory, run_trajectories
@@ -116,8 +116,9 @@ def probe_problem(config: DictConfig, settings: RecurrentSettings, tokenizer: An
     if sample is None:
         return None  # remote or missing data: the data checks report it
     rollout = AgentRollout(settings, tokenizer, budgets, float(config.actor_rollout_ref.rollout.temperature))
+    name = getattr(rollout.agent, "name", settings.agent)
     trial = (
-        f"(agent {settings.agent!r}, its trial episode before the launch: the first sample of {first} against a "
+        f"(agent {name!r}, its trial episode before the launch: the first sample of {shown(str(first))} against a "
         f"scripted model, in {settings.mode} mode; recurrent.preflight_episode=false skips it)"
     )
     episode = asyncio.wait_for(run_episode(rollout, settings.mode, sample, rollout_sampling(config)), TIMEOUT_S)
