@@ -25,7 +25,10 @@ harness, the endpoint), so a mismatch fails the same way everywhere.
 A call may say more than its messages (:meth:`CallRecorder.chat`): ``prompt_ids``, the same prompt in token space
 (token-in backends send it as is); ``final=True``, that it is the answer, known before it is made (sync mode holds
 such calls until no agent of the batch has any other call left, and the client's answer-only sampling, such as a
-request's stop strings, applies to it); ``kind`` and ``meta``, facts about it for traces and training rows.
+request's stop strings, applies to it); ``kind`` and ``meta``, facts about it for traces and training rows; its own
+sampling (``temperature=...``), recorded with it. Calls may be made at once (``asyncio.gather``); each one the agent
+starts is awaited before it returns (a call left running would belong to an episode that has ended: refused). An
+agent may return :class:`Answer` (its text and its own score of the run) instead of the text alone.
 
 An agent whose samples need work before it runs (a long document tokenized once, off the event loop) subclasses
 :class:`FunctionWorkflow` and overrides :meth:`~FunctionWorkflow.prepare`: its function then receives what
