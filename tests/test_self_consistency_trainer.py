@@ -14,6 +14,7 @@ rows would differ by whole nats); sync mode sends all drafts of all trajectories
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -99,6 +100,11 @@ def user_folder(root: Path, agent: str, reward_path: str, reward_name: str) -> P
     return root
 
 
+def vote_prompt(tokenizer, question: str, drafts: tuple[str, ...]) -> list[int]:
+    listed = "\n".join(f"{i + 1}. {text}" for i, text in enumerate(drafts))
+    return chat_prompt_ids(tokenizer, [{"role": "user", "content": VOTE.format(question=question, drafts=listed)}])
+
+
 def last_step_rows(out: Path) -> dict[str, list[dict]]:
     steps = sorted(int(p.stem) for p in (out / "rollout").glob("*.jsonl"))
     rows = [json.loads(line) for line in (out / "rollout" / f"{steps[-1]}.jsonl").read_text().splitlines()]
@@ -142,9 +148,10 @@ def test_self_consistency_trains_two_steps_with_a_trajectory_reward(tmp_path, mo
         assert [c["temperature"] for c in calls] == [1.2, 1.2, 1.2, 0.5], trajectory
         question = drafted[tuple(calls[0]["prompt_ids"])]
         drafts = [tokenizer.decode(c["response_ids"], skip_special_tokens=True) for c in calls[:3]]
-        listed = "\n".join(f"{i + 1}. {text}" for i, text in enumerate(drafts))
-        vote = [{"role": "user", "content": VOTE.format(question=question, drafts=listed)}]
-        assert calls[3]["prompt_ids"] == chat_prompt_ids(tokenizer, vote), trajectory
+        # The vote's prompt holds the three drafts as the agent read them, in the order it made them; rows are in the
+        # order the calls finished, which for calls made at once may differ.
+        votes = [vote_prompt(tokenizer, question, order) for order in itertools.permutations(drafts)]
+        assert calls[3]["prompt_ids"] in votes, trajectory
         expected = sum(any(ch.isdigit() for ch in text) for text in drafts) / 3
         assert [c["score"] for c in calls] == pytest.approx([expected] * 4), trajectory
         assert len({c["advantage"] for c in calls}) == 1
