@@ -70,6 +70,9 @@ reward:
 """
 
 
+pytestmark = pytest.mark.slow(seconds=40)
+
+
 def nested(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.nested.as_nested_tensor(tensors, layout=torch.jagged)
 

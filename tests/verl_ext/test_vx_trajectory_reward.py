@@ -50,6 +50,9 @@ reward:
 """
 
 
+pytestmark = pytest.mark.slow(seconds=60)
+
+
 class DraftServer:
     """Drafts in turn from :data:`DRAFTS`, then a vote for 42 (a prompt holding "Drafts:")."""
 
