@@ -232,7 +232,7 @@ def test_serve_a_local_model_try_the_pages_agent_and_evaluate_it_with_its_settin
 def test_check_it_with_the_preflight_command(user: Path):
     command = re.search(r"`(python -m verl_ext\.preflight [^`]*)`", PAGE.read_text().replace("\n", " ")).group(1)
     done = run(command, user)  # the page's data paths are this folder's: data/train.parquet, ...
-    assert "[memagent] ready: my_agent.py (my_agent_cpu.yaml)" in done.stdout
+    assert f"[memagent] ready: {(user / 'my_agent.py').resolve()} (my_agent_cpu.yaml)" in done.stdout
 
 
 def test_try_it_with_the_quickstart(user: Path):
