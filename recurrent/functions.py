@@ -25,7 +25,10 @@ harness, the endpoint), so a mismatch fails the same way everywhere.
 A call may say more than its messages (:meth:`CallRecorder.chat`): ``prompt_ids``, the same prompt in token space
 (token-in backends send it as is); ``final=True``, that it is the answer, known before it is made (sync mode holds
 such calls until no agent of the batch has any other call left, and the client's answer-only sampling, such as a
-request's stop strings, applies to it); ``kind`` and ``meta``, facts about it for traces and training rows.
+request's stop strings, applies to it); ``kind`` and ``meta``, facts about it for traces and training rows; its own
+sampling (``temperature=...``), recorded with it. Calls may be made at once (``asyncio.gather``); each one the agent
+starts is awaited before it returns (a call left running would belong to an episode that has ended: refused). An
+agent may return :class:`Answer` (its text and its own score of the run) instead of the text alone.
 
 An agent whose samples need work before it runs (a long document tokenized once, off the event loop) subclasses
 :class:`FunctionWorkflow` and overrides :meth:`~FunctionWorkflow.prepare`: its function then receives what
@@ -35,7 +38,9 @@ An agent whose samples need work before it runs (a long document tokenized once,
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from recurrent.interface import (
@@ -81,7 +86,23 @@ def _excerpt(text: str, limit: int = 60) -> str:
     return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
 
 
-AgentFunction = Callable[[Any, "CallRecorder", Any], Awaitable[str]]  # (sample, client, config) -> the answer
+@dataclass(frozen=True)
+class Answer:
+    """What an agent function may return in place of its answer's text: the text (its last call's reply, as ever)
+    and the agent's own score of its run, which a training reward function reads (``verl_ext.rewards``:
+    ``agent_score``; docs/write_your_own_agent.md, "A reward over the whole trajectory")."""
+
+    text: str
+    score: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.score is not None and (
+            isinstance(self.score, bool) or not isinstance(self.score, int | float) or not math.isfinite(self.score)
+        ):
+            raise ValueError(f"an agent's score is a finite number, got {self.score!r}")
+
+
+AgentFunction = Callable[[Any, "CallRecorder", Any], Awaitable["str | Answer"]]  # (sample, client, config) -> answer
 RowWidthsOf = Callable[[Any, Any], RowWidths]  # (config, tokenizer) -> the widest call
 
 
@@ -105,6 +126,7 @@ class CallRecorder:
         self._keep_prompts = keep_prompts
         self._send_turn = getattr(client, "send_turn", None)  # a TurnClient (the lockstep barrier)
         self.history: list[TurnRecord] = []
+        self.in_flight = 0  # calls made and not yet answered (an agent returns only once none is left)
 
     async def chat(
         self,
@@ -125,13 +147,18 @@ class CallRecorder:
         traces and training rows (default "call", "final" for a final one); ``meta``: more facts for them."""
         messages = [dict(message) for message in messages]  # the record keeps what was sent, not later edits
         kind = kind if kind is not None else ANSWER_KIND if final else "call"
-        turn = Turn(messages, max_tokens, prompt_ids, final=final, meta={"kind": kind, **(meta or {})})
+        meta = {"kind": kind, **(meta or {})}
+        turn = Turn(messages, max_tokens, prompt_ids, final=final, meta=meta, sampling=dict(sampling))
         sampling = {**(self._final_sampling if final else self._sampling), **sampling}
-        if self._send_turn is not None:
-            reply = await self._send_turn(turn, **sampling)
-        else:  # prompt_ids only when built: an OpenAI-style client that does not know the keyword never sees it
-            extra = {} if prompt_ids is None else {"prompt_ids": prompt_ids}
-            reply = await self._client.chat(messages, max_tokens, **extra, **sampling)
+        self.in_flight += 1
+        try:
+            if self._send_turn is not None:
+                reply = await self._send_turn(turn, **sampling)
+            else:  # prompt_ids only when built: an OpenAI-style client that does not know the keyword never sees it
+                extra = {} if prompt_ids is None else {"prompt_ids": prompt_ids}
+                reply = await self._client.chat(messages, max_tokens, **extra, **sampling)
+        finally:
+            self.in_flight -= 1
         if stop_requested():  # a cancellation that arrived together with the reply: stop here, not at the next call
             raise asyncio.CancelledError("cancelled between calls")
         if prompt_ids is None:
@@ -162,6 +189,7 @@ class FunctionEpisode(Episode):
         self.keep_prompts = keep_prompts
         self._recorder: CallRecorder | None = None
         self._answer: str | None = None
+        self._score: float | None = None
 
     @property
     def history(self) -> list[TurnRecord]:
@@ -175,6 +203,10 @@ class FunctionEpisode(Episode):
     def answer(self) -> str | None:
         return self._answer
 
+    @property
+    def score(self) -> float | None:
+        return self._score
+
     async def run(
         self,
         client: ChatClient,
@@ -185,16 +217,34 @@ class FunctionEpisode(Episode):
         """Call the agent function with a recording client; ``final_sampling`` applies to calls flagged final."""
         if self._recorder is not None:
             raise RuntimeError(f"agent {self.name!r}: an episode runs once")
-        self._recorder = CallRecorder(client, sampling, on_turn, final_sampling, self.keep_prompts)
-        answer = await self.agent(self.sample, self._recorder, self.config)
+        recorder = self._recorder = CallRecorder(client, sampling, on_turn, final_sampling, self.keep_prompts)
+        answer = await self.agent(self.sample, recorder, self.config)
+        score = None
+        if isinstance(answer, Answer):
+            answer, score = answer.text, answer.score
         if not isinstance(answer, str):
-            raise TypeError(f"agent {self.name!r} returned a {type(answer).__name__}, expected its answer as a str")
-        if not self._recorder.history:
-            raise RuntimeError(f"agent {self.name!r} returned without calling the model (no call to reward)")
-        self._answer = answer
+            raise TypeError(
+                f"agent {self.name!r} returned a {type(answer).__name__}, expected its answer as a str (or an Answer)"
+            )
+        finished = len(recorder.history)
+        await asyncio.sleep(0)  # one pass: calls it started just before returning begin, ones it cancelled end
+        late = recorder.in_flight + len(recorder.history) - finished
+        if late:
+            raise RuntimeError(
+                f"agent {self.name!r} returned with {late} model call(s) still running: every call is a row of its "
+                "episode, so an agent awaits (or cancels) each call it starts before it returns, e.g. with "
+                "asyncio.gather"
+            )
+        if not recorder.history:
+            raise RuntimeError(
+                f"agent {self.name!r} returned without calling the model: an episode is its model calls (in training "
+                "each one is a row, and the last one's reply is the answer), so an agent makes at least one"
+            )
+        self._answer, self._score = answer, score
 
     def trace(self) -> dict[str, Any]:
-        return {**super().trace(), "answer": self._answer}
+        scored = {} if self._score is None else {"score": self._score}
+        return {**super().trace(), "answer": self._answer, **scored}
 
 
 class FunctionWorkflow(Workflow):
@@ -270,5 +320,6 @@ def agent_function(
         columns=columns,
         large_columns=large_columns,
         needs_tokenizer=needs_tokenizer,
+        source=agent,
     )
     return registration

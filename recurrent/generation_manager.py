@@ -1,9 +1,10 @@
-"""Sync mode: the agents of a batch advance one model call at a time, in lockstep rounds.
+"""Sync mode: the agents of a batch advance in lockstep rounds of model calls.
 
 Any agent runs here, as plain code: each episode runs as its own coroutine against a barrier client. A call
 (``client.chat``) registers as pending and waits; once every live agent is either waiting on a call or finished,
-the round's calls go out together (concurrently) and each agent is resumed with its reply, to run on to its next
-call or its end. A round holds the pending call of every agent whose call is not flagged final; calls flagged
+the round's calls go out together (concurrently) and each agent is resumed with its replies, to run on to its next
+calls or its end. A round holds every pending call of every agent that is not flagged final, all the calls an
+agent has made at once included (``asyncio.gather`` of three drafts: three calls of one round); calls flagged
 final (``final=True``: the answer, known before it is made) wait until no agent has any other call left, and then
 all go in one last round. Agents with 2, 1, 3 and 1 memory calls before their answers run four rounds,
 ``max(memory calls) + 1``::
@@ -12,17 +13,16 @@ all go in one last round. Agents with 2, 1, 3 and 1 memory calls before their an
 
 This is the schedule of the released MemAgent training runs (``recurrent.mode=sync``, docs/fidelity.md). The next
 round starts only when all of a round's calls have returned. How a call is generated is the caller's business:
-``generate(i, turn)`` returns agent ``i``'s reply to ``turn`` (:mod:`verl_ext.sync_rollout` sends it to verl's
-token
-server). An agent whose call or own code raises leaves the lockstep with its error; the others go on. An agent
-waits on one call at a time here (concurrent calls of one agent have no place in a round, and are refused).
+``generate(i, turn)`` returns agent ``i``'s reply to ``turn``, sampled with the call's own ``turn.sampling`` over the
+run's (:mod:`verl_ext.sync_rollout` sends it to verl's token server). An agent whose call or own code raises leaves
+the lockstep with its error; the others go on.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from recurrent.async_manager import cancel_and_wait, check_finished
@@ -37,10 +37,14 @@ class LockstepRun:
 
     errors: list[Exception | None]  # per episode: the error that ended it early, None when it finished
     rounds: list[list[int]]  # per round, the episodes that had a call in it (ascending)
+    calls: list[int] = field(default_factory=list)  # per round, how many calls it sent
 
     @property
     def num_failed(self) -> int:
         return sum(error is not None for error in self.errors)
+
+
+Pending = tuple[Turn, "asyncio.Future[Reply]"]
 
 
 class _Barrier:
@@ -48,26 +52,47 @@ class _Barrier:
 
     def __init__(self, size: int) -> None:
         self.live = set(range(size))
-        self.pending: dict[int, tuple[Turn, asyncio.Future[Reply]]] = {}
+        self.pending: dict[int, list[Pending]] = {}  # per episode, its calls in the order they were made
         self.changed = asyncio.Event()
 
     async def call(self, i: int, turn: Turn) -> Reply:
-        if i in self.pending:
-            raise RuntimeError("in sync mode an agent waits on one call at a time (a round holds one call per agent)")
+        if i not in self.live:
+            raise RuntimeError("a call made after its agent returned has no place in a round")
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        self.pending[i] = (turn, future)
+        self.pending.setdefault(i, []).append((turn, future))
         self.changed.set()
         return await future
 
     def end(self, i: int) -> None:
         self.live.discard(i)
+        for _, future in self.pending.pop(i, []):  # calls it left running: its episode has failed (functions.py)
+            future.cancel()
         self.changed.set()
 
+    def count(self) -> int:
+        return sum(len(calls) for calls in self.pending.values())
+
     async def settled(self) -> None:
-        """Wait until every live episode waits on a call (or none is left)."""
+        """Wait until every live episode waits on a call (or none is left), then until a pass of the event loop adds
+        no call: the other calls an agent starts at once (``asyncio.gather``) join the round."""
         while any(i not in self.pending for i in self.live):
             self.changed.clear()
             await self.changed.wait()
+        before = -1
+        while before != self.count():
+            before = self.count()
+            await asyncio.sleep(0)
+
+    def take_round(self) -> tuple[list[int], list[tuple[int, Pending]]]:
+        """The round's calls, by episode then call order: every pending call not flagged final, or, once no episode
+        has any other, every final one."""
+        calls = [(i, call) for i in sorted(self.pending) for call in self.pending[i]]
+        active = [(i, call) for i, call in calls if not call[0].final] or calls  # answers once all else is done
+        for i, call in active:
+            self.pending[i].remove(call)
+            if not self.pending[i]:
+                del self.pending[i]
+        return sorted({i for i, _ in active}), active
 
 
 class _BarrierClient:
@@ -77,8 +102,7 @@ class _BarrierClient:
         self._barrier, self._i = barrier, i
 
     async def send_turn(self, turn: Turn, **sampling: Any) -> Reply:
-        if sampling:  # a round is generated with the caller's sampling: an agent's own would be silently lost
-            raise ValueError(f"an agent passed sampling parameters {sorted(sampling)} in sync mode")
+        turn.sampling = {**turn.sampling, **sampling}  # generate() samples the call with it
         return await self._barrier.call(self._i, turn)
 
     async def chat(
@@ -102,23 +126,22 @@ async def run_lockstep(episodes: list[Episode], generate: Generate) -> LockstepR
             barrier.end(i)
 
     tasks = [asyncio.create_task(run_one(i)) for i in range(len(episodes))]
-    rounds: list[list[int]] = []
+    run = LockstepRun(errors, [])
     try:
         while True:
             await barrier.settled()
             if not barrier.live:
                 break
-            waiting = sorted(barrier.pending)
-            active = [i for i in waiting if not barrier.pending[i][0].final] or waiting  # answers once all else is done
-            rounds.append(active)
-            calls = [barrier.pending.pop(i) for i in active]
-            replies = await asyncio.gather(
-                *(generate(i, turn) for i, (turn, _) in zip(active, calls, strict=True)), return_exceptions=True
-            )
+            episodes_in_round, calls = barrier.take_round()
+            run.rounds.append(episodes_in_round)
+            run.calls.append(len(calls))
+            replies = await asyncio.gather(*(generate(i, turn) for i, (turn, _) in calls), return_exceptions=True)
             for reply in replies:  # cancellation and the like stop the whole batch
                 if isinstance(reply, BaseException) and not isinstance(reply, Exception):
                     raise reply
-            for (_, future), reply in zip(calls, replies, strict=True):
+            for (_, (_, future)), reply in zip(calls, replies, strict=True):
+                if future.done():  # its episode ended meanwhile (barrier.end)
+                    continue
                 if isinstance(reply, Exception):
                     future.set_exception(reply)
                 else:
@@ -126,4 +149,4 @@ async def run_lockstep(episodes: list[Episode], generate: Generate) -> LockstepR
         await asyncio.gather(*tasks)
     finally:
         await cancel_and_wait(tasks)
-    return LockstepRun(errors, rounds)
+    return run

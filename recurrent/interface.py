@@ -52,6 +52,9 @@ class Turn:
     # final calls form the last round). The reward always goes to an episode's last call, flagged or not.
     final: bool = False
     meta: dict[str, Any] = field(default_factory=dict)  # workflow-specific facts for traces (chunk index, ...)
+    # The sampling the agent asked for on this call (``temperature=...``), over the run's: in training the call is
+    # sampled with it and its row records it (docs/write_your_own_agent.md, "Sampling of its own").
+    sampling: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -106,6 +109,12 @@ class Episode(ABC):
     def answer(self) -> str | None:
         """The answer: the last call's reply, once finished."""
         return self.history[-1].reply.text if self.finished else None
+
+    @property
+    def score(self) -> float | None:
+        """The agent's own score of its run, when it gave one (:class:`recurrent.functions.Answer`); a training
+        reward function reads it (docs/write_your_own_agent.md, "A reward over the whole trajectory")."""
+        return None
 
     def trace(self) -> dict[str, Any]:
         """A JSON-serializable summary of this run for traces (override to add more)."""
@@ -231,6 +240,9 @@ class WorkflowRegistration:
     # StepShapes, the calls of each prompt's trajectory (recurrent/step_shapes.py); the step cost model counts
     # with them (verl_ext/cost.py). None: the agent has no cost model.
     step_shapes: StepShapesOf | None = None
+    # The agent's own function (an agent function's, or an ``openai``-client agent's): its file and line name the
+    # agent in the messages of a failed episode (recurrent/failures.py). None: the registration's module.
+    source: Callable[..., Any] | None = None
 
     def columns_of(self, config: WorkflowConfig) -> tuple[str, ...]:
         return tuple(self.columns(config) if callable(self.columns) else self.columns)
@@ -285,7 +297,9 @@ def is_agent_file(spec: str) -> bool:
 def load_register(spec: str, obj_name: str = "REGISTER") -> WorkflowRegistration:
     """Load an agent by registered name (``memory``: the entry point ``recurrent.impls.memory:REGISTER``), by dotted
     module path (``pkg.mod``, ``pkg.mod:OBJ``) or by file path (``path/to/agent.py`` or ``path/to/agent.py:OBJ``).
-    Errors name the file, module or object at fault, and for an unknown name the registered ones."""
+    A file's folder is put first on ``sys.path`` before it runs, as Python does for a script, so that it imports
+    the modules beside it. Errors name the file, module or object at fault, and for an unknown name the registered
+    ones."""
     target, _, explicit = spec.partition(":")
     obj_name = explicit or obj_name
     if is_agent_file(spec):
@@ -295,6 +309,9 @@ def load_register(spec: str, obj_name: str = "REGISTER") -> WorkflowRegistration
         module_spec = importlib.util.spec_from_file_location(f"recurrent_agent_{path.stem}", path)
         if module_spec is None or module_spec.loader is None:
             raise ImportError(f"cannot import agent file {path}")
+        folder = str(path.resolve().parent)
+        if folder not in sys.path:  # its helper modules import as they do when the file runs as a script
+            sys.path.insert(0, folder)
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[module_spec.name] = module  # dataclasses resolve annotations through sys.modules
         try:

@@ -4,10 +4,16 @@ model folder on top of it.
 
 Used by the quickstart, the evaluation harness (which also starts ``vllm serve`` with :func:`managed_server`)
 and the tests on CPU. Everything downstream only sees a base URL.
+
+``python -m recurrent.local_server --model tiny`` serves a local model on CPU until Ctrl-C, to try an agent against
+(docs/write_your_own_agent.md, "2. Try it against a server"): ``transformers serve`` with the fixes a hand-started
+one lacks (requests sample at the temperature they ask for, ``/v1/models`` answers, no hub access). It prints the
+``URL`` and the ``MODEL`` name requests use, one ``NAME=value`` line each.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -20,9 +26,13 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+
+from recurrent.flags import add_flags, flag, from_args
+from recurrent.options import port as port_number
+from recurrent.options import positive_seconds
 
 log = logging.getLogger(__name__)
 
@@ -231,3 +241,44 @@ def transformers_serve(
     finally:
         if overlay is not None:
             shutil.rmtree(overlay, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """``python -m recurrent.local_server``: which model, where."""
+
+    model: str = flag(
+        "tiny",
+        "a model folder, or an offline model's name (tiny, smollm2-135m-instruct; made in the "
+        "model cache when missing: python -m recurrent.models) (default %(default)s)",
+    )
+    port: int = flag(8000, "port on 127.0.0.1 (default %(default)s)", type=port_number)
+    log: Path | None = flag(None, "the server's log (default: a temporary file)", type=Path)
+    greedy: bool = flag(False, "decode greedily whatever a request asks (the model's own generation config)")
+    startup_timeout: float = flag(180.0, "seconds to wait for the server (default %(default)s)", type=positive_seconds)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve a local model until Ctrl-C (or SIGTERM); print ``URL=...`` and ``MODEL=...`` once it answers."""
+    from recurrent.models import KNOWN_MODELS, materialize, resolve_model_path
+
+    parser = argparse.ArgumentParser(
+        prog="python -m recurrent.local_server",
+        description="Serve a local model on CPU behind an OpenAI-compatible API (transformers serve: real sampling, "
+        "/v1/models) until Ctrl-C; prints URL=... and MODEL=... (the name requests use) once it answers.",
+    )
+    add_flags(parser, ServeOptions)
+    options = from_args(ServeOptions, parser.parse_args(argv))
+    model_dir = str(materialize(options.model)) if options.model in KNOWN_MODELS else resolve_model_path(options.model)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the server is stopped on the way out, as for Ctrl-C
+    log_path = options.log.resolve() if options.log else None
+    with transformers_serve(model_dir, options.port, options.startup_timeout, log_path, not options.greedy) as server:
+        print(f"URL={server.base_url}\nMODEL={server.model}", flush=True)
+        print(f"[local_server] serving {model_dir} (log {server.log_path}); Ctrl-C stops it", file=sys.stderr)
+        with suppress(KeyboardInterrupt):
+            server.process.wait()
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -25,13 +25,13 @@ from typing import Any
 
 from openai import AsyncOpenAI
 
-from recurrent.functions import AgentFunction, CallRecorder, FunctionWorkflow, RowWidthsOf
+from recurrent.functions import AgentFunction, Answer, CallRecorder, FunctionWorkflow, RowWidthsOf
 from recurrent.interface import Columns, Workflow, WorkflowConfig, WorkflowRegistration
 from recurrent.openai_route import RecordingRoute, Render, recording_client
 from recurrent.templating import chat_prompt_ids
 from recurrent.tool_calls import as_text_messages, renders_tools, template_messages
 
-OpenAIAgent = Callable[[Any, AsyncOpenAI, Any], Awaitable[str]]  # (sample, client, config) -> the answer
+OpenAIAgent = Callable[[Any, AsyncOpenAI, Any], Awaitable["str | Answer"]]  # (sample, client, config) -> answer
 
 
 def template_render(tokenizer: Any) -> Render | None:
@@ -50,13 +50,16 @@ def template_render(tokenizer: Any) -> Render | None:
 def through_route(agent: OpenAIAgent, render: Render | None, max_tokens: int | None = None) -> AgentFunction:
     """``agent`` as an agent function: it gets an ``AsyncOpenAI`` over the recording route of its episode."""
 
-    async def run(sample: Any, recorder: CallRecorder, config: Any) -> str:
+    async def run(sample: Any, recorder: CallRecorder, config: Any) -> str | Answer:
         route = RecordingRoute(recorder, render, max_tokens)
         client = recording_client(route)
         try:
-            return route.answer_text(await agent(sample, client, config))
+            answer = await agent(sample, client, config)
         finally:
             await client.close()
+        if isinstance(answer, Answer):
+            return Answer(route.answer_text(answer.text), answer.score)
+        return route.answer_text(answer)
 
     return run
 
@@ -88,6 +91,7 @@ def openai_agent(
         columns=columns,
         large_columns=large_columns,
         needs_tokenizer=False,
+        source=agent,
     )
     return registration
 

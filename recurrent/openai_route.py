@@ -12,12 +12,15 @@ episode's :class:`~recurrent.functions.CallRecorder`, so each becomes one traini
 - ``render`` None (evaluation, serving): the messages, ``tools`` and ``tool_choice`` go to the upstream as they are.
 
 Either way the reply's text is split into content and ``tool_calls`` by vLLM's hermes rules when the request has
-tools (recurrent/tool_calls.py). Other request fields are sampling, handled by the run's client as an agent's own
-sampling always is: refused in training (the rollout's apply), sent upstream otherwise.
+tools (recurrent/tool_calls.py). ``n`` asks for that many completions: the route makes that many calls at once (each
+one a row in training) and answers with one choice per call. Other request fields are sampling, handled by the run's
+client as an agent's own sampling always is: in training ``temperature`` and ``top_p`` sample that call (its row
+records them) and any other field is refused; in evaluation and serving they go upstream.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -34,7 +37,9 @@ Render = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], list[int]
 BASE_URL = "http://recording-route/v1"  # never resolved: the transport answers in process
 PATH = "/v1/chat/completions"
 # Fields the route itself reads; every other field of a request is the agent's sampling.
-ROUTE_FIELDS = frozenset({"model", "messages", "tools", "tool_choice", "max_tokens", "max_completion_tokens", "stream"})
+ROUTE_FIELDS = frozenset(
+    {"model", "messages", "tools", "tool_choice", "max_tokens", "max_completion_tokens", "stream", "n"}
+)
 
 
 class RouteError(Exception):
@@ -96,22 +101,31 @@ class RecordingRoute:
         max_tokens = request.get("max_completion_tokens") or request.get("max_tokens") or self.default_max_tokens
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise RouteError(400, "max_tokens (or max_completion_tokens): each call's cap on new tokens is required")
+        n = request.get("n", 1) if request.get("n") is not None else 1
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise RouteError(400, f"n: the number of completions is an integer >= 1, got {n!r}")
         tools = request.get("tools") or None
         sampling = {k: v for k, v in request.items() if k not in ROUTE_FIELDS}
         if request.get("tool_choice") not in (None, "auto"):
             sampling["tool_choice"] = request["tool_choice"]  # changes decoding: a sampling field (module docstring)
         if self.render is not None:
-            reply = await self.recorder.chat(messages, max_tokens, prompt_ids=self.render(messages, tools), **sampling)
-        else:
-            upstream = {"tools": tools} if tools else {}
-            reply = await self.recorder.chat(messages, max_tokens, **upstream, **sampling)
+            sampling["prompt_ids"] = self.render(messages, tools)
+        elif tools:
+            sampling["tools"] = tools
+        # n completions are n calls made at once (one round in sync mode), each awaited before the answer
+        results = await asyncio.gather(
+            *(self.recorder.chat(messages, max_tokens, **sampling) for _ in range(n)), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
         parse = tools is not None and request.get("tool_choice") != "none"  # vLLM parses no calls under "none"
-        completion = self.completion(reply, str(request.get("model", "")), parse=parse)
+        completion = self.completion(results, str(request.get("model", "")), parse=parse)
         self.calls += 1
         return completion
 
-    def completion(self, reply: Reply, model: str, parse: bool) -> dict[str, Any]:
-        """A ``ChatCompletion`` (as vLLM answers): with tools, the text split into content and calls."""
+    def choice(self, index: int, reply: Reply, parse: bool) -> dict[str, Any]:
+        """One choice of a completion (as vLLM answers): with tools, the text split into content and calls."""
         parsed = parse_tool_calls(reply.text) if parse else None
         message: dict[str, Any] = {"role": "assistant", "content": reply.text}
         finish = reply.finish_reason
@@ -119,7 +133,7 @@ class RecordingRoute:
             message["content"] = parsed.content
             message["tool_calls"] = [
                 {
-                    "id": f"call_{self.calls}_{i}",
+                    "id": f"call_{self.calls}_{i}" if index == 0 else f"call_{self.calls}_{index}_{i}",
                     "type": "function",
                     "function": {"name": c.name, "arguments": c.arguments},
                 }
@@ -127,22 +141,30 @@ class RecordingRoute:
             ]
             finish = "tool_calls"  # vLLM: whenever the parser found calls
         self.last = (message["content"], reply.text)
-        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
+        choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish}
+        if reply.token_ids is not None:  # vLLM's return_token_ids field: the ids the row holds
+            choice["token_ids"] = list(reply.token_ids)
+        return choice
+
+    def completion(self, replies: list[Reply], model: str, parse: bool) -> dict[str, Any]:
+        """A ``ChatCompletion`` with one choice per reply (the last one recorded is the episode's last call)."""
+        choices = [self.choice(index, reply, parse) for index, reply in enumerate(replies)]
+        prompt_tokens = replies[0].prompt_tokens
+        completion_tokens = sum(reply.completion_tokens for reply in replies)
         completion: dict[str, Any] = {
             "id": f"chatcmpl-recorded-{self.calls}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": model,
-            "choices": [choice],
+            "choices": choices,
             "usage": {
-                "prompt_tokens": reply.prompt_tokens,
-                "completion_tokens": reply.completion_tokens,
-                "total_tokens": reply.prompt_tokens + reply.completion_tokens,
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
             },
         }
-        if reply.token_ids is not None:  # vLLM's return_token_ids fields: the ids the row holds
-            choice["token_ids"] = list(reply.token_ids)
-            completion["prompt_token_ids"] = list(reply.prompt_ids or [])
+        if replies[0].token_ids is not None:  # vLLM's return_token_ids field: the prompt ids the rows hold
+            completion["prompt_token_ids"] = list(replies[0].prompt_ids or [])
         return completion
 
 

@@ -1,15 +1,19 @@
-"""What a new user does with docs/write_your_own_agent.md, in a folder of their own outside the repository: write an
-agent of their own (not the page's: a draft, then a check of the draft), try it with the quickstart, evaluate it
-through the harness by its path, serve it by its path and stream it, and train it for 2 steps with the page's
-training command, then read the run's rows with the page's rows tool. Every command is run as the page writes it,
-from the user's folder, with the repository elsewhere; the "model" behind the OpenAI-compatible server is scripted
-(tests/scripted_calculator.py's way), training uses the tiny offline model."""
+"""What a new user does with docs/write_your_own_agent.md, in a folder of their own outside the repository: serve a
+local model with the page's command and try the page's agent against it, evaluate it through the harness with its
+settings from a file (``--agent-config``) on the page's data; then write an agent of their own (not the page's: a
+draft, then a check of the draft, its prompts in a module beside it), try it with the quickstart, evaluate it through
+the harness by its path, serve it by its path and stream it, check it with the page's preflight command, train it
+for 2 steps with the page's training command, then read the run's rows with the page's rows tool. Every command is
+run as the page writes it, from the user's folder, with the repository elsewhere; the "model" behind the
+OpenAI-compatible server is scripted (tests/scripted_calculator.py's way) except the local server's, training uses
+the tiny offline model."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -33,15 +37,19 @@ TRAIN_TIMEOUT_S = 1500  # 2 steps of 4 problems x 4 trajectories x 2 calls with 
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow(seconds=300), pytest.mark.timeout(2400)]
 
-# The user's agent: two calls, a draft and a check of it; the check's reply is the answer.
+# The user's agent: two calls, a draft and a check of it; the check's reply is the answer. Its prompts live in a
+# module beside it, imported as the page says (the file's folder is on the path wherever it runs).
+PROMPTS = r"""
+DRAFT = "{question}\nWrite a short draft answer."
+CHECK = "Question: {question}\nDraft answer: {draft}\nCheck the draft and put the final answer in \\boxed{{}}."
+"""
 AGENT = r'''
 from dataclasses import dataclass
 
+from prompts import CHECK, DRAFT
+
 from recurrent.functions import agent_function
 from recurrent.interface import WorkflowConfig
-
-DRAFT = "{question}\nWrite a short draft answer."
-CHECK = "Question: {question}\nDraft answer: {draft}\nCheck the draft and put the final answer in \\boxed{{}}."
 
 
 @dataclass
@@ -71,13 +79,16 @@ def block(language: str, starts: str = "") -> str:
     return next(b for b in blocks if b.startswith(starts))
 
 
-def scripted_app(seen: list[str]) -> web.Application:
-    """The "model": a draft prompt gets "Draft: <result>", a check prompt gets the result boxed."""
+def scripted_app(seen: list[str], caps: list[int] | None = None) -> web.Application:
+    """The "model": a draft prompt gets "Draft: <result>", a check prompt gets the result boxed; ``caps`` gets each
+    request's max_tokens."""
 
     async def chat(request: web.Request) -> web.Response:
         body = await request.json()
         content = body["messages"][-1]["content"]
         seen.append(content)
+        if caps is not None:
+            caps.append(body["max_tokens"])
         a, op, b = QUESTION.search(content).groups()
         result = {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op]
         text = f"\\boxed{{{result}}}" if "Check the draft" in content else f"Draft: {result}"
@@ -155,6 +166,7 @@ def user(tmp_path_factory, tiny_model_dir) -> Path:
     folder = tmp_path_factory.mktemp("new_user")
     assert REPO not in folder.parents
     (folder / "my_agent.py").write_text(AGENT)
+    (folder / "prompts.py").write_text(PROMPTS)
     # The page's run config with this agent's settings in place of the page's agent's.
     config = block("yaml", "# my_agent_cpu.yaml")
     page_settings = re.search(r"  config:\n((?:    .*\n)+)", config)
@@ -165,6 +177,62 @@ def user(tmp_path_factory, tiny_model_dir) -> Path:
     problems_frame(train).to_parquet(folder / "data" / "train.parquet")
     problems_frame(train[:2]).to_parquet(folder / "data" / "validation.parquet")
     return folder
+
+
+def python_block(starts: str) -> str:
+    """The page's first Python block that starts with ``starts``."""
+    return block("python", starts)
+
+
+def test_serve_a_local_model_try_the_pages_agent_and_evaluate_it_with_its_settings(user: Path):
+    page = user / "page"  # the page's own agent, in a folder of its own
+    page.mkdir()
+    (page / "my_agent.py").write_text(python_block("# my_agent.py"))
+    (page / "insist.json").write_text('{"max_tries": 2}')
+    command = block("sh", "python -m recurrent.local_server").strip()
+    assert "--model tiny" in command
+    port = free_port()
+    line = re.sub(r"--port \d+", f"--port {port}", command).replace("python ", f"{sys.executable} ", 1)
+    log = (page / "server.log").open("w")
+    process = subprocess.Popen(
+        ["bash", "-c", f"exec {line}"], cwd=page, env=user_env(), stdout=subprocess.PIPE, stderr=log, text=True
+    )
+    try:
+        announced = dict(process.stdout.readline().strip().split("=", 1) for _ in range(2))  # URL=..., MODEL=...
+        url, model = announced["URL"], announced["MODEL"]
+        assert url == f"http://127.0.0.1:{port}/v1"
+        client = OpenAI(base_url=url, api_key="unused", max_retries=0)
+        client.models.list()  # /v1/models answers
+        ask = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+        greedy = {client.chat.completions.create(**ask, temperature=0).choices[0].message.content for _ in range(2)}
+        sampled = {client.chat.completions.create(**ask, temperature=1.5).choices[0].message.content for _ in range(4)}
+        assert len(greedy) == 1 and len(sampled) > 1  # it samples at the temperature asked for
+
+        # The page's try block against it, from the page's folder.
+        try_it = f"URL = {url!r}\nMODEL = {model!r}\n" + python_block("import asyncio\n\nfrom recurrent.async_manager")
+        printed = run(f"python -c {shlex.quote(try_it)}", page).stdout.splitlines()
+        calls = [line for line in printed if "messages ->" in line]
+        assert 1 <= len(calls) <= 3 and printed[-1].startswith("answer: "), printed
+
+        # The page's data, and its harness command with the agent's settings from a file: at most 2 tries a
+        # question (the random model never boxes, so every item takes both).
+        run(f"python -c {shlex.quote(python_block('import json'))}", page)
+        harness = block("sh", "python -m taskutils.memory_eval.run").strip().replace("URL", url).replace("MODEL", model)
+        assert "--agent-config insist.json" in harness and "--method my_agent.py" in harness
+        run(harness + " --no-report --quiet", page)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(60)
+        log.close()
+    results = [json.loads(x) for x in (page / "results" / "arith_1" / "tiny__my_agent.jsonl").open()]
+    assert len(results) == 4 and all(r["method"] == "my_agent" and r["error"] is None for r in results)
+    assert {r["turns"] for r in results} == {2}  # max_tries from insist.json, not the agent's default 3
+
+
+def test_check_it_with_the_preflight_command(user: Path):
+    command = re.search(r"`(python -m verl_ext\.preflight [^`]*)`", PAGE.read_text().replace("\n", " ")).group(1)
+    done = run(command, user)  # the page's data paths are this folder's: data/train.parquet, ...
+    assert f"[memagent] ready: {(user / 'my_agent.py').resolve()} (my_agent_cpu.yaml)" in done.stdout
 
 
 def test_try_it_with_the_quickstart(user: Path):
@@ -182,15 +250,18 @@ def test_try_it_with_the_quickstart(user: Path):
 
 def test_evaluate_it_through_the_harness_by_its_path(user: Path, tiny_model_dir):
     write(user / "evaldata", {"test": 4}, seed=0)
+    (user / "eval_settings.yaml").write_text("max_tokens: 20\n")
     seen: list[str] = []
-    with serve_in_a_thread(scripted_app(seen), wait_s=30) as url:
+    caps: list[int] = []
+    with serve_in_a_thread(scripted_app(seen, caps), wait_s=30) as url:
         table = {"models": [{"name": "scripted", "checkpoint": tiny_model_dir, "url": url, "served_name": "m"}]}
         (user / "models.yaml").write_text(yaml.safe_dump(table))
         options = "--table models.yaml --models scripted --tasks calculator --lengths 2"
         options += " --data-dir evaldata/eval/test --results-dir results --no-report --quiet"
+        options += " --agent-config eval_settings.yaml"
         run(f"python -m taskutils.memory_eval.run --method my_agent.py {options}", user)
     lines = [json.loads(x) for x in (user / "results" / "calculator_2" / "scripted__my_agent.jsonl").open()]
-    assert len(lines) == 4 and len(seen) == 8
+    assert len(lines) == 4 and len(seen) == 8 and caps == [20] * 8  # the file's max_tokens, not the default 32
     assert all(x["method"] == "my_agent" and x["turns"] == 2 and x["strict"] == 1 and x["error"] is None for x in lines)
 
 

@@ -1,13 +1,17 @@
-"""docs/write_your_own_agent.md, run as a reader would: its agent file written out, tried against a scripted server,
-its config composed with the repository's configs and checked by the trainer's preflight."""
+"""docs/write_your_own_agent.md, run as a reader would, in a folder outside the repository: its agent file written
+out, tried against a scripted server, its data written, its config composed on the repository's configs from that
+folder and checked by the trainer's preflight (as a call and as the command), its trajectory reward run."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -55,8 +59,8 @@ def in_tmp(tmp_path: Path):
 
 def test_the_pages_code_runs_in_order(in_tmp: Path, tiny_model_dir):
     python, yaml_blocks = blocks("python"), blocks("yaml")
-    assert len(python) == 3 and len(yaml_blocks) == 1
-    agent_file, try_it, check_it = python
+    assert len(python) == 5 and len(yaml_blocks) == 1
+    agent_file, try_it, write_data, check_it, reward = python
     # 1. The agent file, as the page names it.
     assert agent_file.startswith("# my_agent.py\n")
     (in_tmp / "my_agent.py").write_text(agent_file)
@@ -75,27 +79,31 @@ def test_the_pages_code_runs_in_order(in_tmp: Path, tiny_model_dir):
     assert episode.answer == "So the answer is \\boxed{42}." and len(episode.history) == 2
     assert printed.getvalue().splitlines()[-1] == "answer: So the answer is \\boxed{42}."
 
-    # 3-4. The config, next to the repository's configs, composed and checked by the trainer's preflight.
-    configs = in_tmp / "configs"
-    shutil.copytree(REPO / "configs", configs)
+    # 2. Its data: the training parquet (prompt a chat list) and the harness's eval file (no context).
+    exec(compile(write_data, "write_your_own_agent.md:data", "exec"), {})
+    train = pd.read_parquet(in_tmp / "data" / "train.parquet")
+    assert list(train["prompt"][0]) == [{"role": "user", "content": "What is 6 times 7?"}]
+    assert (
+        train["reward_model"][0] == {"ground_truth": "42"}
+        and len(pd.read_parquet(in_tmp / "data" / "validation.parquet")) == 2
+    )
+    items = [json.loads(line) for line in (in_tmp / "evaldata" / "eval_arith_1.jsonl").read_text().splitlines()]
+    assert items[0] == {"index": 0, "input": "What is 6 times 7?", "answers": ["42"]} and len(items) == 4
+
+    # 3-4. The config beside the agent, composed on the repository's configs from this folder, and checked by the
+    # trainer's preflight (its trial episode included), as a Python call and as the page's command.
     assert yaml_blocks[0].startswith("# my_agent_cpu.yaml\n")
-    (configs / "my_agent_cpu.yaml").write_text(yaml_blocks[0])
-    data = in_tmp / "train.parquet"
-    pd.DataFrame(
-        [
-            {
-                "prompt": [{"role": "user", "content": "What is 6 times 7?"}],
-                "input": "What is 6 times 7?",
-                "data_source": "toy",
-                "reward_model": {"ground_truth": "42"},
-            }
-        ]
-    ).to_parquet(data)
-    namespace = {"CONFIG_DIR": str(configs), "MODEL_DIR": tiny_model_dir, "DATA": str(data)}
+    (in_tmp / "my_agent_cpu.yaml").write_text(yaml_blocks[0])
+    namespace = {}
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         exec(compile(check_it, "write_your_own_agent.md:check", "exec"), namespace)
     assert printed.getvalue().strip() == "ready: my_agent.py"
+    command = re.search(r"`(python -m verl_ext\.preflight [^`]*)`", PAGE.read_text().replace("\n", " ")).group(1)
+    done = subprocess.run(
+        [sys.executable, *command.split()[1:]], cwd=in_tmp, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0 and "[memagent] ready:" in done.stdout, done.stderr[-3000:]
 
     # The preflight does check: data without the agent's column is refused, naming it.
     from verl_ext.preflight import PreflightError, preflight
@@ -107,6 +115,17 @@ def test_the_pages_code_runs_in_order(in_tmp: Path, tiny_model_dir):
     config.data.train_files = str(in_tmp / "bad.parquet")
     with pytest.raises(PreflightError, match="has no column 'input'"):
         preflight(config)
+
+    # The reward over the whole trajectory: two tool results, one an error.
+    namespace = {}
+    exec(compile(reward, "write_your_own_agent.md:reward", "exec"), namespace)
+    conversation = [
+        {"role": "user", "content": "q"},
+        {"role": "tool", "content": "42"},
+        {"role": "tool", "content": "error: division by zero"},
+    ]
+    trajectory = [{"messages": conversation[:1], "reply": "a"}, {"messages": conversation, "reply": "b"}]
+    assert namespace["tools_that_worked"]("s", "b", "42", {"trajectory": trajectory}) == 0.5
 
 
 def test_the_example_configs_warm_up_fits_its_run(tmp_path: Path):

@@ -13,10 +13,13 @@ sets that key from ``recurrent.mode`` (``recurrent.manager_class``), the one pla
   spans the ``n`` rollouts of one prompt only.
 
 Both modes: only the final answer is sent to the reward worker (works around a padding bug of verl
-0.9.1's multi-output scoring, see ``_compute_score``), the final row's ``reward_extra_info`` gains the
-trajectory's call statistics (so verl's validation reports them per data source), and the columns the agent
-calls large (the memory agent's document) are not copied into every stored row (verl's worker copies every
-dataset column into each row it stores).
+0.9.1's multi-output scoring, see ``_compute_score``), with the whole trajectory in its ``extra_info`` (every
+call's messages and reply, the sample, the agent's own score: docs/write_your_own_agent.md, "A reward over the
+whole trajectory"); the final row's ``reward_extra_info`` gains the trajectory's call statistics (so verl's
+validation reports them per data source); the columns the agent calls large (the memory agent's document) are not
+copied into every stored row (verl's worker copies every dataset column into each row it stores); and a failed
+trajectory's traceback is logged once, its prompt's first failure written into the prompt's status tag for the
+trainer (verl_ext/failures.py).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWorker
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ, apply_greedy_sampling_params
 
+from verl_ext.failures import TrajectoryFailed, log_once_filter, report_failure
 from verl_ext.rollout import AgentRollout, episode_stats
 from verl_ext.sync_rollout import Trajectory, run_trajectories
 
@@ -48,6 +52,25 @@ class RecurrentAgentLoopWorkerImpl(AgentLoopWorkerTQ.__ray_actor_class__):
         AgentLoopWorker.__init__(self, *args, **kwargs)
         tq.init()
         self.background_tasks = set()
+        log_once_filter()
+
+    async def _run_agent_loop(self, sampling_params, trajectory, *, agent_name, trace=True, **kwargs):
+        try:
+            return await super()._run_agent_loop(
+                sampling_params, trajectory, agent_name=agent_name, trace=trace, **kwargs
+            )
+        except Exception as err:  # logged here once; verl's worker logs the short one without its traceback
+            message = await self._report(kwargs["uid"], kwargs.get("session_id"), trajectory["validate"], err)
+            raise TrajectoryFailed(message) from None
+
+    async def _report(self, uid: str, session: Any, validate: bool, error: BaseException) -> str:
+        try:
+            source = AgentRollout.get(self.config, self.tokenizer).source
+        except Exception:  # the agent itself cannot be built: the error says so, without a line of it
+            source = None
+        partition_id = "val" if validate else "train"
+        reported = self.__dict__.setdefault("reported_prompts", set())  # prompts whose first failure is tagged
+        return await report_failure(logger, reported, uid, session, partition_id, error, source)
 
     async def _agent_loop_postprocess(self, output, validate, **kwargs) -> None:
         for column in AgentRollout.get(self.config, self.tokenizer).large_columns:
@@ -60,10 +83,24 @@ class RecurrentAgentLoopWorkerImpl(AgentLoopWorkerTQ.__ray_actor_class__):
         # `response_width` columns of its attention mask (naive.py:38-39, dapo.py:56-57). When the final row is
         # shorter than the longest memory row (the final prompt has no chunk), those columns are padding, the
         # decoded answer is cut short and a correct answer scores 0. The managers score data[-1:] only anyway.
-        await super()._compute_score(outputs[-1:], kwargs)
+        await super()._compute_score(outputs[-1:], {**kwargs, "extra_info": self._reward_extra_info(outputs, kwargs)})
         info = outputs[-1].extra_fields.get("reward_extra_info")
         if isinstance(info, dict) and "turn_kind" in outputs[-1].extra_fields:
             info.update(episode_stats(outputs))
+
+    def _reward_extra_info(self, outputs: list[AgentLoopOutput], kwargs: dict) -> dict:
+        """The reward function's ``extra_info``: the row's own, plus the agent's score (``agent_score``) and, with
+        ``recurrent.reward_trajectory``, every call (``trajectory``) and the sample (``sample``, its large columns
+        left out)."""
+        extra = dict(kwargs.get("extra_info") or {})
+        final = outputs[-1]
+        if getattr(final, "agent_score", None) is not None:
+            extra["agent_score"] = final.agent_score
+        trajectory = getattr(final, "trajectory", None)
+        if trajectory is not None and AgentRollout.get(self.config, self.tokenizer).settings.reward_trajectory:
+            extra["trajectory"] = trajectory
+            extra["sample"] = {key: value for key, value in kwargs.items() if key != "extra_info"}
+        return extra
 
 
 class LockstepAgentLoopWorkerImpl(RecurrentAgentLoopWorkerImpl):
@@ -137,8 +174,8 @@ class LockstepAgentLoopWorkerImpl(RecurrentAgentLoopWorkerImpl):
         errors += [(t, r) for (t, _), r in zip(finished, stored, strict=True) if isinstance(r, BaseException)]
         failed: set[str] = set()
         for trajectory, error in errors:
-            uid, session = trajectory.sample["uid"], trajectory.session_id
-            logger.error("agent trajectory %s_%s failed: %s", uid, session, error, exc_info=error)
+            uid = trajectory.sample["uid"]
+            await self._report(uid, trajectory.session_id, validate, error)
             failed.add(uid)
         for uid in uids:
             status = "failure" if uid in failed else "finished"

@@ -21,7 +21,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+from verl_ext.run_config import CONFIG_DIR
 
 
 def run(config: DictConfig) -> None:
@@ -60,9 +60,11 @@ def run(config: DictConfig) -> None:
     OmegaConf.resolve(config)
     validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     watch = NodeWatch(config.trainer.get("default_local_dir"), exit_on_node_lost).start()
+    from verl_ext.failures import TrajectoriesFailed
+
     try:
         run_ppo(config, task_runner_class=RecurrentTaskRunner)
-    except PreflightError:
+    except (PreflightError, TrajectoriesFailed):
         raise
     except Exception:
         # A lost node may show first as an error from one of its actors or peers, before Ray declares the node dead
@@ -84,10 +86,18 @@ def main(config: DictConfig) -> None:
         run(config)
     except PreflightError as err:  # a configuration problem, not a crash: the message says what to fix
         # Raised in the task runner (verl_ext.cluster), it arrives wrapped in Ray's RayTaskError, which is
-        # also a
-        # PreflightError; its `cause` is the original, without the remote traceback.
+        # also a PreflightError; its `cause` is the original, without the remote traceback.
         print(f"[memagent] {getattr(err, 'cause', None) or err}", file=sys.stderr)
         sys.exit(2)
+    except Exception as err:
+        from verl_ext.failures import TrajectoriesFailed
+
+        if not isinstance(err, TrajectoriesFailed):
+            raise
+        # Every trajectory of a step failed: the agent's own first failure and the count, once (each failed
+        # trajectory's traceback is in the agent-loop workers' log above).
+        print(f"[memagent] {getattr(err, 'cause', None) or err}", file=sys.stderr)
+        sys.exit(1)
 
 
 def check_run_config(argv: list[str]) -> None:

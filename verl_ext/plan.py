@@ -19,16 +19,15 @@ import argparse
 import math
 import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from omegaconf import DictConfig
 
 from verl_ext import cost_report
 from verl_ext.cost import step_cost
 from verl_ext.minibatch import actor_settings, minibatch_mode, updates_per_step
+from verl_ext.run_config import CONFIG_DIR
 from verl_ext.settings import recurrent_settings
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 PHASES = ("generation", "old_log_prob", "ref", "update_actor", "update_weights")
 
 

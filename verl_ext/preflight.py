@@ -5,12 +5,17 @@ does not parse (verl_ext/settings.py), a missing data file, a data file without 
 reward need, a model that is neither a local folder nor in the local Hugging Face cache (nothing is downloaded at
 run time), an agent whose widest call does not fit verl's row widths, algorithm settings the multi-call path does
 not support, actor settings the paper's mini-batch layout cannot honour
-(:func:`verl_ext.minibatch.actor_setting_problems`), and sampling values out of the rule the endpoint and the
-harness apply (:mod:`recurrent.sampling`), ``rollout.n`` below 1 included.
+(:func:`verl_ext.minibatch.actor_setting_problems`), sampling values out of the rule the endpoint and the
+harness apply (:mod:`recurrent.sampling`), ``rollout.n`` below 1 included, and, once all else passes, one trial
+episode of the agent against a scripted model (:mod:`verl_ext.agent_probe`).
+
+``python -m verl_ext.preflight CONFIG.yaml [overrides]`` runs these checks on a run config anywhere (composed on
+the repository's configs, as the launcher composes it: :func:`compose_run_config`) and starts nothing.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 from typing import Any
@@ -169,8 +174,27 @@ def preflight(config: DictConfig, load_tokenizer: bool = True) -> None:
             config.actor_rollout_ref.model.path = model_path  # workers load the same local folder
     if settings.agent:
         problems += agent_problems(config, settings, model_path if load_tokenizer else None, required)
+    if not problems and settings.agent and settings.preflight_episode and model_path is not None and load_tokenizer:
+        problems += episode_problems(config, settings, model_path)
     if problems:
         raise PreflightError("the run cannot start:\n  - " + "\n  - ".join(problems))
+
+
+@functools.lru_cache(maxsize=4)
+def tokenizer_of(model_path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+def episode_problems(config: DictConfig, settings: RecurrentSettings, model_path: str) -> list[str]:
+    """The agent's trial episode (:mod:`verl_ext.agent_probe`): its one-line problem, if any."""
+    from verl_ext.agent_probe import probe_problem
+
+    rollout = config.actor_rollout_ref.rollout
+    budgets = Budgets(int(rollout.prompt_length), int(rollout.response_length))
+    problem = probe_problem(config, settings, tokenizer_of(model_path), budgets)
+    return [problem] if problem else []
 
 
 # Where the trainer's config holds sampling values, and the rule of recurrent.sampling each one follows.
@@ -282,14 +306,42 @@ def agent_problems(
                 problems += data_problems(path, columns, check_reward=False, kinds=large)
     if model_path is None:
         return problems
-    from transformers import AutoTokenizer
-
     rollout = config.actor_rollout_ref.rollout
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        tokenizer = tokenizer_of(model_path)
         check_budgets(
             build_agent(settings, tokenizer), Budgets(int(rollout.prompt_length), int(rollout.response_length))
         )
     except (ValueError, TypeError, OSError, KeyError) as err:
         problems.append(f"agent {settings.agent!r}: {err}")
     return problems
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m verl_ext.preflight CONFIG [overrides...]``: the preflight of a run config, nothing started."""
+    import argparse
+
+    from verl_ext.run_config import compose_run_config
+    from verl_ext.settings import resolve_agent_file
+
+    parser = argparse.ArgumentParser(
+        prog="python -m verl_ext.preflight",
+        description="Check a run config as the trainer does before it starts (data, model, agent, its rows, one "
+        "trial episode against a scripted model); nothing is started. Exit 0: the run can start; 2: it cannot "
+        "(every problem listed).",
+    )
+    parser.add_argument("config", help="a config of configs/ (a name) or a YAML file anywhere (a path)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. data.train_files=data/train.parquet")
+    args = parser.parse_args(argv)
+    try:
+        config = compose_run_config(args.config, args.overrides)
+        resolve_agent_file(config)  # a relative agent file is read from the working directory
+        preflight(config)
+    except (PreflightError, ValueError, FileNotFoundError) as err:
+        print(f"[memagent] {err}", file=sys.stderr)
+        sys.exit(2)
+    print(f"[memagent] ready: {config.recurrent.agent} ({args.config})")
+
+
+if __name__ == "__main__":
+    main()

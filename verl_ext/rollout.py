@@ -1,13 +1,14 @@
 """Any registered agent on verl's rollout API: one episode per trajectory, one row per model call.
 
-The only glue between an agent (its function: prompts and control flow live there) and verl: it builds
-the agent named by ``recurrent.agent`` with ``recurrent.config`` (verl_ext/settings.py), checks the agent's
-widest
-call against ``rollout.prompt_length`` / ``rollout.response_length``, hands each episode a :class:`TokenClient`
-whose calls go to verl's token-in/token-out server (``server.generate(request_id, prompt_ids=...,
-sampling_params=...)``), and turns a finished episode into ``list[AgentLoopOutput]``: one output per model call, the
-answer last. Both rollout modes use it: :mod:`verl_ext.agent_loop` (async, one coroutine per trajectory) and
-:mod:`verl_ext.sync_rollout` (sync, all trajectories of a batch one call at a time, in lockstep rounds).
+The only glue between an agent (its function: prompts and control flow live there) and verl: it builds the agent
+named by ``recurrent.agent`` with ``recurrent.config`` (verl_ext/settings.py), checks the agent's widest call against
+``rollout.prompt_length`` / ``rollout.response_length``, hands each episode a :class:`TokenClient` whose calls go
+to verl's token-in/token-out server (``server.generate(request_id, prompt_ids=..., sampling_params=...)``, a call's
+own ``temperature`` / ``top_p`` over the rollout's), and turns a finished episode into ``list[AgentLoopOutput]``:
+one output per model call, the answer last, each carrying the temperature that sampled it (the actor computes the
+row's log-probs at it: verl_ext/row_sampling.py). Both rollout modes use it: :mod:`verl_ext.agent_loop` (async,
+one coroutine per trajectory) and :mod:`verl_ext.sync_rollout` (sync, all trajectories of a batch in lockstep
+rounds).
 """
 
 from __future__ import annotations
@@ -20,16 +21,71 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 from omegaconf import DictConfig
+from pydantic import Field
 from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
 from verl.workers.rollout.replica import TokenOutput
 
 from recurrent.async_manager import check_finished
-from recurrent.interface import Episode, Reply, Workflow, load_register
+from recurrent.interface import Episode, Reply, TurnRecord, Workflow, load_register
+from recurrent.sampling import check_value
 from recurrent.templating import chat_prompt_ids
 from recurrent.tokens import end_token_ids
 from verl_ext.settings import RecurrentSettings, recurrent_settings
 from verl_ext.trajectory_deadline import TimedEpisode
+
+# What an agent may set on a call in training (docs/write_your_own_agent.md, "Sampling of its own"): the server
+# samples that call with it, and the row's log-probs are computed at its temperature. Anything else (seed, stop,
+# penalties) would be sampled with but not trained with, or not be honoured by every rollout server: refused.
+CALL_SAMPLING = ("temperature", "top_p")
+
+
+def call_sampling_params(rollout_params: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+    """The sampling of one call: the rollout's, with the agent's own :data:`CALL_SAMPLING` over it; a ValueError
+    names any other field, or a value the trainer cannot train on."""
+    refused = sorted(set(own) - set(CALL_SAMPLING))
+    if refused:
+        raise ValueError(
+            f"an agent passed sampling parameters {refused} in training; a call may set {' and '.join(CALL_SAMPLING)} "
+            "(its row records them), the rollout's (actor_rollout_ref.rollout.*) apply to the rest "
+            "(docs/write_your_own_agent.md, 'Sampling of its own')"
+        )
+    for key, value in own.items():
+        check_value(key, value)
+    if own.get("temperature") == 0:
+        raise ValueError(
+            "temperature=0 (greedy decoding) cannot be trained on: the actor's log-probs divide the logits by the "
+            "row's temperature; give the call a small positive one (e.g. 0.1)"
+        )
+    return {**rollout_params, **own}
+
+
+class RowOutput(AgentLoopOutput):
+    """One call's row: verl's output plus the temperature that sampled it, stored as the row's ``temperature``
+    field (verl's actor reads a per-row one: verl_ext/row_sampling.py). The answer's row also holds the
+    episode's calls and the agent's own score for the reward (not stored: verl_ext/agent_loop_manager.py)."""
+
+    temperature: float = 1.0
+    trajectory: list[dict[str, Any]] | None = Field(default=None, exclude=True)
+    agent_score: float | None = Field(default=None, exclude=True)
+
+    def as_dict(self) -> dict[str, Any]:
+        output = super().as_dict()
+        output["temperature"] = torch.tensor(float(self.temperature), dtype=torch.float32)
+        return output
+
+
+def call_view(record: TurnRecord) -> dict[str, Any]:
+    """What a reward function reads of one call (``extra_info["trajectory"]``): its messages, its reply's text, its
+    kind, how it finished, and its own sampling."""
+    return {
+        "messages": record.turn.messages,
+        "reply": record.reply.text,
+        "kind": str(record.turn.meta.get("kind", "call")),
+        "finish_reason": record.reply.finish_reason,
+        "sampling": dict(record.turn.sampling),
+    }
 
 
 @dataclass(frozen=True)
@@ -97,30 +153,29 @@ class TokenClient:
     async def chat(
         self, messages: list[dict[str, str]], max_tokens: int, *, prompt_ids: list[int] | None = None, **sampling: Any
     ) -> Reply:
-        if sampling:  # training samples with the rollout's parameters only: an agent's own would be silently lost
-            raise ValueError(
-                f"an agent passed sampling parameters {sorted(sampling)} in training; the rollout's "
-                "(actor_rollout_ref.rollout.temperature, top_p, ...) apply to every call"
-            )
+        params = call_sampling_params(self.sampling_params, sampling)
         if prompt_ids is None:
             prompt_ids = self.rollout.render(messages)
-        return await self.rollout.call(self.server, self.request_id, list(prompt_ids), max_tokens, self.sampling_params)
+        return await self.rollout.call(self.server, self.request_id, list(prompt_ids), max_tokens, params)
 
 
 class AgentRollout:
     """Per-process state of the rollout: the agent (built once), budgets and end ids. Get it with :meth:`get`
     (cached per config and tokenizer)."""
 
-    _instances: dict[tuple[int, str, Budgets], AgentRollout] = {}
+    _instances: dict[tuple[int, str, Budgets, float], AgentRollout] = {}
 
-    def __init__(self, settings: RecurrentSettings, tokenizer: Any, budgets: Budgets) -> None:
+    def __init__(self, settings: RecurrentSettings, tokenizer: Any, budgets: Budgets, temperature: float = 1.0) -> None:
         self.settings = settings
         self.tokenizer = tokenizer
         self.budgets = budgets
+        self.temperature = temperature  # the rollout's: a row's temperature where its call set none
         self.agent = build_agent(settings, tokenizer)
         check_budgets(self.agent, budgets)
+        register = load_register(settings.agent)
+        self.source = register.source  # the agent's own function: failures are named at its lines
         # Columns not copied into the stored rows (the memory agent's document).
-        self.large_columns = load_register(settings.agent).large_columns_of(self.agent.config)
+        self.large_columns = register.large_columns_of(self.agent.config)
         self.end_ids = end_token_ids(tokenizer)
         # One thread builds episodes (a long document is tokenized there): off the event loop, never two at once.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="recurrent-episode")
@@ -130,9 +185,11 @@ class AgentRollout:
         settings = recurrent_settings(config)
         rollout = config.actor_rollout_ref.rollout
         budgets = Budgets(int(rollout.prompt_length), int(rollout.response_length))
-        key = (id(tokenizer), json.dumps([settings.agent, settings.agent_config], sort_keys=True, default=str), budgets)
+        temperature = float(rollout.temperature)
+        agent = json.dumps([settings.agent, settings.agent_config], sort_keys=True, default=str)
+        key = (id(tokenizer), agent, budgets, temperature)
         if key not in cls._instances:
-            cls._instances[key] = cls(settings, tokenizer, budgets)
+            cls._instances[key] = cls(settings, tokenizer, budgets, temperature)
         return cls._instances[key]
 
     # ---- episodes ----
@@ -192,12 +249,13 @@ class AgentRollout:
 
     # ---- a finished episode as verl rows ----
 
-    def outputs(self, episode: Episode, want_logprobs: bool) -> list[AgentLoopOutput]:
-        """One :class:`AgentLoopOutput` per model call, in the episode's order; the last is the answer.
+    def outputs(self, episode: Episode, want_logprobs: bool) -> list[RowOutput]:
+        """One :class:`RowOutput` per model call, in the episode's order; the last is the answer.
 
         Every generated token is trained on (``response_mask`` all ones): what a call's prompt holds (earlier
         replies, tool results, a document's chunk) is never trained on. ``num_turns`` is the episode's number of
-        calls on every row. The weight-version tags cover the whole trajectory.
+        calls on every row. The weight-version tags cover the whole trajectory. A call's own sampling is in its
+        row's extra fields (``temperature``, ``top_p``) and its temperature in the row's ``temperature``.
         """
         check_finished(episode)  # also: its answer is its last call's reply (docs/write_your_own_agent.md)
         history = episode.history
@@ -227,9 +285,10 @@ class AgentRollout:
                 "global_steps": steps[index],
                 "min_global_steps": min_steps,
                 "max_global_steps": max_steps,
+                **record.turn.sampling,
             }
             outputs.append(
-                AgentLoopOutput(
+                RowOutput(
                     prompt_ids=list(record.reply.prompt_ids),
                     response_ids=ids,
                     response_mask=[1] * len(ids),
@@ -240,8 +299,11 @@ class AgentRollout:
                         num_preempted=out.num_preempted if out.num_preempted is not None else -1,
                     ),
                     extra_fields=extra,
+                    temperature=float(record.turn.sampling.get("temperature", self.temperature)),
                 )
             )
+        outputs[-1].trajectory = [call_view(record) for record in history]
+        outputs[-1].agent_score = episode.score
         return outputs
 
 

@@ -74,6 +74,7 @@ def row_record(row: dict[str, Any], tokenizer: Any = None) -> dict[str, Any]:
         "turn_kind": row.get("turn_kind"),
         "score": row.get("score"),
         "advantage": row.get("advantage"),
+        "temperature": row.get("temperature"),  # what sampled it (dumps before per-call sampling: None)
         "prompt_ids": row["prompt_ids"],
         "response_ids": row["response_ids"],
     }
@@ -90,7 +91,8 @@ def show(record: dict[str, Any], decoded: bool) -> str:
     source = "decoded from the ids" if decoded else "verl's text column, special tokens skipped"
     header = (
         f"== row {record['uid']} (trajectory {record['trajectory']}, turn {record['turn_index']}: "
-        f"{record['turn_kind']}; score {record['score']}, advantage {record['advantage']})"
+        f"{record['turn_kind']}; score {record['score']}, advantage {record['advantage']}, "
+        f"temperature {record['temperature']})"
     )
     return "\n".join(
         [

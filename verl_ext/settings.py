@@ -48,6 +48,12 @@ class RecurrentSettings:
     # Seconds a trajectory's agent may run; past it the trajectory fails (verl_ext/trajectory_deadline.py). None:
     # no limit, as verl's own agent loops.
     trajectory_timeout_s: float | None = None
+    # The reward function's extra_info holds every call's messages and reply and the sample (verl_ext/
+    # agent_loop_manager.py); off for the memory agent, whose calls hold its whole document.
+    reward_trajectory: bool = True
+    # The preflight runs one episode of the agent against a scripted model before the launch
+    # (verl_ext/agent_probe.py); off for an agent that cannot end an episode on the scripted reply.
+    preflight_episode: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in ROLLOUT_MODES:
@@ -90,6 +96,8 @@ KNOWN_KEYS = {
     "single_trajectory",
     "dump_token_ids",
     "trajectory_timeout_s",
+    "reward_trajectory",
+    "preflight_episode",
 }
 
 
@@ -114,6 +122,8 @@ def recurrent_settings(config: DictConfig | Any) -> RecurrentSettings:
         single_trajectory=str(values.get("single_trajectory", "warn")),
         dump_token_ids=bool(values.get("dump_token_ids", False)),
         trajectory_timeout_s=None if timeout is None else float(timeout),
+        reward_trajectory=bool(values.get("reward_trajectory", True)),
+        preflight_episode=bool(values.get("preflight_episode", True)),
     )
 
 

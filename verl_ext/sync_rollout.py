@@ -1,10 +1,11 @@
 """Sync mode on verl: the trajectories of a batch run through ``recurrent``'s lockstep driver (any agent).
 
-:func:`recurrent.generation_manager.run_lockstep` holds the schedule (each round holds the next call of every agent that
-has one not flagged final, e.g. the memory agent's next memory update, and the calls flagged final, the answers,
-form the last round); this module builds one episode per trajectory, sends each call to verl's servers as a
-token-in/token-out request, and turns every finished episode into its rows. verl's servers take one request per
-sequence, so a round is a set of concurrent requests and the batching happens inside the server.
+:func:`recurrent.generation_manager.run_lockstep` holds the schedule (each round holds every pending call of every
+agent that is not flagged final, e.g. the memory agent's next memory update or three drafts made at once, and the
+calls flagged final, the answers, form the last round); this module builds one episode per trajectory, sends each
+call to verl's servers as a token-in/token-out request (with the call's own sampling over the trajectory's), and turns
+every finished episode into its rows. verl's servers take one request per sequence, so a round is a set of
+concurrent requests and the batching happens inside the server.
 
 A failed trajectory leaves the lockstep and the rest go on (:func:`run_trajectories`); its prompt group is then
 handled as in async mode.
@@ -24,7 +25,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from recurrent.generation_manager import run_lockstep
 from recurrent.interface import Episode, Reply, Turn
 from verl_ext.agent_loop import request_id_for
-from verl_ext.rollout import AgentRollout
+from verl_ext.rollout import AgentRollout, call_sampling_params
 
 
 @dataclass
@@ -58,7 +59,8 @@ async def run_trajectories(
 
     async def generate(j: int, turn: Turn) -> Reply:
         i = running[j]
-        sample, params = trajectories[i].sample, trajectories[i].sampling_params
+        sample = trajectories[i].sample
+        params = call_sampling_params(trajectories[i].sampling_params, turn.sampling)
         prompt_ids = turn.prompt_ids if turn.prompt_ids is not None else rollout.render(turn.messages)
         return await rollout.call(server, request_id_for(sample), list(prompt_ids), turn.max_tokens, params)
 
@@ -75,7 +77,8 @@ async def run_trajectories(
             results[i] = err
     failed = sum(isinstance(result, Exception) for result in results)
     print(
-        f"[recurrent] lockstep: {len(trajectories)} trajectories in {len(run.rounds)} rounds, {failed} failed",
+        f"[recurrent] lockstep: {len(trajectories)} trajectories in {len(run.rounds)} rounds, {failed} failed "
+        f"({sum(run.calls)} calls)",
         flush=True,
     )
     return results  # type: ignore[return-value]

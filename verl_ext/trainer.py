@@ -39,6 +39,7 @@ from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.seqlen_balancing import log_seqlen_unbalance
 
+from verl_ext.failures import guard_replay_buffer
 from verl_ext.metrics import FIELDS, split_key, trajectory_metrics_from_rows
 from verl_ext.minibatch import (
     MiniBatchPlan,
@@ -48,6 +49,7 @@ from verl_ext.minibatch import (
     plan_minibatches,
     updates_per_step,
 )
+from verl_ext.row_sampling import row_temperatures
 from verl_ext.settings import RecurrentSettings, recurrent_settings
 
 # Columns added to each line of the rollout dump (verl's columns are kept as they are):
@@ -60,6 +62,8 @@ DUMP_COLUMNS = (
     "advantage",  # the row's GRPO advantage: the mean over its valid response tokens ...
     "advantage_spread",  # ... and max - min over them (0: one scalar on the whole row, as GRPO gives)
     "minibatch",  # the optimizer update (0..K-1) that trained the row (None with recurrent.minibatch=rows)
+    "temperature",  # the temperature that sampled the row: its call's own, else the rollout's
+    "top_p",  # the same for top_p
 )
 # What the extra columns are read from (TransferQueue fields of the step's rows).
 DUMP_FIELDS = ["advantages", "response_mask", "extra_fields"]
@@ -69,10 +73,17 @@ TOKEN_ID_COLUMNS = {"prompt_ids": "prompts", "response_ids": "responses"}
 
 
 def dump_columns(
-    keys: list[str], tags: list[dict], rows: Any, minibatch_of: dict[str, int] | None = None, token_ids: bool = False
+    keys: list[str],
+    tags: list[dict],
+    rows: Any,
+    minibatch_of: dict[str, int] | None = None,
+    token_ids: bool = False,
+    run_sampling: dict[str, float] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The :data:`DUMP_COLUMNS` of each row, keyed by row key, from the rows' :data:`DUMP_FIELDS` and the
-    step's mini-batch of each row key; with ``token_ids``, also :data:`TOKEN_ID_COLUMNS` (rows with their fields)."""
+    step's mini-batch of each row key; a row's ``temperature`` and ``top_p`` are its call's own, else
+    ``run_sampling``'s (the rollout's); with ``token_ids``, also :data:`TOKEN_ID_COLUMNS` (rows with their fields)."""
+    run_sampling = run_sampling or {}
     # Nested (jagged) tensors, or dense ones when all rows have one length: unbind gives the rows either way.
     advantages, masks = rows["advantages"].unbind(0), rows["response_mask"].unbind(0)
     extra = rows.get("extra_fields", None)
@@ -92,6 +103,7 @@ def dump_columns(
             "advantage": float(valid.mean()) if valid.numel() else 0.0,
             "advantage_spread": float(valid.max() - valid.min()) if valid.numel() else 0.0,
             "minibatch": (minibatch_of or {}).get(key),
+            **{name: fields.get(name, run_sampling.get(name)) for name in ("temperature", "top_p")},
         }
         for name, value in values.items():
             columns[name][key] = value
@@ -124,6 +136,7 @@ class RecurrentPPOTrainer(PPOTrainerSync):
         # argument it does not read from the config); a CPU step lasts a few seconds, so the CPU runs poll faster.
         if self.settings.replay_poll_interval_s is not None:
             self.replay_buffer.poll_interval = self.settings.replay_poll_interval_s
+        guard_replay_buffer(self.replay_buffer, self)  # a sample whose every trajectory failed stops the run
 
     @property
     def settings(self) -> RecurrentSettings:
@@ -137,6 +150,11 @@ class RecurrentPPOTrainer(PPOTrainerSync):
         # of the last poll; the failed trajectories stored no rows, verl_ext/agent_loop_manager.py).
         self._failed_groups = frozenset(getattr(self.replay_buffer, "failure_keys", {}).get("train", ()))
         super().on_sample_end()
+
+    def _step_once(self, metrics, timing_raw, sample_batch_size):
+        # Old, reference and new log-probs at each row's own temperature (verl_ext/row_sampling.py).
+        with row_temperatures(self.actor_rollout_wg, getattr(self, "ref_policy_wg", None)):
+            return super()._step_once(metrics, timing_raw, sample_batch_size)
 
     # ---- the paper's updates per step (verl_ext/minibatch.py, docs/fidelity.md "Mini-batches") ----
 
@@ -250,7 +268,11 @@ class RecurrentPPOTrainer(PPOTrainerSync):
         token_ids = self.settings.dump_token_ids
         fields = DUMP_FIELDS + (list(TOKEN_ID_COLUMNS.values()) if token_ids else [])
         rows = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
-        self._dump_extra = dump_columns(list(batch.keys), list(batch.tags), rows, self._minibatch_of, token_ids)
+        rollout = self.config.actor_rollout_ref.rollout
+        run_sampling = {"temperature": float(rollout.temperature), "top_p": float(rollout.top_p)}
+        self._dump_extra = dump_columns(
+            list(batch.keys), list(batch.tags), rows, self._minibatch_of, token_ids, run_sampling
+        )
         try:
             super()._log_rollout_data(batch, timing_raw, rollout_data_dir)
         finally:

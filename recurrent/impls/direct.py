@@ -126,4 +126,5 @@ REGISTER = WorkflowRegistration(
     build=DirectWorkflow,
     columns=lambda config: (config.question_key, config.context_key),
     large_columns=lambda config: (config.context_key,),
+    source=answer_directly,
 )

@@ -404,4 +404,5 @@ REGISTER = WorkflowRegistration(
     large_columns=lambda config: (config.context_key,),  # the document: tokenized once, never copied into rows
     calls_per_sample=memory_cost.calls_for_document,
     step_shapes=step_shapes,
+    source=read_and_answer,
 )

@@ -10,8 +10,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recurrent.flags import ClientOptions, SamplingOptions, add_flags, flag
-from recurrent.interface import is_agent_file
-from recurrent.options import non_negative_int, parse_with_config, positive_int, positive_seconds, seconds
+from recurrent.interface import is_agent_file, load_register
+from recurrent.options import (
+    ConfigError,
+    agent_config,
+    non_negative_int,
+    parse_with_config,
+    positive_int,
+    positive_seconds,
+    seconds,
+)
 from recurrent.sampling import argument as sampling_argument
 from taskutils.memory_eval import config as cfg
 from taskutils.memory_eval import evalsets
@@ -85,6 +93,13 @@ class Selection:
         type=parse_lengths,
     )
     method: list[str] | None = flag(None, _methods_help, type=parse_list)
+    agent_config: Path | None = flag(
+        None,
+        "YAML or JSON file of the fields of the --method agents' config class, set over their defaults and the model "
+        "table's settings (as the endpoint's --agent-config); checked against each agent before anything starts",
+        type=Path,
+        metavar="FILE",
+    )
     limit: int | None = flag(None, "only the first N items of every eval set", type=positive_int)
 
 
@@ -189,4 +204,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         twice = sorted({name for name in names if names.count(name) > 1})
         if twice:
             parser.error(f"two methods would write the same results files (named {', '.join(twice)})")
+    args.agent_values = agent_values(parser, args)
     return args
+
+
+def agent_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
+    """The fields of ``--agent-config``, read and checked against every ``--method`` agent's config class with the
+    endpoint's reader (:func:`recurrent.options.agent_config`); a problem stops with exit 2."""
+    if args.agent_config is None:
+        return {}
+    if not args.method:
+        parser.error("--agent-config sets the fields of the --method agents: give --method")
+    values: dict = {}
+    for method in args.method:
+        try:
+            values = agent_config(load_register(cfg.method_agent(method)[0]), args.agent_config)
+        except (ConfigError, OSError) as err:
+            parser.error(f"--agent-config {err}" if isinstance(err, ConfigError) else f"--agent-config: {err}")
+    return values

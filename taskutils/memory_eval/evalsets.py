@@ -123,9 +123,10 @@ def _parse(where: str, raw: Any) -> Any:
         raise EvalDataError(f"{where}: {TOO_DEEP}") from None
 
 
-def check_item(where: str, item: Any, pool_size: int | None) -> None:
+def check_item(where: str, item: Any, pool_size: int | None, needs_context: bool = True) -> None:
     """Raise :class:`EvalDataError` unless ``item`` can be evaluated. ``pool_size``: the size of the document
-    pool index contexts point into (None: no pool available)."""
+    pool index contexts point into (None: no pool available). ``needs_context``: the method's agent reads the
+    document, so an item without ``context`` is refused (an agent that reads none takes an item without one)."""
     if not isinstance(item, dict):
         raise EvalDataError(f"{where}: an item must be a JSON object, got {_shown(item)}")
     fields = ", ".join(sorted(item))
@@ -145,9 +146,9 @@ def check_item(where: str, item: Any, pool_size: int | None) -> None:
     for k, answer in enumerate(gold):
         if not isinstance(answer, str) or not answer.strip():  # "" would be a substring of every prediction
             raise EvalDataError(f"{where}: field {gold_field!r}[{k}] must be a non-empty string, got {_shown(answer)}")
-    if "context" not in item:
+    if "context" not in item and needs_context:
         raise EvalDataError(f"{where}: field 'context' is missing; fields: {fields}")
-    context = item["context"]
+    context = item.get("context", "")
     texts = [("input", question), *((f"{gold_field!r}[{k}]", a) for k, a in enumerate(gold)), ("context", context)]
     for name, text in texts:
         if isinstance(text, str) and (bad := lone_surrogate(text)) is not None:
@@ -189,11 +190,16 @@ _INDEX = re.compile(rb'^\{\s*"index"\s*:\s*(-?\d+)\s*[,}]')  # a line that start
 
 
 def scan(
-    path: Path, limit: int | None = None, pool: Path | None = None, questions: dict[Any, tuple[str, str]] | None = None
+    path: Path,
+    limit: int | None = None,
+    pool: Path | None = None,
+    questions: dict[Any, tuple[str, str]] | None = None,
+    needs_context: bool = True,
 ) -> list[Any]:
     """Check every item of the first ``limit`` and return their ids (``index``, else the position). Every line
     is parsed: a bad item must stop the run before any model call, not when its turn comes. ``questions``, if
-    given, receives ``id -> (where, question)`` (for checks that need a tokenizer)."""
+    given, receives ``id -> (where, question)`` (for checks that need a tokenizer); ``needs_context``: see
+    :func:`check_item`."""
     if pool is not None and not pool.is_file():
         raise EvalDataError(f"{pool}: file not found (the document pool of index contexts, {POOL_FILE})")
     pool_size = len(document_pool(pool)) if pool is not None else None
@@ -203,7 +209,7 @@ def scan(
         if limit is not None and position >= limit:
             break
         item = _parse(where, raw)
-        check_item(where, item, pool_size)
+        check_item(where, item, pool_size, needs_context)
         index = item.get("index", position)
         if index in seen:
             raise EvalDataError(f"{where}: duplicate item index {index!r} (first at {seen[index]})")

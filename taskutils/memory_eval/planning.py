@@ -15,7 +15,7 @@ from recurrent.impls.memory import MemoryConfig
 from recurrent.interface import is_agent_file
 from taskutils.memory_eval import config as cfg
 from taskutils.memory_eval import evalsets, results
-from taskutils.memory_eval.agents import agent_options
+from taskutils.memory_eval.agents import agent_options, reads_context
 
 log = logging.getLogger("memory_eval")
 
@@ -38,9 +38,11 @@ class Job:
         return len(self.ids)
 
 
-def settings_of(entry: cfg.ModelEntry, method: str, sampling: dict[str, Any]) -> dict[str, Any]:
+def settings_of(
+    entry: cfg.ModelEntry, method: str, sampling: dict[str, Any], agent_values: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """What decides a file's results: resuming with other settings is refused."""
-    options = agent_options(entry, method)
+    options = agent_options(entry, method, agent_values)
     final_prompt = options.pop("final_prompt", None)
     settings = {
         "checkpoint": entry.checkpoint,
@@ -67,21 +69,25 @@ def plan_jobs(
     entry: cfg.ModelEntry,
     args: argparse.Namespace,
     sampling: dict[str, Any],
-    scanned: dict[Path, tuple[list[Any], dict[Any, tuple[str, str]]]],
+    scanned: dict[tuple[Path, bool], tuple[list[Any], dict[Any, tuple[str, str]]]],
 ) -> list[Job]:
-    """Every results file of one model, with the items still to run. Eval sets are checked once per file
-    (``scanned`` caches their ids); a (task, length) without data is left out (see :func:`check_data`)."""
+    """Every results file of one model, with the items still to run. Eval sets are checked once per file and
+    whether the method's agent reads documents (``scanned`` caches their ids); a (task, length) without data is left
+    out (see :func:`check_data`)."""
     jobs = []
     pool = evalsets.pool_file(args.data_dir, args.hotpotqa_dev)
+    agent_values = getattr(args, "agent_values", None)
     for method in args.method or [entry.method]:
+        needs_context = reads_context(method, agent_values)
         for task, length in cfg.plan(entry, cfg.expand_tasks(args.tasks, args.lengths), args.lengths):
             data = evalsets.data_file(args.data_dir, task, length)
             if data is None:
                 continue
-            if data not in scanned:
+            if (data, needs_context) not in scanned:
                 questions: dict[Any, tuple[str, str]] = {}
-                scanned[data] = (evalsets.scan(data, args.limit, pool, questions), questions)
-            ids, questions = scanned[data]
+                ids = evalsets.scan(data, args.limit, pool, questions, needs_context)
+                scanned[(data, needs_context)] = (ids, questions)
+            ids, questions = scanned[(data, needs_context)]
             out = results.results_path(args.results_dir, task, length, entry.name, cfg.method_name(method))
             info = {
                 "expected": len(ids),
@@ -91,7 +97,8 @@ def plan_jobs(
                 "length": length,
                 "sampling_applied": sampling_note(entry, args),
             }
-            done = results.prepare(out, settings_of(entry, method, sampling), info, args.retry_failed, args.overwrite)
+            settings = settings_of(entry, method, sampling, agent_values)
+            done = results.prepare(out, settings, info, args.retry_failed, args.overwrite)
             pending = [i for i in ids if i not in done]
             jobs.append(Job(task, length, method, data, out, ids, pending, {i: questions[i] for i in pending}))
     return jobs

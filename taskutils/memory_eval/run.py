@@ -111,7 +111,7 @@ def evaluate(args: argparse.Namespace) -> int:
         absent = check_data(entries, args)
         if absent:
             log.warning("no eval set for %d (task, length) pair(s), not run: %s", len(absent), ", ".join(absent))
-        scanned: dict[Path, tuple[list[Any], dict[Any, tuple[str, str]]]] = {}
+        scanned: dict[tuple[Path, bool], tuple[list[Any], dict[Any, tuple[str, str]]]] = {}
         plans = [(entry, plan_jobs(entry, args, sampling, scanned)) for entry in entries]
     except (evalsets.EvalDataError, results.SettingsMismatchError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -70,7 +70,10 @@ async def run_model(
 ) -> list[tuple[Job, FileOutcome]]:
     """The results files of one model, one after another, each with its items concurrent; the client is closed at
     the end."""
-    workflows = {method: make_workflow(entry, method, tokenizer) for method in {job.method for job in jobs}}
+    agent_values = getattr(args, "agent_values", None)
+    workflows = {
+        method: make_workflow(entry, method, tokenizer, agent_values) for method in {job.method for job in jobs}
+    }
     pool = evalsets.pool_file(args.data_dir, args.hotpotqa_dev)
     streak = FailureStreak(args.max_connection_failures)  # over all files of the model: one endpoint
     outcomes = []

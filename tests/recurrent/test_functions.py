@@ -184,3 +184,21 @@ async def test_an_agents_own_per_call_sampling_reaches_the_model_over_the_runs()
         {"temperature": 0.0, "top_p": 0.9},
         {"temperature": 0.7, "top_p": 0.9, "top_k": 5, "seed": 3},
     ]
+
+
+async def test_an_agent_may_return_its_own_score_with_its_answer():
+    from recurrent.functions import Answer
+
+    async def scored(sample, client, config):
+        reply = await client.chat([{"role": "user", "content": "q"}], 4)
+        return Answer(reply.text, score=0.75)
+
+    episode = FunctionEpisode(scored, {}, AskConfig(), "scored")
+    await run_session(episode, InstantClient())
+    assert (episode.answer, episode.score) == ("reply 1", 0.75) and episode.trace()["score"] == 0.75
+    plain = FunctionEpisode(ask, {"name": "a"}, AskConfig(), "ask")
+    await run_session(plain, InstantClient())
+    assert plain.score is None and "score" not in plain.trace()
+    for bad in (float("nan"), True, "1"):
+        with pytest.raises(ValueError, match="an agent's score is a finite number"):
+            Answer("x", score=bad)

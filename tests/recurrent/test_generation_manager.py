@@ -199,20 +199,66 @@ async def test_each_call_gets_its_own_budget():
     assert model.calls == [(0, 0, 6), (1, 0, 3), (0, 1, 4), (1, 1, 3)]
 
 
-async def test_concurrent_calls_of_one_agent_and_its_own_sampling_are_refused():
-    async def two_at_once(sample, client, config) -> str:
-        replies = await asyncio.gather(*(client.chat([{"role": "user", "content": "x"}], 4) for _ in range(2)))
-        return replies[-1].text
+async def self_consistency(sample: dict, client, config) -> str:
+    """Three drafts at once (``asyncio.gather``), hot, then a cold vote that reads them."""
+    i = sample["index"]
+    drafts = await asyncio.gather(
+        *(
+            client.chat([{"role": "user", "content": f"s{i} draft"}], 4, temperature=1.0, meta={"step": d})
+            for d in range(3)
+        )
+    )
+    seen = " | ".join(d.text for d in drafts)
+    vote = await client.chat([{"role": "user", "content": seen}], 2, temperature=0.2, meta={"step": 3})
+    return vote.text
 
-    async def own_sampling(sample, client, config) -> str:
-        return (await client.chat([{"role": "user", "content": "x"}], 4, temperature=0.0)).text
 
-    episodes = [FunctionEpisode(fn, {}, ToyConfig(), "bad") for fn in (two_at_once, own_sampling)]
-    episodes.append(FunctionEpisode(toy, {"index": 0, "turns": 1}, ToyConfig(), "toy"))
+class EchoSampling:
+    """Answers each call with its episode, step and temperature; logs (episode, step, temperature) in call order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int, float]] = []
+
+    async def __call__(self, i: int, turn: Turn) -> Reply:
+        self.calls.append((i, turn.meta["step"], turn.sampling["temperature"]))
+        await asyncio.sleep(0)
+        return Reply(text=f"{i}.{turn.meta['step']}@{turn.sampling['temperature']}", finish_reason="stop")
+
+
+async def test_the_calls_an_agent_makes_at_once_share_a_round_with_their_own_sampling():
+    # Two self-consistency agents and a toy agent of one memory call: round 1 sends all six drafts and the toy's
+    # memory call, round 2 the two votes, round 3 the toy's answer (flagged final: after every other call).
+    episodes = [FunctionEpisode(self_consistency, {"index": i}, ToyConfig(), "sc") for i in range(2)]
+    episodes.append(FunctionEpisode(toy, {"index": 2, "turns": 1}, ToyConfig(), "toy"))
+    model, toy_model = EchoSampling(), RuleModel()
+
+    async def generate(i: int, turn: Turn) -> Reply:
+        return await (toy_model(i, turn) if i == 2 else model(i, turn))
+
+    run = await run_lockstep(episodes, generate)
+    assert run.errors == [None, None, None]
+    assert run.rounds == [[0, 1, 2], [0, 1], [2]] and run.calls == [7, 2, 1]
+    assert model.calls == [(0, 0, 1.0), (0, 1, 1.0), (0, 2, 1.0), (1, 0, 1.0), (1, 1, 1.0), (1, 2, 1.0)] + [
+        (0, 3, 0.2),
+        (1, 3, 0.2),
+    ]
+    # The vote read the three drafts; every call's record keeps the sampling it asked for.
+    assert episodes[0].history[-1].turn.messages[0]["content"] == "0.0@1.0 | 0.1@1.0 | 0.2@1.0"
+    assert episodes[1].answer == "1.3@0.2"
+    assert [rec.turn.sampling for rec in episodes[0].history] == [{"temperature": 1.0}] * 3 + [{"temperature": 0.2}]
+
+
+async def test_a_call_left_running_when_the_agent_returns_fails_its_episode_only():
+    async def fire_and_forget(sample, client, config) -> str:
+        reply = await client.chat([{"role": "user", "content": "x"}], 4, meta={"step": 0})
+        asyncio.ensure_future(client.chat([{"role": "user", "content": "late"}], 4, meta={"step": 1}))
+        return reply.text
+
+    episodes = [FunctionEpisode(fire_and_forget, {}, ToyConfig(), "dangling")]
+    episodes.append(FunctionEpisode(toy, {"index": 1, "turns": 1}, ToyConfig(), "toy"))
     run = await run_lockstep(episodes, RuleModel())
-    assert "one call at a time" in str(run.errors[0])
-    assert "passed sampling parameters ['temperature'] in sync mode" in str(run.errors[1])
-    assert run.errors[2] is None and episodes[2].answer == "reply 2.1"
+    assert "returned with 1 model call(s) still running" in str(run.errors[0])
+    assert run.errors[1] is None and episodes[1].answer == "reply 1.1"
 
 
 # --- the memory agent through the driver -----------------------------------------------------------------

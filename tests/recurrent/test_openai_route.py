@@ -239,3 +239,45 @@ def test_tool_choice_none_goes_upstream_and_parses_no_calls():
     asyncio.run(run_session(episode, upstream))
     assert upstream.sent[0][2] == {"tools": TOOLS, "tool_choice": "none"}
     assert episode.answer == CALL  # the reply's text as content: vLLM reads no calls under "none"
+
+
+async def n_drafts(sample, client, config):
+    completion = await client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "draft"}], max_tokens=4, n=3, temperature=1.2
+    )
+    texts = [choice.message.content for choice in completion.choices]
+    final = await client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": " | ".join(texts)}], max_tokens=4
+    )
+    return final.choices[0].message.content
+
+
+N_DRAFTS = openai_agent("n_drafts", TwoCalls, n_drafts)
+
+
+class SamplingBackend(TokenBackend):
+    """The scripted backend, recording each call's own sampling instead of refusing it."""
+
+    def __init__(self, tokenizer: Any, replies: list[str]) -> None:
+        super().__init__(tokenizer, replies)
+        self.sampling: list[dict] = []
+
+    async def chat(self, messages, max_tokens, *, prompt_ids=None, **sampling) -> Reply:
+        self.sampling.append(sampling)
+        return await super().chat(messages, max_tokens, prompt_ids=prompt_ids)
+
+
+def test_n_completions_are_n_calls_made_at_once_one_choice_each(tokenizer):
+    backend = SamplingBackend(tokenizer, ["a", "b", "c", "abc"])
+    episode = train(N_DRAFTS, tokenizer, backend, {})
+    assert [rec.reply.text for rec in episode.history] == ["a", "b", "c", "abc"]
+    draft = template_ids(tokenizer, [{"role": "user", "content": "draft"}])
+    assert [rec.turn.prompt_ids for rec in episode.history[:3]] == [draft] * 3  # one prompt, three rows
+    assert backend.sampling == [{"temperature": 1.2}] * 3 + [{}]  # n is the route's, temperature the call's
+    final = template_ids(tokenizer, [{"role": "user", "content": "a | b | c"}])
+    assert episode.history[3].turn.prompt_ids == final and episode.answer == "abc"
+
+
+def test_a_bad_n_is_a_bad_request(tokenizer):
+    with pytest.raises(openai.BadRequestError, match="n: the number of completions is an integer >= 1, got 0"):
+        train(ASK, tokenizer, TokenBackend(tokenizer, ["x"]), {}, options=json.dumps({"max_tokens": 4, "n": 0}))

@@ -1,10 +1,12 @@
 """The calculator written against the ``openai`` client and its tools API (experiments/calculator/openai_agent.py)
 trains the same rows as the text calculator (experiments/calculator/agent.py), token for token, through verl's agent
-loop and the calculator's CPU config, on the same scripted replies: the two contracts train the same thing. Its own
-sampling is refused there with the trainer's message, and sync mode (lockstep rounds) gives it the same rows."""
+loop and the calculator's CPU config, on the same scripted replies: the two contracts train the same thing. A call's own
+temperature and top_p sample that call and are recorded on its row (any other sampling field is refused with the
+trainer's message), ``n`` gives n rows, and sync mode (lockstep rounds) gives it the same rows."""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -33,6 +35,7 @@ class CalculatorTokenServer:
         self.tokenizer = tokenizer
         self.prefix = prefix
         self.replies: list[list[int]] = []
+        self.sampling: list[dict] = []
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, **_):
         result = re.findall(r"<tool_response>(-?\d+)</tool_response>", self.tokenizer.decode(prompt_ids))
@@ -40,6 +43,7 @@ class CalculatorTokenServer:
         ids = self.tokenizer.encode(reply, add_special_tokens=False)[: sampling_params["max_tokens"] - 1]
         ids.append(self.tokenizer.eos_token_id)
         self.replies.append(ids)
+        self.sampling.append(dict(sampling_params))
         return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason="completed", extra_fields={})
 
 
@@ -76,8 +80,14 @@ async def test_the_openai_calculator_trains_the_text_calculators_rows(tiny_model
 
 
 async def own_sampling(sample, client, config):
-    messages = [{"role": "user", "content": "hi"}]
-    completion = await client.chat.completions.create(model="m", messages=messages, max_tokens=4, temperature=0.0)
+    """Two hot drafts in one request (``n=2``), then a cold answer: the self-consistency shape."""
+    messages = [{"role": "user", "content": sample["question"]}]
+    drafts = await client.chat.completions.create(
+        model="m", messages=messages, max_tokens=4, n=2, temperature=1.3, top_p=0.9
+    )
+    texts = [choice.message.content for choice in drafts.choices]
+    answer = [{"role": "user", "content": f"{sample['question']} Drafts: {texts}"}]
+    completion = await client.chat.completions.create(model="m", messages=answer, max_tokens=4, temperature=0.2)
     return completion.choices[0].message.content
 
 
@@ -89,10 +99,55 @@ class Nothing:
 OWN_SAMPLING = openai_agent("own_sampling", Nothing, own_sampling)
 
 
-async def test_its_own_sampling_is_refused_in_training_with_the_trainers_message(tiny_model_dir, tiny_tokenizer):
-    loop, _ = rows_of(f"{__file__}:OWN_SAMPLING", tiny_model_dir, tiny_tokenizer, settings=False)
-    with pytest.raises(openai.BadRequestError, match=r"passed sampling parameters \['temperature'\] in training"):
-        await loop.run(dict(SAMPLING), **chat("What is 1 + 1?"))
+async def test_a_calls_own_temperature_and_top_p_sample_it_and_are_on_its_row(tiny_model_dir, tiny_tokenizer):
+    loop, server = rows_of(f"{__file__}:OWN_SAMPLING", tiny_model_dir, tiny_tokenizer, settings=False)
+    sample = {**chat("What is 1 + 1?"), "question": "What is 1 + 1?"}
+    outputs = await loop.run(dict(SAMPLING), **sample)
+    # n=2: two rows of the same prompt, then the answer: three rows, each sampled with its call's own values.
+    assert len(outputs) == 3 and outputs[0].prompt_ids == outputs[1].prompt_ids
+    own = [{"temperature": 1.3, "top_p": 0.9}] * 2 + [{"temperature": 0.2}]
+    assert [{**SAMPLING, **o, "max_tokens": 4} for o in own] == server.sampling
+    assert [{k: o.extra_fields[k] for k in ("temperature", "top_p") if k in o.extra_fields} for o in outputs] == own
+    assert [o.temperature for o in outputs] == [1.3, 1.3, 0.2]
+    assert [float(o.as_dict()["temperature"]) for o in outputs] == pytest.approx([1.3, 1.3, 0.2])
+    # The answer's prompt holds both drafts, as the agent read them.
+    drafts = [tiny_tokenizer.decode(ids, skip_special_tokens=True) for ids in server.replies[:2]]
+    assert str(drafts) in tiny_tokenizer.decode(outputs[2].prompt_ids)
+
+
+async def test_a_call_without_its_own_sampling_keeps_the_rollouts(tiny_model_dir, tiny_tokenizer):
+    loop, server = rows_of("calculator_openai", tiny_model_dir, tiny_tokenizer)
+    outputs = await loop.run(dict(SAMPLING, temperature=0.7), **chat("What is 37 * 48?"))
+    assert all(params["temperature"] == 0.7 for params in server.sampling)
+    assert all("temperature" not in o.extra_fields for o in outputs)
+    # the row's temperature is the run's rollout temperature (calculator_cpu: 1.0), which verl's actor uses
+    assert all(o.temperature == 1.0 for o in outputs)
+
+
+async def refused(sample, client, config):
+    options = json.loads(sample["options"])
+    messages = [{"role": "user", "content": "hi"}]
+    completion = await client.chat.completions.create(model="m", messages=messages, **options)
+    return completion.choices[0].message.content
+
+
+REFUSED = openai_agent("refused", Nothing, refused)
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"max_tokens": 4, "seed": 3}, r"sampling parameters \['seed'\] in training; a call may set temperature"),
+        ({"max_tokens": 4, "temperature": 0.0}, r"temperature=0 \(greedy decoding\) cannot be trained on"),
+        ({"max_tokens": 4, "top_p": 1.5}, r"top_p must be a finite number in \(0, 1\]"),
+    ],
+)
+async def test_sampling_training_cannot_honour_is_refused_with_the_trainers_message(
+    tiny_model_dir, tiny_tokenizer, options, error
+):
+    loop, _ = rows_of(f"{__file__}:REFUSED", tiny_model_dir, tiny_tokenizer, settings=False)
+    with pytest.raises(openai.BadRequestError, match=error):
+        await loop.run(dict(SAMPLING), **chat("What is 1 + 1?"), options=json.dumps(options))
 
 
 async def test_lockstep_rounds_give_the_openai_calculator_the_same_rows(tiny_model_dir, tiny_tokenizer):

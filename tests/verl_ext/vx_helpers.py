@@ -53,13 +53,16 @@ def capture_transfer_queue(monkeypatch) -> dict[str, list]:
     """Record what verl's worker writes to TransferQueue (rows and prompt status tags) instead of writing it."""
     import transfer_queue
 
-    log: dict[str, list] = {"rows": [], "status": []}
+    log: dict[str, list] = {"rows": [], "status": [], "errors": []}
 
     async def batch_put(keys, fields, tags, partition_id):
         log["rows"].append({"keys": keys, "fields": fields, "tags": tags, "partition_id": partition_id})
 
     async def put(key, partition_id, tag):
-        log["status"].append((key, partition_id, tag["status"]))
+        if "status" in tag:
+            log["status"].append((key, partition_id, tag["status"]))
+        if "error" in tag:  # a prompt's first failed trajectory, for the trainer (verl_ext/failures.py)
+            log["errors"].append((key, partition_id, tag["error"]))
 
     monkeypatch.setattr(transfer_queue, "async_kv_batch_put", batch_put)
     monkeypatch.setattr(transfer_queue, "async_kv_put", put)

@@ -1,0 +1,69 @@
+"""A failed episode in one line: where in the agent's file it failed, and why.
+
+Training's preflight runs one episode of the agent before the launch, and the trainer stops a step whose every
+trajectory failed (verl_ext/agent_probe.py, verl_ext/failures.py); both say what went wrong the same way::
+
+    my_agent.py:14: ZeroDivisionError: division by zero
+
+The place is the deepest line of the agent's own file in the error's traceback (a call the trainer refused is
+named at the agent's line that made it); an error raised after the agent returned (no call, an answer that is not
+the last reply, a call left running) is named at the agent function's ``def`` line.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+MAX_CHARS = 600  # a message longer than this is cut: it is one line of a terminal
+
+
+def source_file(source: Callable[..., Any] | None) -> str | None:
+    """The file an agent's function was defined in (None when unknown)."""
+    code = getattr(source, "__code__", None)
+    return os.path.realpath(code.co_filename) if code is not None else None
+
+
+def shown(path: str) -> str:
+    """A path as its user reads it: relative to the working directory when under it."""
+    try:
+        return str(Path(path).relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return path
+
+
+def location(error: BaseException, source: Callable[..., Any] | None) -> str | None:
+    """``file:line`` of ``error`` in the agent's file: the deepest frame there (through the errors it was raised
+    from), else the function's ``def`` line; None without a source."""
+    file = source_file(source)
+    if file is None:
+        return None
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        frames = [f for f in traceback.extract_tb(current.__traceback__) if os.path.realpath(f.filename) == file]
+        if frames:
+            return f"{shown(file)}:{frames[-1].lineno}"
+        current = current.__cause__ or current.__context__
+    return f"{shown(file)}:{source.__code__.co_firstlineno}"  # type: ignore[union-attr]
+
+
+def reason(error: BaseException) -> str:
+    """The error's type and message on one line (an ``openai`` error's own message, not its HTTP body)."""
+    body = getattr(error, "body", None)
+    message = str(error)
+    if isinstance(body, dict):
+        inner = body.get("error") if isinstance(body.get("error"), dict) else body
+        message = str(inner.get("message") or message)
+    text = " ".join(f"{type(error).__name__}: {message}".split())
+    return text if len(text) <= MAX_CHARS else text[: MAX_CHARS - 3] + "..."
+
+
+def describe_failure(error: BaseException, source: Callable[..., Any] | None) -> str:
+    """``file:line: Type: message`` (``Type: message`` where the agent's file is unknown)."""
+    where = location(error, source)
+    return f"{where}: {reason(error)}" if where else reason(error)

@@ -1,0 +1,185 @@
+"""The preflight's trial episode (verl_ext/agent_probe.py): the four first-run mistakes of a new agent (no call, a
+sampling field the trainer cannot honour, a call left running when it returns, a raise) each stop the preflight
+with one line naming the agent's file, the line and the cause, in the run's mode; a sound agent passes, its calls
+made at once included. The launcher itself stops on such an agent before Ray starts: test_the_launcher_stops_....
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from verl_ext.preflight import PreflightError, preflight
+from verl_ext.run_config import compose_run_config
+
+REPO = Path(__file__).resolve().parents[2]
+HEAD = """\
+import asyncio
+from dataclasses import dataclass
+
+from recurrent.functions import agent_function
+
+
+@dataclass
+class Config:
+    max_tokens: int = 8
+
+
+"""
+# Each mistake: the agent's body, and the line of the agent file the message names (counted in the file below).
+MISTAKES = {
+    "no call": ("    return 'forty-two'\n", "def", "returned without calling the model"),
+    "sampling": (
+        "    reply = await client.chat([{'role': 'user', 'content': sample['input']}], 8, seed=3)\n"
+        "    return reply.text\n",
+        "seed=3",
+        "ValueError: an agent passed sampling parameters ['seed'] in training",
+    ),
+    "call left running": (
+        "    reply = await client.chat([{'role': 'user', 'content': sample['input']}], 8)\n"
+        "    asyncio.ensure_future(client.chat([{'role': 'user', 'content': 'and?'}], 8))\n"
+        "    return reply.text\n",
+        "def",
+        "returned with 1 model call(s) still running",
+    ),
+    "raise": (
+        "    reply = await client.chat([{'role': 'user', 'content': sample['input']}], 8)\n"
+        "    return str(len(reply.text) / 0)\n",
+        "/ 0",
+        "ZeroDivisionError: division by zero",
+    ),
+}
+GATHER = (
+    "    replies = await asyncio.gather(*(client.chat([{'role': 'user', 'content': sample['input']}], 8, "
+    "temperature=1.2) for _ in range(3)))\n"
+    "    reply = await client.chat([{'role': 'user', 'content': ' '.join(r.text for r in replies)}], 8, "
+    "temperature=0.3)\n"
+    "    return reply.text\n"
+)
+RUN_CONFIG = """\
+hydra:
+  searchpath:
+    - pkg://verl.trainer.config
+defaults:
+  - recurrent_trainer
+  - cpu_platform
+  - _self_
+recurrent:
+  agent: my_agent.py
+data:
+  max_prompt_length: 256
+  max_response_length: 16
+  train_batch_size: 2
+actor_rollout_ref:
+  actor:
+    ppo_mini_batch_size: 2
+  rollout:
+    n: 2
+    max_model_len: 272
+reward:
+  custom_reward_function:
+    path: pkg://taskutils.verifiers.strict
+    name: compute_score
+"""
+
+
+def agent_file(body: str) -> str:
+    return (
+        HEAD
+        + "async def my_agent(sample, client, config):\n"
+        + body
+        + ("\n\nREGISTER = agent_function('mine', Config, my_agent, columns=('input',))\n")
+    )
+
+
+def line_of(text: str, marker: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), 1) if marker in line)
+
+
+@pytest.fixture
+def user(tmp_path, monkeypatch) -> Path:
+    """A user's folder: the run config, the data (one question), the working directory."""
+    (tmp_path / "my_agent_cpu.yaml").write_text(RUN_CONFIG)
+    row = {
+        "prompt": [{"role": "user", "content": "What is 6 * 7?"}],
+        "input": "What is 6 * 7?",
+        "data_source": "arith",
+        "reward_model": {"ground_truth": "42"},
+    }
+    pd.DataFrame([row]).to_parquet(tmp_path / "train.parquet")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def checked(mode: str):
+    config = compose_run_config(
+        "my_agent_cpu.yaml",
+        ["actor_rollout_ref.model.path=tiny", "data.train_files=train.parquet", "data.val_files=train.parquet"]
+        + [f"recurrent.mode={mode}"],
+    )
+    preflight(config)
+
+
+@pytest.mark.parametrize(
+    ("mistake", "mode"),
+    # each in async mode; in sync mode too where the lockstep barrier carries the call (its sampling, a late call)
+    [(mistake, "async") for mistake in sorted(MISTAKES)] + [("sampling", "sync"), ("call left running", "sync")],
+)
+def test_each_first_run_mistake_is_one_line_naming_the_agents_file_and_line(user, mistake, mode):
+    body, marker, cause = MISTAKES[mistake]
+    text = agent_file(body)
+    (user / "my_agent.py").write_text(text)
+    with pytest.raises(PreflightError) as raised:
+        checked(mode)
+    (problem,) = str(raised.value).splitlines()[1:]  # "the run cannot start:" and one problem
+    where = f"my_agent.py:{line_of(text, marker)}: "
+    assert problem.startswith(f"  - {where}") and cause in problem, problem
+    trial = "its trial episode before the launch: the first sample of train.parquet against a scripted model"
+    assert f"{trial}, in {mode} mode" in problem
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_sound_agent_with_calls_made_at_once_passes(user, mode):
+    (user / "my_agent.py").write_text(agent_file(GATHER))
+    checked(mode)
+
+
+def test_the_episode_can_be_switched_off(user):
+    (user / "my_agent.py").write_text(agent_file(MISTAKES["raise"][0]))
+    config = compose_run_config(
+        "my_agent_cpu.yaml",
+        ["actor_rollout_ref.model.path=tiny", "data.train_files=train.parquet", "data.val_files=train.parquet"]
+        + ["recurrent.preflight_episode=false"],
+    )
+    preflight(config)
+
+
+@pytest.mark.slow(seconds=60)
+def test_the_launcher_stops_before_ray_starts_with_the_one_line(user):
+    body, marker, cause = MISTAKES["raise"]
+    text = agent_file(body)
+    (user / "my_agent.py").write_text(text)
+    (user / "data").mkdir()
+    for name in ("train", "validation"):
+        (user / "data" / f"{name}.parquet").write_bytes((user / "train.parquet").read_bytes())
+    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    env.pop("VERL_PLATFORM", None)
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts" / "train_tiny_cpu.sh")],
+        cwd=user,
+        env={**env, "CONFIG": "my_agent_cpu.yaml", "DATA_DIR": "data", "MODEL": "tiny", "OUT_DIR": "runs/x"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output[-3000:]
+    lines = [line for line in output.splitlines() if f"my_agent.py:{line_of(text, marker)}: {cause}" in line]
+    assert len(lines) == 1, output[-3000:]
+    assert "ray init kwargs" not in output and "Started a local Ray instance" not in output
