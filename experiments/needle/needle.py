@@ -29,6 +29,7 @@ The files of a run: ``python -m experiments.needle.data`` (:mod:`experiments.nee
 from __future__ import annotations
 
 import functools
+import os
 import random
 import re
 from typing import Any
@@ -86,19 +87,35 @@ def split_keys(split: str) -> list[str]:
 
 
 NUMBER_DEAL_SEED = "needle-numbers"  # the shuffle that deals the 4-digit numbers to the splits
+# How the numbers go to the splits: dealt by the seeded shuffle (the default), or by ``NNNN % 3`` (the rule before
+# the two-digit reader; docs/replication_cpu_notebook.md, "The cause, measured"). An experiment's switch, read from
+# the environment so that every stage of a run (data, warm start) deals the same way.
+NUMBER_RULES = ("dealt", "mod3")
+NUMBERS_ENV = "NEEDLE_NUMBERS"
+
+
+def number_rule() -> str:
+    """The numbers' split rule of this process: ``$NEEDLE_NUMBERS``, default ``dealt``."""
+    rule = os.environ.get(NUMBERS_ENV, "dealt")
+    if rule not in NUMBER_RULES:
+        raise ValueError(f"{NUMBERS_ENV}={rule!r}: one of {NUMBER_RULES}")
+    return rule
 
 
 @functools.cache
-def _dealt_numbers() -> tuple[tuple[int, ...], ...]:
+def _split_numbers(rule: str) -> tuple[tuple[int, ...], ...]:
     numbers = list(range(1000, 10000))
+    if rule == "mod3":
+        return tuple(tuple(v for v in numbers if v % len(SPLITS) == i) for i in range(len(SPLITS)))
     random.Random(NUMBER_DEAL_SEED).shuffle(numbers)
     third = len(numbers) // len(SPLITS)
     return tuple(tuple(sorted(numbers[i * third : (i + 1) * third])) for i in range(len(SPLITS)))
 
 
 def split_numbers(split: str) -> list[int]:
-    """The numbers of a split (ascending): its third of the 4-digit numbers, dealt by a seeded shuffle."""
-    return list(_dealt_numbers()[split_id(split)])
+    """The numbers of a split (ascending): its third of the 4-digit numbers, dealt by a seeded shuffle
+    (:func:`number_rule` ``mod3``: those ``v`` with ``v % 3`` the split's id)."""
+    return list(_split_numbers(number_rule())[split_id(split)])
 
 
 def filler_sentence(rng: random.Random) -> str:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from experiments.needle.needle import corpus_lines
+from experiments.needle.needle import ADJ, NOUN, corpus_lines
 from experiments.small_reader import reader_config  # noqa: F401  (the needle reader's configuration)
 from memagent.agent import FINAL_TEMPLATES, MEMORY_TEMPLATE, NO_MEMORY
 from recurrent.models import train_bpe_tokenizer
@@ -35,20 +35,35 @@ VOCAB_SIZE = 1024
 DIGIT_PAIRS = [f"{i:02d}" for i in range(100)]
 
 
-def tokenizer_corpus(seed: int = 0) -> list[str]:
-    """The tokenizer's training text: the task's lines plus the prompts (repeated so their words merge)."""
+# The tokenizer's training text: the task's (the default), or that plus the digit pairs and the keys, repeated (the
+# corpus of an earlier try; docs/replication_cpu_notebook.md, "The cause, measured"). Either way every word of the
+# task is one token; the extra text changes the order of the merges and so the tokens' ids.
+CORPORA = ("task", "keys")
+
+
+def tokenizer_corpus(seed: int = 0, corpus: str = "task") -> list[str]:
+    """The tokenizer's training text: the task's lines plus the prompts (repeated so their words merge); ``keys``:
+    also the 100 digit pairs 400 times and, 100 times each, the keys " ADJ-NOUN" of every adjective with the first
+    three nouns and every noun with the first three adjectives."""
+    if corpus not in CORPORA:
+        raise ValueError(f"unknown tokenizer corpus {corpus!r}; one of {CORPORA}")
     prompts = [
         MEMORY_TEMPLATE,
         *FINAL_TEMPLATES.values(),
         NO_MEMORY,
         "<|im_start|>system\nYou are a helpful assistant.",
     ]
-    return corpus_lines(seed) + prompts * 200
+    lines = corpus_lines(seed) + prompts * 200
+    if corpus == "keys":
+        keys = [f" {a}-{n}" for a in ADJ for n in NOUN[:3]] + [f" {a}-{n}" for n in NOUN for a in ADJ[:3]]
+        lines += DIGIT_PAIRS * 400 + keys * 100
+    return lines
 
 
-def build_tokenizer(seed: int = 0) -> Any:
-    """The reader tokenizer (deterministic for a seed): BPE with single digits, then the digit pairs added."""
-    tokenizer = train_bpe_tokenizer(tokenizer_corpus(seed), vocab_size=VOCAB_SIZE, individual_digits=True)
+def build_tokenizer(seed: int = 0, corpus: str = "task") -> Any:
+    """The reader tokenizer (deterministic for a seed and corpus): BPE with single digits, then the digit pairs
+    added."""
+    tokenizer = train_bpe_tokenizer(tokenizer_corpus(seed, corpus), vocab_size=VOCAB_SIZE, individual_digits=True)
     tokenizer.add_tokens(DIGIT_PAIRS)
     return tokenizer
 

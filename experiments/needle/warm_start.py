@@ -67,9 +67,10 @@ from experiments.needle.needle import (
     filler_sentence,
     make_choice_document,
     make_document,
+    number_rule,
     split_numbers,
 )
-from experiments.needle.reader import build_tokenizer, reader_config
+from experiments.needle.reader import CORPORA, build_tokenizer, reader_config
 from experiments.sft import (
     Point,
     Row,
@@ -444,6 +445,7 @@ def train(
     stop_at: float = 0.9,
     copy_dir: Path | None = None,
     task: str = "needle",
+    corpus: str = "task",
 ) -> tuple[Any, Any, dict[str, Any]]:
     """Train the warm start; returns the model, its tokenizer and the recipe with the stage logs. ``stop_at``: the
     held-out score at which the three copy stages stop (a higher one copies more exactly, in more steps).
@@ -457,7 +459,7 @@ def train(
     t_build = time.perf_counter()
     with torch_threads(threads):
         torch.manual_seed(seed)
-        tokenizer = build_tokenizer()
+        tokenizer = build_tokenizer(corpus=corpus)
         pad = tokenizer.pad_token_id
         model = new_reader(tokenizer, reader_config(tokenizer))
         workflow = MemoryWorkflow(agent_config(), tokenizer)
@@ -484,6 +486,7 @@ def train(
             t_stage = now
 
         copy_key = {"version": RECIPE_VERSION, "seed": seed, "stop_at": stop_at, "steps": list(scale.steps[:3])}
+        copy_key |= {"corpus": corpus, "numbers": number_rule()} if (corpus, number_rule()) != ("task", "dealt") else {}
         copy_key |= {"pools": list(scale.pools[:2]), "held": list(scale.held[:3]), "batch": scale.batch}
         saved = copy_dir / COPY_STAGES if copy_dir else None
         if saved and saved.is_file() and json.loads(saved.read_text())["key"] == copy_key:
@@ -526,6 +529,8 @@ def train(
     recipe = {
         "reader": {"params": sum(p.numel() for p in model.parameters()), "vocab": len(tokenizer)},
         "task": task,
+        "tokenizer_corpus": corpus,
+        "numbers": number_rule(),
         "teacher": {"p_needle": p_needle, "p_keep": p_keep, "filler": "first complete sentence of the chunk"},
         "seed": seed,
         "stop_at": stop_at,
@@ -748,6 +753,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--p-keep", type=float, default=0.9)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--tokenizer-corpus",
+        choices=CORPORA,
+        default="task",
+        help="with --out: the reader tokenizer's training text (keys: also the digit pairs and the keys, repeated)",
+    )
+    parser.add_argument(
         "--stop-at", type=float, default=0.9, help="with --out: the held-out score that stops the copy stages (0.9)"
     )
     parser.add_argument(
@@ -767,11 +778,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.cache and (
         args.copy_stages
         or args.steps
+        or args.tokenizer_corpus != "task"
         or (args.p_needle, args.p_keep, args.seed, args.threads, args.stop_at) != (0.4, 0.9, 0, 1, 0.9)
     ):
         parser.error(
             "--cache builds the recipe as it is: --steps, --p-needle, --p-keep, --seed, --threads, --stop-at, "
-            "--copy-stages go with --out"
+            "--copy-stages, --tokenizer-corpus go with --out"
         )
     log = partial(print, flush=True)
     if args.cache:
@@ -794,6 +806,7 @@ def main(argv: list[str] | None = None) -> None:
             stop_at=args.stop_at,
             copy_dir=args.copy_stages,
             task=args.task,
+            corpus=args.tokenizer_corpus,
         )
         print(json.dumps({k: v for k, v in recipe.items() if k != "stages"}))
     folder = args.evaluate or args.out

@@ -228,3 +228,16 @@ def test_the_evaluation_drives_real_sessions_with_a_tiny_reader(tokenizer, tmp_p
         row = result["lengths"][n]
         assert row["failed"] == 0 and 0.0 <= row["strict"] <= 1.0
         assert len(row["example"]["memories"]) == n  # one memory per chunk, then the answer
+
+
+def test_the_mod3_switch_splits_the_numbers_by_their_residue(monkeypatch):
+    """NEEDLE_NUMBERS=mod3 (an experiment's switch): the numbers v with v % 3 the split's id, ascending."""
+    monkeypatch.setenv("NEEDLE_NUMBERS", "mod3")
+    # hand-computed: 1002 = 3 x 334 (train), 1000 = 3 x 333 + 1 (validation), 1001 = 3 x 333 + 2 (test)
+    assert split_numbers("train")[:3] == [1002, 1005, 1008]
+    assert split_numbers("validation")[:3] == [1000, 1003, 1006]
+    assert split_numbers("test")[:3] == [1001, 1004, 1007] and split_numbers("test")[-1] == 9998
+    assert all(len(split_numbers(s)) == 3000 for s in SPLITS)
+    monkeypatch.setenv("NEEDLE_NUMBERS", "odd")
+    with pytest.raises(ValueError, match="NEEDLE_NUMBERS='odd'"):
+        split_numbers("train")
