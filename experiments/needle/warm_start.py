@@ -77,6 +77,8 @@ from experiments.sft import (
     add_cache_arguments,
     cached_build,
     new_reader,
+    numerics,
+    pin_numerics,
     save,
     scale_sizes,
     sft_steps,
@@ -429,7 +431,9 @@ CHOOSE_RECALL_QUICK = replace(
 )
 CHOOSE_RECIPES = {"choice": (CHOOSE, CHOOSE_QUICK), "recall": (CHOOSE_RECALL, CHOOSE_RECALL_QUICK)}
 # Bump when the build changes (data, stages, optimizer), so a cached warm start built the old way is rebuilt.
-RECIPE_VERSION = 2  # 2: the reader reads numbers as two-digit tokens; numbers dealt to splits at random
+# 2: the reader reads numbers as two-digit tokens; numbers dealt to splits at random. 3: the kernels' numerics pinned
+# (experiments.sft.PINNED_NUMERICS), the manifest records the stages' stop steps and scores.
+RECIPE_VERSION = 3
 # The same for the choosing task's naive stage (its copy stages are the needle task's, RECIPE_VERSION).
 CHOOSE_RECIPE_VERSION = 2  # 2: the recipe records its recall stage and memory form (recall recipe added)
 COPY_STAGES = "copy_stages.json"  # in a copy_dir of train(): what the saved model's three stages were
@@ -457,6 +461,7 @@ def train(
     from transformers import AutoModelForCausalLM
 
     t_build = time.perf_counter()
+    pin_numerics()  # before the first kernel of this build's process: the same weights on any x86-64 machine
     with torch_threads(threads):
         torch.manual_seed(seed)
         tokenizer = build_tokenizer(corpus=corpus)
@@ -535,6 +540,7 @@ def train(
         "seed": seed,
         "stop_at": stop_at,
         "threads": threads,
+        "numerics": numerics(),
         "scale": asdict(scale),
         "stages": logs,
         "build_wall_s": round(time.perf_counter() - t_build, 1),
@@ -560,6 +566,18 @@ def manifest_extra(
     if task == "choose":
         extra |= {"task": task, "copy_recipe": RECIPE_VERSION, "distractors": CHOOSE_DISTRACTORS}
     return extra
+
+
+def build_outcome(recipe: dict[str, Any]) -> dict[str, Any]:
+    """How a build came out, for its manifest: each stage's stop step, why it stopped and its last held-out scores,
+    and the numerics it ran with (two builds of one recipe that agree here agree weight for weight, as far as a
+    record can tell)."""
+    scores = ("tok_acc", "exact", "loss")
+    stages = [
+        {"stage": s["stage"], "steps": s["steps"], "stopped": s["stopped"], **{k: s["final"][k] for k in scores}}
+        for s in recipe["stages"]
+    ]
+    return {"stages": stages, "numerics": recipe["numerics"]}
 
 
 def copy_stages_dir(root: Path | None, scale: Scale) -> Path:
@@ -592,10 +610,11 @@ def cached_warm_start(
     copy_dir = copy_stages_dir(root, scale) if choose else None
     t0 = time.perf_counter()
 
-    def build_into(tmp: Path) -> None:
+    def build_into(tmp: Path) -> dict[str, Any]:
         model, tokenizer, recipe = train(scale, log=log, copy_dir=copy_dir, task=task)
         save(tmp, model, tokenizer, recipe)
         log(f"{scale.name}: built in {(time.perf_counter() - t0) / 60:.1f} min")
+        return build_outcome(recipe)
 
     between = [
         f"{name} {getattr(scale, name, 0)}" for name in ("recall", "choice") if choose and getattr(scale, name, 0)
