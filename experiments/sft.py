@@ -2,7 +2,7 @@
 plain-torch SFT with the loss on target tokens only, teacher-forced scoring of held-out rows, the stage loop, one
 torch thread, and the build of a warm start into the offline model cache of :mod:`recurrent.models`.
 
-What each experiment trains on and how it reports its stages stays in its own ``warm_start.py``; this module is
+What each experiment trains on and how it reports its stages stays in its own ``warm_start``; this module is
 the machinery they share, so the two builds train the same way (docs/replication_cpu.md, docs/calculator_cpu.md).
 """
 

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from experiments.needle import warm_start
 from experiments.needle.reader import build_tokenizer, reader_config
-from experiments.needle.warm_start import RECIPE_VERSION, Scale, agent_config, cached_warm_start, paper_rows
+from experiments.needle.warm_start import RECIPE_VERSION, Scale, agent_config, cache, cached_warm_start, paper_rows
 from memagent.agent import MemoryWorkflow
 from recurrent.models import MANIFEST
 
@@ -106,7 +106,7 @@ def test_an_up_to_date_cache_is_reused_without_training(micro, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("the cached warm start was rebuilt")
 
-    monkeypatch.setattr(warm_start, "train", no_training)
+    monkeypatch.setattr(cache, "train", no_training)  # the cache module builds
     lines = []
     assert cached_warm_start(folder.parent, scale=MICRO, log=lines.append) == folder
     assert (folder / "model.safetensors").stat().st_mtime_ns == stamp
@@ -126,7 +126,7 @@ def test_a_stale_or_unmarked_folder_is_rebuilt(micro, tmp_path, monkeypatch):
         trained.append(1)
         return model, tokenizer, recipe | {"stub": len(trained)}
 
-    monkeypatch.setattr(warm_start, "train", stub_train)
+    monkeypatch.setattr(cache, "train", stub_train)
     for n, change in enumerate(("recipe", "steps", "no manifest"), 1):
         root = tmp_path / change.replace(" ", "-")
         copy = root / MICRO.name
@@ -162,15 +162,15 @@ def test_a_killed_build_leaves_nothing_and_the_next_call_rebuilds_the_same_weigh
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     trained = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder), {}
-    real_save = warm_start.save
+    real_save = cache.save
 
     def save_then_die(*args):
         real_save(*args)  # the model, tokenizer and warm_start.json are written, the manifest is not
         raise Killed
 
     with monkeypatch.context() as patch:  # killed while writing the folder
-        patch.setattr(warm_start, "train", lambda *a, **k: trained)
-        patch.setattr(warm_start, "save", save_then_die)
+        patch.setattr(cache, "train", lambda *a, **k: trained)
+        patch.setattr(cache, "save", save_then_die)
         with pytest.raises(Killed):
             cached_warm_start(tmp_path, scale=MICRO, log=lambda _: None)
     assert list(tmp_path.iterdir()) == []
