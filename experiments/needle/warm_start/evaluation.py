@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from experiments.needle.needle import NEEDLE, NEEDLE_RE, make_choice_document, make_document
+from experiments.needle.survival import event
 from experiments.needle.warm_start.rows import agent_config, sample_of
 from experiments.needle.warm_start.teachers import NUMBER_RE
 from memagent.agent import MemoryWorkflow
@@ -75,6 +76,24 @@ def whole_needles(sessions: list[Any], documents: list[dict[str, Any]]) -> dict[
     return {"needle_memories": mentions, "whole_needle": share(whole), "asked_needle": share(asked)}
 
 
+def keeping(sessions: list[Any], documents: list[dict[str, Any]]) -> dict[str, int]:
+    """The needle's number through the memories (:func:`experiments.needle.survival.event`): in how many documents
+    it was written, the keep decisions after the writes (chunks read while it was intact) and the losses among them;
+    1 - losses / decisions is the keep rate per chunk."""
+    events = [
+        event(
+            "", "", len(s.memory_trace), {"id": i, "gold": [d["value"]], "memories": s.memory_trace}, d["needle_chunk"]
+        )
+        for i, (s, d) in enumerate(zip(sessions, documents, strict=True))
+    ]
+    written = [e for e in events if e.written is not None]
+    return {
+        "written": len(written),
+        "keep_decisions": sum(e.decisions for e in written),
+        "losses": sum(e.lost is not None for e in written),
+    }
+
+
 def evaluate(
     folder: Path,
     docs: int = 32,
@@ -85,7 +104,8 @@ def evaluate(
 ) -> dict[str, Any]:
     """Strict accuracy per length of the memory agent driven by the model in ``folder``, plus how often the
     final memory holds the needle sentence / the needle's number, and generation tokens/s. ``distractors``: the
-    choosing task's documents with that many other needles (the needle: the asked one)."""
+    choosing task's documents with that many other needles (the needle: the asked one); else also how long the
+    needle's number is kept once written (:func:`keeping`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -123,7 +143,7 @@ def evaluate(
             ),
             "needle_written": round(sum(written) / docs, 3),
             "boxed": round(sum("\\boxed{" in (s.answer or "") for s in sessions) / docs, 3),
-            **(whole_needles(sessions, documents) if distractors else {}),
+            **(whole_needles(sessions, documents) if distractors else keeping(sessions, documents)),
             "failed": run.num_failed,
             "wall_s": round(wall, 1),
             "tok_per_s": round(generate.tokens / generate.seconds),
