@@ -6,11 +6,11 @@ needles and questions of every split. Vocabulary 1024 (256 bytes, 3 special toke
 prompts' and keys' words are whole tokens), then the 100 two-digit strings "00".."99" added as tokens: a 4-digit
 number is two tokens, "7445" -> "74" "45".
 
-Why pairs (docs/replication_cpu.md, "Numbers a small reader can copy"): with one token per digit a ~1M-parameter
-reader copies a number by finding the digit it just wrote in the source and emitting the next one, and a number
-that repeats a digit (half of all 4-digit numbers) gives it two places to continue from: nearly all of the
-one-digit reader's copy errors were there. With pairs the same ambiguity is left only for numbers whose two halves
-are equal (1 in 100). This is a property of a tiny reader; the paper's 7B copies digits fine.
+Why pairs (docs/replication_cpu_notebook.md, "Numbers a small reader can copy"): with one token per digit a
+~1M-parameter reader copies a number by finding the digit it just wrote in the source and emitting the next one, and a
+number that repeats a digit (half of all 4-digit numbers) gives it two places to continue from: nearly all of the
+one-digit reader's copy errors were there. With pairs the same ambiguity is left only for numbers whose two halves are
+equal (1 in 100). This is a property of a tiny reader; the paper's 7B copies digits fine.
 
 Pairs are *added tokens*, not a pre-tokenizer rule, on purpose: the reader's folder loads through
 ``AutoTokenizer`` as transformers' Qwen2 tokenizer, which replaces a saved pre-tokenizer with its own (one token

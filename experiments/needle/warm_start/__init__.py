@@ -27,8 +27,8 @@ mode), so greedy accuracy would far exceed the teacher's. Transcripts are episod
 (``chunk_size`` 64, ``max_memorization_length`` 32) answered by the teacher, so the training prompts are the
 evaluation prompts token for token.
 
-The choosing task (``--task choose``; docs/replication_cpu.md, "The choosing task") has its own naive stage: its
-documents hold the asked needle and 1-3 others (:func:`teacher_document`), and its teacher (:func:`choice_write`)
+The choosing task (``--task choose``; docs/replication_cpu_notebook.md, "The choosing task") has its own naive stage:
+its documents hold the asked needle and 1-3 others (:func:`teacher_document`), and its teacher (:func:`choice_write`)
 always writes one whole needle, the asked one with probability ``p_needle``, so that RL has only to learn which one
 to keep. Its copy stages are the needle task's, kept in the cache beside it and reused (:func:`copy_stages_dir`).
 Two recipes (``--recipe``, :data:`CHOOSE_RECIPES`): ``choice`` (the default; cache ``replication-reader-choose``)

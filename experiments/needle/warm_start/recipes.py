@@ -37,12 +37,12 @@ class ChooseScale(Scale):
     form: str = "sentence"
 
 
-# The warm start: the budgets are the steps of the measured build (docs/replication_cpu.md, "Warm start"), whose
-# stages stopped at time caps (synth, naive) or at their targets (needle, paper).
+# The warm start: the budgets are the steps of the measured build (docs/replication_cpu_notebook.md, "Warm start"),
+# whose stages stopped at time caps (synth, naive) or at their targets (needle, paper).
 FULL = Scale("replication-reader", steps=(1030, 200, 75, 146))
 # The same four stages in seconds, for tests of the pipeline's artefacts (its accuracy is that of a random model).
 QUICK = Scale("replication-reader-quick", steps=(8, 2, 2, 2), pools=(64, 64, 16), held=(32, 16, 16, 4))
-# The choosing task's warm start (docs/replication_cpu.md, "The choosing task"): the same stages and budgets, a
+# The choosing task's warm start (docs/replication_cpu_notebook.md, "The choosing task"): the same stages and budgets, a
 # choice stage, its own naive stage (choosing documents, choice_write writing whole sentences), under its own names
 # in the cache.
 CHOOSE = ChooseScale(
@@ -56,9 +56,9 @@ CHOOSE_QUICK = ChooseScale(
     choice=2,
     choice_rows=(64, 16),
 )
-# Its recall recipe (``--recipe recall``; docs/replication_cpu.md, "The choice taught with its answer"): a recall
-# stage in place of the choice stage (the reader learns to answer the asked key's number from a short document; the
-# choice formed after a plateau of ~3,000 steps in one run, and not within this budget in another), then a naive
+# Its recall recipe (``--recipe recall``; docs/replication_cpu_notebook.md, "The choice taught with its answer"): a
+# recall stage in place of the choice stage (the reader learns to answer the asked key's number from a short document;
+# the choice formed after a plateau of ~3,000 steps in one run, and not within this budget in another), then a naive
 # teacher that writes the number it picks.
 CHOOSE_RECALL = replace(
     CHOOSE, name="replication-reader-choose-recall", steps=(*FULL.steps[:3], 300), choice=0, recall=8000, form="number"

@@ -1,4 +1,4 @@
-"""The warm start's rows (docs/replication_cpu.md, "Warm start"): the agent it trains for, and the copy stages'
+"""The warm start's rows (docs/replication_cpu_notebook.md, "Warm start"): the agent it trains for, and the copy stages'
 and the choosing task's rows, each a ``(prompt ids, target ids)`` pair on documents of the train split."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The naive teachers of the warm start's last stage (docs/replication_cpu.md, "Warm start"; the choosing task's:
-"The choosing task"): what they write on each chunk, their transcripts as episodes of the real memory agent, and the
-stage's rows."""
+"""The naive teachers of the warm start's last stage (docs/replication_cpu_notebook.md, "Warm start"; the choosing
+task's: "The choosing task"): what they write on each chunk, their transcripts as episodes of the real memory agent, and
+the stage's rows."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def choice_write(
     form: str = "sentence",
 ) -> str:
     """The choosing task's naive teacher on one chunk: it writes one needle, not yet the right one
-    (docs/replication_cpu.md, "The choosing task"), as its whole sentence (``form`` sentence, the default) or
+    (docs/replication_cpu_notebook.md, "The choosing task"), as its whole sentence (``form`` sentence, the default) or
     its number (``form`` number, the recall recipe). On the asked needle's chunk: the asked needle with probability
     ``p_needle``, else another needle shown so far (the chunk's first other needle, else the needle in memory,
     else the chunk's first filler sentence). On a chunk with other needles only: the asked needle in memory kept

@@ -2,7 +2,7 @@
 and every later stage (data, RL, evaluation) loads it from there with ``AutoTokenizer``, which for a Qwen2 folder
 is transformers' Qwen2 tokenizer. If the loaded tokenizer split the task's text differently from the one the warm
 start trained on, every stage after it would feed the reader tokens it never saw, silently
-(docs/replication_cpu.md, "Numbers a small reader can copy")."""
+(docs/replication_cpu_notebook.md, "Numbers a small reader can copy")."""
 
 import random
 
