@@ -15,6 +15,7 @@ from experiments.needle.warm_start.cache import build, cached_warm_start
 from experiments.needle.warm_start.evaluation import evaluate
 from experiments.needle.warm_start.recipes import CHOOSE_RECIPES, FULL, QUICK, TASKS
 from experiments.needle.warm_start.rows import CHOOSE_DISTRACTORS
+from experiments.needle.warm_start.teachers import MISSES
 from experiments.sft import add_cache_arguments
 
 DESCRIPTION = "The warm start of the CPU replication: plain-torch SFT of the ~1M-parameter reader, and its measurement."
@@ -43,6 +44,13 @@ def parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--p-needle", type=float, default=0.4)
     parser.add_argument("--p-keep", type=float, default=0.9)
+    parser.add_argument(
+        "--miss",
+        choices=MISSES,
+        default="first",
+        help="with --out: what the needle task's teacher writes when it does not write the needle: the chunk's first "
+        "filler sentence, or the memory as it was",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--tokenizer-corpus",
@@ -76,11 +84,12 @@ def checked(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse
         args.copy_stages
         or args.steps
         or args.tokenizer_corpus != "task"
+        or args.miss != "first"
         or (args.p_needle, args.p_keep, args.seed, args.threads, args.stop_at) != (0.4, 0.9, 0, 1, 0.9)
     ):
         parser.error(
             "--cache builds the recipe as it is: --steps, --p-needle, --p-keep, --seed, --threads, --stop-at, "
-            "--copy-stages, --tokenizer-corpus go with --out"
+            "--copy-stages, --tokenizer-corpus, --miss go with --out"
         )
     return args
 
@@ -110,6 +119,7 @@ def main(argv: list[str] | None = None) -> None:
             copy_dir=args.copy_stages,
             task=args.task,
             corpus=args.tokenizer_corpus,
+            miss=args.miss,
         )
         print(json.dumps({k: v for k, v in recipe.items() if k != "stages"}))
     folder = args.evaluate or args.out

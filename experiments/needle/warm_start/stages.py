@@ -188,6 +188,7 @@ def train(
     copy_dir: Path | None = None,
     task: str = "needle",
     corpus: str = "task",
+    miss: str = "first",
 ) -> tuple[Any, Any, dict[str, Any]]:
     """Train the warm start; returns the model, its tokenizer and the recipe with the stage logs. ``stop_at``: the
     held-out score at which the three copy stages stop (a higher one copies more exactly, in more steps).
@@ -196,7 +197,8 @@ def train(
     that teacher variants train only the naive stage; the result is the build without it, weight for weight.
     ``task``: the naive stage's documents and teacher (needle: :func:`needle_write`; choose: choosing documents,
     :func:`teacher_document`, and :func:`choice_write`); the three copy stages are the same for both. ``corpus``:
-    the tokenizer's (:data:`experiments.needle.reader.CORPORA`)."""
+    the tokenizer's (:data:`experiments.needle.reader.CORPORA`); ``miss``: what the needle task's teacher writes
+    when it does not write the needle (:func:`needle_write`)."""
     t_build = time.perf_counter()
     pin_numerics()  # before the first kernel of this build's process: the same weights on any x86-64 machine
     with torch_threads(threads):
@@ -208,7 +210,9 @@ def train(
                 keep_copy_stages(build, copy_dir, key)
         choose_stages(build)
         form = getattr(scale, "form", "sentence")
-        teacher = partial(teacher_rows, build.workflow, p_needle=p_needle, p_keep=p_keep, task=task, form=form)
+        teacher = partial(
+            teacher_rows, build.workflow, p_needle=p_needle, p_keep=p_keep, task=task, form=form, miss=miss
+        )
         naive_pool, naive_held = teacher(build.rng, scale.pools[2]), teacher(build.held_rng, scale.held[3])
         build.stage("naive", lambda n: build.rng.sample(naive_pool, n), naive_held, 1e-3, 20, None, every=50)
     model, tokenizer = build.model, build.tokenizer
@@ -217,7 +221,7 @@ def train(
         "task": task,
         "tokenizer_corpus": corpus,
         "numbers": number_rule(),
-        "teacher": {"p_needle": p_needle, "p_keep": p_keep, "filler": "first complete sentence of the chunk"},
+        "teacher": {"p_needle": p_needle, "p_keep": p_keep, "miss": miss},
         "seed": seed,
         "stop_at": stop_at,
         "threads": threads,

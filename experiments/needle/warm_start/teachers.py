@@ -20,6 +20,10 @@ from recurrent.interface import Reply, Turn
 # What the choosing task's teacher writes of the needle it picks: its whole sentence (the default) or its number.
 FORMS = ("number", "sentence")
 NUMBER_RE = re.compile(r"\d{4}")
+# What the needle task's teacher writes when it does not write the needle: the chunk's first complete filler sentence,
+# or the memory as it was (nothing new: an empty memory stays "No previous memory", a needle in memory is kept);
+# docs/replication_cpu_notebook.md, "The cause, measured".
+MISSES = ("first", "memory")
 
 
 def complete_sentences(chunk_text: str, context: str) -> list[str]:
@@ -29,11 +33,22 @@ def complete_sentences(chunk_text: str, context: str) -> list[str]:
 
 
 def needle_write(
-    doc: dict[str, Any], memory: str, sentences: list[str], rng: random.Random, p_needle: float, p_keep: float
+    doc: dict[str, Any],
+    memory: str,
+    sentences: list[str],
+    rng: random.Random,
+    p_needle: float,
+    p_keep: float,
+    miss: str = "first",
 ) -> str:
     """The needle task's naive teacher on one chunk (its complete ``sentences``, the ``memory`` before it): the
     needle with probability ``p_needle`` on its chunk, else the chunk's first filler sentence; a needle in memory
-    kept with probability ``p_keep``, else the chunk's first sentence."""
+    kept with probability ``p_keep``, else the chunk's first sentence. ``miss`` memory: where it does not write the
+    needle it writes the memory as it was (``p_keep`` unused: a needle in memory is always kept)."""
+    if miss not in MISSES:
+        raise ValueError(f"unknown miss {miss!r}; one of {MISSES}")
+    if miss == "memory":
+        return doc["needle"] if doc["needle"] in sentences and rng.random() < p_needle else memory
     fillers = [s for s in sentences if s != doc["needle"]] or [filler_sentence(rng)]
     if doc["needle"] in sentences:
         return doc["needle"] if rng.random() < p_needle else fillers[0]
@@ -86,6 +101,7 @@ def teacher_transcript(
     p_keep: float = 0.9,
     task: str = "needle",
     form: str = "sentence",
+    miss: str = "first",
 ) -> list[tuple[str, Row, str]]:
     """The naive teacher's turns on one document, as (kind, (prompt ids, target ids), target text), built by
     running the real agent with the teacher as its model: each memory turn is the task's policy
@@ -94,7 +110,7 @@ def teacher_transcript(
     tokenizer = workflow.tokenizer
     episode = workflow.episode(sample_of(doc))
     numbers = split_numbers("train")
-    write = partial(choice_write, form=form) if task == "choose" else TEACHERS[task]
+    write = partial(choice_write, form=form) if task == "choose" else partial(needle_write, miss=miss)
     out = []
 
     class Teacher:  # answers each call as its whole Turn, to see whether it is the answer and which chunk it reads
@@ -131,11 +147,12 @@ def teacher_rows(
     p_keep: float = 0.9,
     task: str = "needle",
     form: str = "sentence",
+    miss: str = "first",
 ) -> list[Row]:
     """Every turn of the naive teacher's transcripts of ``count`` documents (:func:`teacher_document`), the rows of
     the naive stage."""
     rows = []
     for i in range(count):
         doc = teacher_document(rng, workflow.tokenizer, i, task)
-        rows += [row for _, row, _ in teacher_transcript(workflow, doc, rng, p_needle, p_keep, task, form)]
+        rows += [row for _, row, _ in teacher_transcript(workflow, doc, rng, p_needle, p_keep, task, form, miss)]
     return rows

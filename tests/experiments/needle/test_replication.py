@@ -241,3 +241,23 @@ def test_the_mod3_switch_splits_the_numbers_by_their_residue(monkeypatch):
     monkeypatch.setenv("NEEDLE_NUMBERS", "odd")
     with pytest.raises(ValueError, match="NEEDLE_NUMBERS='odd'"):
         split_numbers("train")
+
+
+def test_the_teacher_that_writes_nothing_new_when_it_misses_the_needle():
+    """needle_write with miss="memory": the needle (probability p_needle) on its chunk, else the memory as it was;
+    a needle in memory always kept, whatever p_keep; an empty memory stays empty."""
+    from experiments.needle.warm_start.teachers import needle_write
+
+    doc = {"needle": "The special magic number for brave-otter is 1234."}
+    with_needle = ["The pilot found a warm coat.", doc["needle"]]
+    without = ["The mayor opened the school."]
+    rng = random.Random(0)
+    assert needle_write(doc, "", with_needle, rng, 1.0, 0.0, miss="memory") == doc["needle"]
+    assert needle_write(doc, "", with_needle, rng, 0.0, 0.0, miss="memory") == ""
+    assert needle_write(doc, "", without, rng, 1.0, 0.0, miss="memory") == ""
+    assert needle_write(doc, doc["needle"], without, rng, 0.0, 0.0, miss="memory") == doc["needle"]
+    # the default (miss="first"): the chunk's first filler sentence
+    assert needle_write(doc, "", with_needle, rng, 0.0, 0.0) == "The pilot found a warm coat."
+    assert needle_write(doc, doc["needle"], without, rng, 0.0, 0.0) == "The mayor opened the school."
+    with pytest.raises(ValueError, match="unknown miss"):
+        needle_write(doc, "", without, rng, 0.5, 0.5, miss="other")
