@@ -2,7 +2,7 @@
 plain-torch SFT with the loss on target tokens only, teacher-forced scoring of held-out rows, the stage loop, one
 torch thread, and the build of a warm start into the offline model cache of :mod:`recurrent.models`.
 
-What each experiment trains on and how it reports its stages stays in its own ``warm_start.py``; this module is
+What each experiment trains on and how it reports its stages stays in its own ``warm_start``; this module is
 the machinery they share, so the two builds train the same way (docs/replication_cpu.md, docs/calculator_cpu.md).
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,6 +32,8 @@ __all__ = [
     "batch_loss",
     "cached_build",
     "new_reader",
+    "numerics",
+    "pin_numerics",
     "save",
     "scale_sizes",
     "sft_steps",
@@ -145,6 +148,32 @@ def sft_steps(
     return point
 
 
+# The kernels' vector width decides the rounding of every sum, so a build's weights differ between a machine with
+# AVX-512 and one with AVX2 only (docs/replication_cpu_notebook.md, "One build, one result"). These pin torch's own
+# kernels and MKL's to their AVX2 paths, which every x86-64 machine of the last decade has; on an AVX2 machine they
+# change nothing.
+PINNED_NUMERICS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
+
+
+def pin_numerics() -> dict[str, str]:
+    """Set :data:`PINNED_NUMERICS` in this process's environment unless it names its own; returns what is set. torch
+    and MKL read them when they first run a kernel, so this takes effect in a process that has not run one yet (a
+    build's command); :func:`numerics` tells what a build ran with."""
+    for name, value in PINNED_NUMERICS.items():
+        os.environ.setdefault(name, value)
+    return {name: os.environ[name] for name in PINNED_NUMERICS}
+
+
+def numerics() -> dict[str, Any]:
+    """What a build's arithmetic ran with: torch's version and kernel path, MKL's branch, the threads."""
+    return {
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "mkl_cbwr": os.environ.get("MKL_CBWR", ""),
+        "threads": torch.get_num_threads(),
+    }
+
+
 @contextmanager
 def torch_threads(count: int) -> Iterator[None]:
     """Run the block on ``count`` torch threads (a build is deterministic on one, and its CPU time is its wall
@@ -175,7 +204,7 @@ def cached_build(
     name: str,
     version: int,
     extra: dict[str, Any],
-    build: Callable[[Path], None],
+    build: Callable[[Path], dict[str, Any] | None],
     force: bool = False,
     what: str = "",
     log: Callable[[str], Any] = print,
@@ -183,15 +212,17 @@ def cached_build(
     """The build ``name`` in the model cache (``root``, default :func:`recurrent.models.models_dir`), made by
     ``build(folder)`` unless an up-to-date copy is there (the manifest of :mod:`recurrent.models` with ``version``
     and ``extra``). Built under a temporary name with the manifest last, then renamed, so a killed build leaves no
-    folder that looks complete. ``what`` describes the build in the log line that announces it."""
+    folder that looks complete. ``what`` describes the build in the log line that announces it. What ``build``
+    returns (how it came out: its stages' stop steps and scores) goes into the manifest as ``built``, a record that
+    the up-to-date check does not compare."""
     dest = (root or models_dir()) / name
     if not force and manifest_ok(dest, name, version, extra):
         log(f"{name}: up to date, reused")
         return dest
     log(f"{name}: building ({what}) into {dest}")
     with atomic_path(dest, folder=True) as tmp:
-        build(tmp)
-        write_manifest(tmp, name, version, extra)
+        outcome = build(tmp)
+        write_manifest(tmp, name, version, extra | ({"built": outcome} if outcome else {}))
     return dest
 
 

@@ -31,11 +31,12 @@
 #
 # Environment (defaults in brackets; QUICK=1 changes the ones marked Q):
 #   TASK            needle (one needle a document) or choose (the asked needle among DISTRACTORS others of other
-#                   keys; the memory holds two needle sentences at most: docs/replication_cpu.md, "The choosing
+#                   keys; the memory holds two needle sentences at most: docs/replication_cpu_notebook.md, "The choosing
 #                   task") [needle]
 #   DISTRACTORS     the choosing task's other needles per document [3; needle: 0]
 #   CHOOSE_RECIPE   the choosing task's warm start: choice (a choice stage, whole-sentence memories) or recall (a
-#                   recall stage, number memories: docs/replication_cpu.md, "The choice taught with its answer")
+#                   recall stage, number memories: docs/replication_cpu_notebook.md, "The choice taught with its
+#                   answer")
 #                   [choice]
 #   OUT_DIR         everything the run writes [.cache/replicate_cpu (choose: .cache/replicate_cpu_choose, recall
 #                   recipe: .cache/replicate_cpu_choose_recall); Q: the same with _quick]
@@ -44,15 +45,16 @@
 #   ABLATIONS       credit variants of the ablation ["final_same_step final_token_mean"]
 #   ABLATION_SEEDS  seeds of each ablation variant ["0"; Q: none]
 #   ABLATION_STEPS  steps of the ablation [STEPS; Q: 1]
-#   LENGTHS         evaluation lengths in chunks of 64 tokens ["1 2 4 8 16 32 64"; Q: "1 2"]
-#   EVAL_DOCS       test documents per length [64; Q: 2]
+#   LENGTHS         evaluation lengths in chunks of 64 tokens ["1 2 4 8 16 32 64 128 256"; Q: "1 2"]
+#   EVAL_DOCS       test documents per length up to 64 chunks [64; Q: 2]
+#   LONG_DOCS       test documents per length over 64 chunks (a 256-chunk document costs 257 turns) [32]
 #   NGPUS           FSDP ranks of each RL run (fake Ray GPUs) [2]
 #   PARALLEL_MODELS policies evaluated side by side [3; Q: 2]
 #   LATE_START      share of training documents that start late: the needle already in memory, filler chunks only
-#                   (docs/replication_cpu.md, "Episodes that start late"); the RL runs then read each row's
+#                   (docs/replication_cpu_notebook.md, "Episodes that start late"); the RL runs then read each row's
 #                   initial memory (recurrent.config.memory_key=memory) [0: the paper's episodes]
 #   DECOY_START     share of training documents that start from a wrong memory: the asked key's needle with another
-#                   number, the real needle in the context (docs/replication_cpu.md, "What each lever did") [0]
+#                   number, the real needle in the context (docs/replication_cpu_notebook.md, "What each lever did") [0]
 #   WARM_START      start from this warm-start folder (a Hugging Face folder, e.g. a variant built with
 #                   `python -m experiments.needle.warm_start --out DIR ...`) instead of the cached build [none]
 #   PYTHON          interpreter [the repo's .venv]
@@ -97,13 +99,17 @@ if [[ "$QUICK" == 1 ]]; then
 else
   OUT_DIR="${OUT_DIR:-$REPO/.cache/$out_name}"
   STEPS="${STEPS:-30}" SEEDS="${SEEDS:-0 1}" ABLATION_SEEDS="${ABLATION_SEEDS-0}" ABLATION_STEPS="${ABLATION_STEPS:-$STEPS}"
-  LENGTHS="${LENGTHS:-1 2 4 8 16 32 64}" EVAL_DOCS="${EVAL_DOCS:-64}" TRAIN_DOCS=2000 VAL_DOCS=8 warm_args=(--cache --task "$TASK" --recipe "$CHOOSE_RECIPE")
+  LENGTHS="${LENGTHS:-1 2 4 8 16 32 64 128 256}" EVAL_DOCS="${EVAL_DOCS:-64}" TRAIN_DOCS=2000 VAL_DOCS=8 warm_args=(--cache --task "$TASK" --recipe "$CHOOSE_RECIPE")
   # Two policies side by side ran 1.8 times as fast as one after another on 2 idle cores, three a little faster
   # still (the server's forward pass is the cost; more documents in flight per server slowed each turn).
   PARALLEL_MODELS="${PARALLEL_MODELS:-3}"
   quick_overrides=()
 fi
 NGPUS="${NGPUS:-2}"
+LONG_DOCS="${LONG_DOCS:-32}"
+# The lengths up to 64 chunks get EVAL_DOCS test documents, the longer ones LONG_DOCS.
+short_lengths=() long_lengths=()
+for n in $LENGTHS; do if ((n > 64)); then long_lengths+=("$n"); else short_lengths+=("$n"); fi; done
 LATE_START="${LATE_START:-0}"
 DECOY_START="${DECOY_START:-0}"
 if [[ "$TASK" == choose && ( "$LATE_START" != 0 || "$DECOY_START" != 0 ) ]]; then
@@ -125,7 +131,7 @@ source "$REPO/scripts/lib/stages.sh"  # say, timed, last_step, record_run, recor
 
 # What ran, for the report (docs/replication_cpu.md): the settings that shape the experiment and the command line.
 record_run "TASK=$TASK CHOOSE_RECIPE=$CHOOSE_RECIPE DISTRACTORS=$DISTRACTORS QUICK=$QUICK STEPS=$STEPS SEEDS='$SEEDS' ABLATIONS='$ABLATIONS'" \
-  "ABLATION_SEEDS='$ABLATION_SEEDS' ABLATION_STEPS=$ABLATION_STEPS LENGTHS='$LENGTHS' EVAL_DOCS=$EVAL_DOCS NGPUS=$NGPUS" \
+  "ABLATION_SEEDS='$ABLATION_SEEDS' ABLATION_STEPS=$ABLATION_STEPS LENGTHS='$LENGTHS' EVAL_DOCS=$EVAL_DOCS LONG_DOCS=$LONG_DOCS NGPUS=$NGPUS" \
   "PARALLEL_MODELS=$PARALLEL_MODELS LATE_START=$LATE_START DECOY_START=$DECOY_START${WARM_START:+ WARM_START=$WARM_START} bash scripts/replicate_cpu.sh $*"
 
 say "task=$TASK distractors=$DISTRACTORS out=$OUT_DIR steps=$STEPS seeds=[$SEEDS] ablations=[$ABLATIONS] seeds [$ABLATION_SEEDS] x $ABLATION_STEPS steps" \
@@ -150,11 +156,19 @@ if [[ ! -f "$OUT_DIR/data/validation.parquet" ]]; then
     --train "$TRAIN_DOCS" --validation "$VAL_DOCS" --test 0 --eval-chunks 1 2 4 --late-start "$LATE_START" \
     --decoy-start "$DECOY_START" --distractors "$DISTRACTORS" --task "$TASK" > /dev/null
 fi
-# shellcheck disable=SC2086  # LENGTHS is a list
+# The long lengths first: the short ones write test.parquet, the mark that the test data is complete.
 if [[ ! -f "$OUT_DIR/eval_data/test.parquet" ]]; then
-  timed data_test "$PYTHON" -m experiments.needle.data --out "$OUT_DIR/eval_data" --tokenizer "$WARM" \
-    --train 0 --validation 0 --test "$EVAL_DOCS" --eval-chunks $LENGTHS --distractors "$DISTRACTORS" --task "$TASK" \
-    > /dev/null
+  for part in long short; do
+    if [[ "$part" == long ]]; then
+      stage=data_test_long docs="$LONG_DOCS" lengths=("${long_lengths[@]}")
+    else
+      stage=data_test docs="$EVAL_DOCS" lengths=("${short_lengths[@]}")
+    fi
+    ((${#lengths[@]})) || continue
+    timed "$stage" "$PYTHON" -m experiments.needle.data --out "$OUT_DIR/eval_data" --tokenizer "$WARM" \
+      --train 0 --validation 0 --test "$docs" --eval-chunks "${lengths[@]}" --distractors "$DISTRACTORS" \
+      --task "$TASK" > /dev/null
+  done
 fi
 
 # ---- 3-4. RL and the ablation ----------------------------------------------------------------------------------------
@@ -183,7 +197,7 @@ for mode in $ABLATIONS; do
 done
 
 # ---- 5. evaluation through the harness -----------------------------------------------------------------------------
-say "5/6 evaluation: test split, lengths [$LENGTHS], $EVAL_DOCS documents each, greedy"
+say "5/6 evaluation: test split, lengths [$LENGTHS], $EVAL_DOCS documents each ($LONG_DOCS over 64 chunks), greedy"
 # The policies' exported checkpoints (the last step's Hugging Face folder of each run) in a model table.
 policies=("warm-start=$WARM")
 for seed in $SEEDS; do policies+=("rl-seed$seed=$OUT_DIR/runs/rl-seed$seed/checkpoints/global_step_$STEPS/actor/huggingface"); done
@@ -197,7 +211,7 @@ done
 models="$(IFS=,; echo "${policies[*]%%=*}" | tr ' ' ',')"
 # shellcheck disable=SC2086  # LENGTHS is a list
 timed evaluation "$PYTHON" -m taskutils.memory_eval.run --table "$OUT_DIR/policies.yaml" --models "$models" \
-  --method memory-boxed,direct-boxed --tasks "$TASK" --lengths "$(echo $LENGTHS | tr ' ' ',')" --limit "$EVAL_DOCS" \
+  --method memory-boxed,direct-boxed --tasks "$TASK" --lengths "$(echo $LENGTHS | tr ' ' ',')" --limit "$((EVAL_DOCS > LONG_DOCS ? EVAL_DOCS : LONG_DOCS))" \
   --data-dir "$OUT_DIR/eval_data/eval/test" --results-dir "$OUT_DIR/results" --temperature 0 --no-report \
   --parallel-models "$PARALLEL_MODELS" --trace
 

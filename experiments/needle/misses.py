@@ -13,7 +13,7 @@ training lengths (1-4 chunks) and the longer ones apart, how many answers were r
 - ``other number``: the rest (a guess, or another number).
 
 The first two kinds after ``no number`` are copy errors: the agent found the needle and kept a damaged copy of it.
-They are what capped the ~1M reader with one token per digit (docs/replication_cpu.md, "Numbers a small reader
+They are what capped the ~1M reader with one token per digit (docs/replication_cpu_notebook.md, "Numbers a small reader
 can copy"). A second table splits the same answers by the needle: digits all distinct, or a digit repeated (the
 numbers a one-token-per-digit reader miscopies).
 """

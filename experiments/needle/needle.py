@@ -29,6 +29,7 @@ The files of a run: ``python -m experiments.needle.data`` (:mod:`experiments.nee
 from __future__ import annotations
 
 import functools
+import os
 import random
 import re
 from typing import Any
@@ -86,19 +87,35 @@ def split_keys(split: str) -> list[str]:
 
 
 NUMBER_DEAL_SEED = "needle-numbers"  # the shuffle that deals the 4-digit numbers to the splits
+# How the numbers go to the splits: dealt by the seeded shuffle (the default), or by ``NNNN % 3`` (the rule before
+# the two-digit reader; docs/replication_cpu_notebook.md, "The cause, measured"). An experiment's switch, read from
+# the environment so that every stage of a run (data, warm start) deals the same way.
+NUMBER_RULES = ("dealt", "mod3")
+NUMBERS_ENV = "NEEDLE_NUMBERS"
+
+
+def number_rule() -> str:
+    """The numbers' split rule of this process: ``$NEEDLE_NUMBERS``, default ``dealt``."""
+    rule = os.environ.get(NUMBERS_ENV, "dealt")
+    if rule not in NUMBER_RULES:
+        raise ValueError(f"{NUMBERS_ENV}={rule!r}: one of {NUMBER_RULES}")
+    return rule
 
 
 @functools.cache
-def _dealt_numbers() -> tuple[tuple[int, ...], ...]:
+def _split_numbers(rule: str) -> tuple[tuple[int, ...], ...]:
     numbers = list(range(1000, 10000))
+    if rule == "mod3":
+        return tuple(tuple(v for v in numbers if v % len(SPLITS) == i) for i in range(len(SPLITS)))
     random.Random(NUMBER_DEAL_SEED).shuffle(numbers)
     third = len(numbers) // len(SPLITS)
     return tuple(tuple(sorted(numbers[i * third : (i + 1) * third])) for i in range(len(SPLITS)))
 
 
 def split_numbers(split: str) -> list[int]:
-    """The numbers of a split (ascending): its third of the 4-digit numbers, dealt by a seeded shuffle."""
-    return list(_dealt_numbers()[split_id(split)])
+    """The numbers of a split (ascending): its third of the 4-digit numbers, dealt by a seeded shuffle
+    (:func:`number_rule` ``mod3``: those ``v`` with ``v % 3`` the split's id)."""
+    return list(_split_numbers(number_rule())[split_id(split)])
 
 
 def filler_sentence(rng: random.Random) -> str:
@@ -127,34 +144,81 @@ def chunk_texts(context_ids: np.ndarray, tokenizer: Any, chunk_size: int = CHUNK
     ]
 
 
+class SentenceTokens:
+    """Token ids of the task's sentences, each encoded once: first in a text, or after a space. The reader's
+    byte-level BPE (and the Qwen2 tokenizer that loads its folder) never merges across the space between two
+    sentences (one ends with ".", the next starts with a capital letter), so a text of joined sentences encodes as
+    the concatenation of its sentences' ids, and its length and the place of each sentence follow by addition. The
+    generators below use this to stay linear in the document's length; each checks it on the finished document."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._ids: dict[tuple[str, bool], list[int]] = {}
+
+    def ids(self, sentence: str, first: bool = False) -> list[int]:
+        key = (sentence, first)
+        if key not in self._ids:
+            self._ids[key] = self.tokenizer.encode(sentence if first else " " + sentence, add_special_tokens=False)
+        return self._ids[key]
+
+    def count(self, sentence: str, first: bool = False) -> int:
+        return len(self.ids(sentence, first))
+
+    def fill(self, rng: random.Random, head: list[str], hi: int) -> list[str]:
+        """Filler sentences drawn one by one while ``head`` and those drawn so far fit in ``hi`` tokens; the
+        sentence that does not fit is drawn (the random stream moves past it) and left out."""
+        total = self.count(head[0], first=True) + sum(self.count(s) for s in head[1:]) if head else 0
+        sentences: list[str] = []
+        while True:
+            sentence = filler_sentence(rng)
+            total += self.count(sentence, first=not head and not sentences)
+            if total > hi:
+                return sentences
+            sentences.append(sentence)
+
+    def check(self, parts: list[str], ids: np.ndarray) -> None:
+        """That ``parts`` joined by spaces encoded as ``ids``, the concatenation of their own ids."""
+        joined = [t for i, part in enumerate(parts) for t in self.ids(part, first=i == 0)]
+        if ids.tolist() != joined:
+            raise RuntimeError("the tokenizer merges tokens across sentences: the generator's counts do not hold")
+
+
 def make_document(
     rng: random.Random, tokenizer: Any, n_chunks: int, split: str, chunk_size: int = CHUNK_SIZE
 ) -> dict[str, Any]:
     """One document of exactly ``n_chunks`` chunks of ``chunk_size`` reader tokens, with one needle of ``split``
-    lying whole inside a chunk drawn uniformly (see the module docstring)."""
+    lying whole inside a chunk drawn uniformly (see the module docstring). Filler is drawn to at most the last
+    chunk's end (needle included), then the needle tried at the places between sentences in a shuffled order until
+    it lies whole in the drawn chunk. Each sentence is encoded once (:class:`SentenceTokens`), so the time is linear
+    in the length (docs/replication_cpu_notebook.md, "The documents' generator")."""
     if n_chunks < 1:
         raise ValueError("n_chunks must be >= 1")
     key, value = rng.choice(split_keys(split)), str(rng.choice(split_numbers(split)))
     needle = NEEDLE.format(key=key, value=value)
     lo, hi = chunk_size * (n_chunks - 1) + 1, chunk_size * n_chunks
+    tokens = SentenceTokens(tokenizer)
     for _attempt in range(100):
-        # Fill to at most hi tokens (needle included), then place the needle in a uniformly drawn chunk.
-        sentences: list[str] = []
-        while True:
-            candidate = [*sentences, filler_sentence(rng)]
-            if len(encode_long(" ".join([needle, *candidate]), tokenizer)) > hi:
-                break
-            sentences = candidate
+        sentences = tokens.fill(rng, [needle], hi)
         target = rng.randrange(n_chunks)
         positions = list(range(len(sentences) + 1))
         rng.shuffle(positions)
+        # The needle after sentence pos - 1 starts where sentence pos would (starts[pos]); first, it starts at 0 and
+        # the first filler sentence, no longer first, takes its spaced form.
+        starts = [0]
+        for i, sentence in enumerate(sentences):
+            starts.append(starts[-1] + tokens.count(sentence, first=i == 0))
+        shift = tokens.count(sentences[0]) - tokens.count(sentences[0], first=True) if sentences else 0
         for pos in positions:
-            context = " ".join([*sentences[:pos], needle, *sentences[pos:]])
-            ids = encode_long(context, tokenizer)
-            if not lo <= len(ids) <= hi:
+            start = starts[pos] if pos else 0
+            end = start + tokens.count(needle, first=not pos)
+            length = starts[-1] + (end - start) + (0 if pos else shift)
+            if not lo <= length <= hi or not target * chunk_size <= start < end <= (target + 1) * chunk_size:
                 continue
-            holding = [c for c, text in enumerate(chunk_texts(ids, tokenizer, chunk_size)) if needle in text]
-            if holding == [target]:
+            parts = [*sentences[:pos], needle, *sentences[pos:]]
+            ids = encode_long(" ".join(parts), tokenizer)
+            tokens.check(parts, ids)
+            chunk = tokenizer.decode(ids[target * chunk_size : (target + 1) * chunk_size], skip_special_tokens=True)
+            if needle in chunk:
                 return {
                     "key": key,
                     "value": value,
@@ -162,7 +226,7 @@ def make_document(
                     "needle_chunk": target,
                     "num_chunks": n_chunks,
                     "question": QUESTION.format(key=key),
-                    "context": context,
+                    "context": " ".join(parts),
                     "num_tokens": len(ids),
                 }
     raise RuntimeError(f"could not place a needle in a {n_chunks}-chunk document")
@@ -181,17 +245,9 @@ def make_choice_document(
     needles = [NEEDLE.format(key=k, value=v) for k, v in zip(keys, values, strict=True)]
     lo, hi = chunk_size * (n_chunks - 1) + 1, chunk_size * n_chunks
     target = rng.randrange(n_chunks)
-
-    def tokens(text: str) -> int:  # what a sentence adds after another (byte-level BPE: no token spans the space)
-        return len(tokenizer.encode(" " + text, add_special_tokens=False))
-
+    sentence_tokens = SentenceTokens(tokenizer)
     for _fill in range(20):
-        sentences: list[str] = []
-        while True:
-            candidate = [*sentences, filler_sentence(rng)]
-            if len(encode_long(" ".join([*needles, *candidate]), tokenizer)) > hi:
-                break
-            sentences = candidate
+        sentences = sentence_tokens.fill(rng, needles, hi)
         for _attempt in range(20):
             # The distractors at random places; then the asked needle at a place whose first token falls in the
             # target chunk by the sentences' token counts (checked below on the real encoding).
@@ -201,9 +257,9 @@ def make_choice_document(
             starts, offset = [], 0
             for part in parts:
                 starts.append(offset)
-                offset += tokens(part)
+                offset += sentence_tokens.count(part)  # what a sentence adds after another
             starts.append(offset)
-            room = chunk_size - tokens(needles[0])
+            room = chunk_size - sentence_tokens.count(needles[0])
             places = [i for i, at in enumerate(starts) if target * chunk_size <= at <= target * chunk_size + room]
             if not places:
                 continue
@@ -242,12 +298,7 @@ def make_late_start(
         raise ValueError("n_chunks must be >= 1")
     key, value = rng.choice(split_keys(split)), str(rng.choice(split_numbers(split)))
     lo, hi = chunk_size * (n_chunks - 1) + 1, chunk_size * n_chunks
-    sentences: list[str] = []
-    while True:
-        candidate = [*sentences, filler_sentence(rng)]
-        if len(encode_long(" ".join(candidate), tokenizer)) > hi:
-            break
-        sentences = candidate
+    sentences = SentenceTokens(tokenizer).fill(rng, [], hi)
     context = " ".join(sentences)
     tokens = len(encode_long(context, tokenizer))
     if not lo <= tokens <= hi:  # a filler sentence is far shorter than a chunk: the fill always ends in range

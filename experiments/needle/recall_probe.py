@@ -7,7 +7,7 @@ Supervised fine-tuning with an *oracle* target, the asked needle's number (or it
 choosing documents of 2-4 needles (:func:`experiments.needle.needle.make_choice_document`), scored teacher-forced
 on held-out documents of the validation split (new keys, new numbers) every ``--eval-every`` steps. This is the
 choice RL has to find from a reward, given to the reader as a label: if SFT with the label cannot teach it, 30 RL
-steps from a key-blind warm start will not (docs/replication_cpu.md, "The choosing task", "The ceiling").
+steps from a key-blind warm start will not (docs/replication_cpu_notebook.md, "The choosing task", "The ceiling").
 
 Chance is a reader that copies one needle of the document at random, exactly: the mean of 1 / needles over the
 held-out documents (0.361 for 1-3 distractors in turn), printed with the curve.

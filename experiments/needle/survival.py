@@ -46,8 +46,9 @@ from recurrent.resume import read_jsonl
 from taskutils.memory_eval.report import results_files
 
 LOSS_KINDS = ("dropped", "miscopied", "replaced")
-# The curve's points in the table: k chunks after the write (the longest evaluation, 64 chunks, allows 63).
-TABLE_K = (1, 3, 7, 15, 31, 63)
+# The curve's points in the table: k chunks after the write (the longest evaluation, 256 chunks, allows 255; a
+# point past a run's longest length is "–").
+TABLE_K = (1, 3, 7, 15, 31, 63, 127, 255)
 _NUMBER = re.compile(r"\d{3,}")
 
 

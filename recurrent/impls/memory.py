@@ -109,7 +109,8 @@ class MemoryConfig(WorkflowConfig):
     strip_context: bool = False  # the paper's evaluation strips the context before tokenizing
     strip_think: bool = False  # the paper's evaluation keeps only the text after "</think>" as memory
     # A column holding the memory an episode starts from (empty or None: the paper's "No previous memory"). The paper
-    # always starts empty; None (the default) reads no column. docs/replication_cpu.md, "Episodes that start late".
+    # always starts empty; None (the default) reads no column. docs/replication_cpu_notebook.md, "Episodes that start
+    # late".
     memory_key: str | None = None
 
     def __post_init__(self) -> None:

@@ -1,5 +1,5 @@
 """The rollout's log-probs are the actor's old log-probs, so the CPU replication can take them instead of a second
-forward pass (``algorithm.rollout_correction.bypass_mode``; docs/replication_cpu.md, "The old log-probs").
+forward pass (``algorithm.rollout_correction.bypass_mode``; docs/replication_cpu_notebook.md, "The old log-probs").
 
 - The rows verl's agent-loop worker stores from our memory agent on the ``hf_cpu`` server (weights pushed by the
   trainer's weight sync, temperature 1.0, concurrent requests batched) carry ``rollout_log_probs`` with one value per

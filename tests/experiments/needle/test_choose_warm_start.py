@@ -1,5 +1,5 @@
-"""The choosing task's warm start (docs/replication_cpu.md, "The choosing task"): its naive teacher's memory targets,
-worked by hand on hand-built chunks and a hand-built document, its documents, and its place in the model cache
+"""The choosing task's warm start (docs/replication_cpu_notebook.md, "The choosing task"): its naive teacher's memory
+targets, worked by hand on hand-built chunks and a hand-built document, its documents, and its place in the model cache
 beside the needle task's (a micro build of a few seconds of CPU)."""
 
 import json

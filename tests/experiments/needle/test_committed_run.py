@@ -89,3 +89,48 @@ def test_the_stage_times_add_up_to_the_stated_wall_time():
     wall = sum(t["seconds"] for t in totals)
     assert f"stages 1-5 of every invocation: {wall} s" in (RUN / "replication.md").read_text()
     assert all(not r["commit"].endswith("+changes") for r in runs)  # a committed tree ran
+
+
+PAGE = RUN.parent / "replication_cpu.md"
+
+
+def page_table(text: str) -> tuple[list[int], dict[str, list[float]]]:
+    """The lengths and rows of the first table under docs/replication_cpu.md's "**Strict accuracy (%)**"."""
+    lines = text[text.index("**Strict accuracy (%)**") :].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    lengths = [int(cell.split()[0]) for cell in lines[start].strip("|").split("|")[2:]]
+    rows = {}
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[cells[0]] = [float(cell) for cell in cells[2:]]
+    return lengths, rows
+
+
+def test_the_pages_table_and_seeds_are_the_committed_summarys():
+    """docs/replication_cpu.md quotes the committed run: its table (a full-context row for every policy at once)
+    and RL seed by seed, each number recomputed from summary.csv."""
+    text = PAGE.read_text()
+    lengths, rows = page_table(text)
+    expected = summary_means("strict")
+    full_context = [name for name in {n for n, _ in expected} if name.endswith("full context")]
+    for name, values in rows.items():
+        for length, value in zip(lengths, values, strict=True):
+            if name.startswith("every policy, full context"):
+                want = max(expected[(policy, length)] for policy in full_context)
+            else:
+                want = expected[(name, length)]
+            assert value == pytest.approx(want, abs=0.051), (name, length)
+    with (RUN / "summary.csv").open() as f:
+        per_seed = {
+            (r["model"], int(r["length"])): float(r["strict"])
+            for r in csv.DictReader(f)
+            if r["method"] == "memory-boxed"
+        }
+    quotes = re.findall(r"seed (\d) ((?:[\d.]+ /\s+)+[\d.]+)", text)
+    assert [seed for seed, _ in quotes] == ["0", "1"]
+    for seed, quoted in quotes:
+        values = [float(v.rstrip(".")) for v in re.split(r"\s*/\s*", quoted.strip())]
+        for length, value in zip(lengths, values, strict=True):
+            assert value == pytest.approx(per_seed[(f"rl-seed{seed}", length)], abs=0.051), (seed, length)

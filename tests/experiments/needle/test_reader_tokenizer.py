@@ -2,7 +2,7 @@
 and every later stage (data, RL, evaluation) loads it from there with ``AutoTokenizer``, which for a Qwen2 folder
 is transformers' Qwen2 tokenizer. If the loaded tokenizer split the task's text differently from the one the warm
 start trained on, every stage after it would feed the reader tokens it never saw, silently
-(docs/replication_cpu.md, "Numbers a small reader can copy")."""
+(docs/replication_cpu_notebook.md, "Numbers a small reader can copy")."""
 
 import random
 
@@ -90,3 +90,14 @@ def test_pairs_made_by_a_pre_tokenizer_would_not_survive_the_folder(tmp_path):
     assert tokenizer.tokenize(" 7445.") == ["Ġ", "74", "45", "."]
     save_reader_folder(tokenizer, tmp_path)
     assert AutoTokenizer.from_pretrained(tmp_path).tokenize(" 7445.") == ["Ġ", "7", "4", "4", "5", "."]
+
+
+def test_the_keys_corpus_changes_the_ids_not_the_words(in_memory):
+    """The tokenizer trained with the digit pairs and the keys in its corpus (an experiment's switch) cuts the task's
+    texts into the same strings, whole words, and numbers them differently."""
+    keys = build_tokenizer(corpus="keys")
+    for text in task_texts(in_memory)[:6]:
+        assert keys.tokenize(text) == in_memory.tokenize(text)
+    needle = "The special magic number for brave-otter is 7445."
+    assert in_memory.tokenize(needle)[5:8] == ["Ġbrave", "-", "otter"]
+    assert keys.encode(needle, add_special_tokens=False) != in_memory.encode(needle, add_special_tokens=False)

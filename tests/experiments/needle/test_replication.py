@@ -228,3 +228,36 @@ def test_the_evaluation_drives_real_sessions_with_a_tiny_reader(tokenizer, tmp_p
         row = result["lengths"][n]
         assert row["failed"] == 0 and 0.0 <= row["strict"] <= 1.0
         assert len(row["example"]["memories"]) == n  # one memory per chunk, then the answer
+
+
+def test_the_mod3_switch_splits_the_numbers_by_their_residue(monkeypatch):
+    """NEEDLE_NUMBERS=mod3 (an experiment's switch): the numbers v with v % 3 the split's id, ascending."""
+    monkeypatch.setenv("NEEDLE_NUMBERS", "mod3")
+    # hand-computed: 1002 = 3 x 334 (train), 1000 = 3 x 333 + 1 (validation), 1001 = 3 x 333 + 2 (test)
+    assert split_numbers("train")[:3] == [1002, 1005, 1008]
+    assert split_numbers("validation")[:3] == [1000, 1003, 1006]
+    assert split_numbers("test")[:3] == [1001, 1004, 1007] and split_numbers("test")[-1] == 9998
+    assert all(len(split_numbers(s)) == 3000 for s in SPLITS)
+    monkeypatch.setenv("NEEDLE_NUMBERS", "odd")
+    with pytest.raises(ValueError, match="NEEDLE_NUMBERS='odd'"):
+        split_numbers("train")
+
+
+def test_the_teacher_that_writes_nothing_new_when_it_misses_the_needle():
+    """needle_write with miss="memory": the needle (probability p_needle) on its chunk, else the memory as it was;
+    a needle in memory always kept, whatever p_keep; an empty memory stays empty."""
+    from experiments.needle.warm_start.teachers import needle_write
+
+    doc = {"needle": "The special magic number for brave-otter is 1234."}
+    with_needle = ["The pilot found a warm coat.", doc["needle"]]
+    without = ["The mayor opened the school."]
+    rng = random.Random(0)
+    assert needle_write(doc, "", with_needle, rng, 1.0, 0.0, miss="memory") == doc["needle"]
+    assert needle_write(doc, "", with_needle, rng, 0.0, 0.0, miss="memory") == ""
+    assert needle_write(doc, "", without, rng, 1.0, 0.0, miss="memory") == ""
+    assert needle_write(doc, doc["needle"], without, rng, 0.0, 0.0, miss="memory") == doc["needle"]
+    # the default (miss="first"): the chunk's first filler sentence
+    assert needle_write(doc, "", with_needle, rng, 0.0, 0.0) == "The pilot found a warm coat."
+    assert needle_write(doc, doc["needle"], without, rng, 0.0, 0.0) == "The mayor opened the school."
+    with pytest.raises(ValueError, match="unknown miss"):
+        needle_write(doc, "", without, rng, 0.5, 0.5, miss="other")

@@ -140,3 +140,22 @@ def test_write_returns_the_four_files(tmp_path):
     paths = write(tmp_path / "results", tmp_path / "data")
     assert sorted(paths) == ["csv", "events", "md", "png"]
     assert all(p.parent == tmp_path / "results" for p in paths.values())
+
+
+def test_the_warm_starts_evaluation_counts_keep_decisions_as_the_survival_table_does():
+    from types import SimpleNamespace
+
+    from experiments.needle.warm_start.evaluation import keeping
+
+    sessions = [
+        SimpleNamespace(memory_trace=["filler", "is 1234.", "is 1234.", "filler"]),  # written at 1, lost at 3
+        SimpleNamespace(memory_trace=["is 5678.", "is 5678."]),  # written at 0, kept to the end
+        SimpleNamespace(memory_trace=["filler", "filler"]),  # never written
+    ]
+    docs = [
+        {"value": "1234", "needle_chunk": 1},
+        {"value": "5678", "needle_chunk": 0},
+        {"value": "9", "needle_chunk": 1},
+    ]
+    # decisions: chunks 2 and 3 (the lost one counts) = 2; chunk 1 = 1; losses: 1
+    assert keeping(sessions, docs) == {"written": 2, "keep_decisions": 3, "losses": 1}

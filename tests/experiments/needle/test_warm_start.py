@@ -1,8 +1,12 @@
 """The warm start's step budgets and its place in the model cache (CPU, a micro build of a few seconds of CPU)."""
 
 import json
+import os
 import random
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,12 +14,13 @@ from safetensors.torch import load_file
 
 from experiments.needle import warm_start
 from experiments.needle.reader import build_tokenizer, reader_config
-from experiments.needle.warm_start import RECIPE_VERSION, Scale, agent_config, cached_warm_start, paper_rows
+from experiments.needle.warm_start import RECIPE_VERSION, Scale, agent_config, cache, cached_warm_start, paper_rows
 from recurrent.impls.memory import MemoryWorkflow
 from recurrent.models import MANIFEST
 
 # The four stages at a few steps of batch 4 on small pools: a random reader reaches no target here (0.9 exact or
 # per-token accuracy), so every stage runs its whole budget.
+REPO = Path(__file__).resolve().parents[3]
 MICRO = Scale("replication-reader-test", steps=(3, 2, 2, 2), pools=(8, 8, 4), held=(8, 4, 4, 2), batch=4)
 
 
@@ -60,6 +65,14 @@ def test_the_cached_build_runs_the_budgets_and_has_a_manifest(micro):
     assert folder.name == "replication-reader-test"
     assert sorted(p.name for p in folder.parent.iterdir()) == ["replication-reader-test"]  # no temporary folders
     manifest = json.loads((folder / MANIFEST).read_text())
+    built = manifest.pop("built")  # how it came out: every stage ran its budget here (no target is reachable)
+    assert [(s["stage"], s["steps"], s["stopped"]) for s in built["stages"]] == [
+        ("synth", 3, "budget"),
+        ("needle", 2, "budget"),
+        ("paper", 2, "budget"),
+        ("naive", 2, "budget"),
+    ]
+    assert all(set(s) >= {"tok_acc", "exact", "loss"} for s in built["stages"]) and built["numerics"]["threads"] == 1
     assert manifest == {
         "name": "replication-reader-test",
         "recipe": RECIPE_VERSION,
@@ -93,7 +106,7 @@ def test_an_up_to_date_cache_is_reused_without_training(micro, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("the cached warm start was rebuilt")
 
-    monkeypatch.setattr(warm_start, "train", no_training)
+    monkeypatch.setattr(cache, "train", no_training)  # the cache module builds
     lines = []
     assert cached_warm_start(folder.parent, scale=MICRO, log=lines.append) == folder
     assert (folder / "model.safetensors").stat().st_mtime_ns == stamp
@@ -107,11 +120,13 @@ def test_a_stale_or_unmarked_folder_is_rebuilt(micro, tmp_path, monkeypatch):
     model, tokenizer = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
     trained = []
 
-    def stub_train(*args, **kwargs):  # stands in for the training: the micro build's model, a numbered recipe
-        trained.append(1)
-        return model, tokenizer, {"stub": len(trained)}
+    recipe = json.loads((folder / "warm_start.json").read_text())
 
-    monkeypatch.setattr(warm_start, "train", stub_train)
+    def stub_train(*args, **kwargs):  # stands in for the training: the micro build's model and recipe, numbered
+        trained.append(1)
+        return model, tokenizer, recipe | {"stub": len(trained)}
+
+    monkeypatch.setattr(cache, "train", stub_train)
     for n, change in enumerate(("recipe", "steps", "no manifest"), 1):
         root = tmp_path / change.replace(" ", "-")
         copy = root / MICRO.name
@@ -124,7 +139,7 @@ def test_a_stale_or_unmarked_folder_is_rebuilt(micro, tmp_path, monkeypatch):
             (copy / MANIFEST).write_text(json.dumps(manifest))
         assert cached_warm_start(root, scale=MICRO, log=lambda _: None) == copy
         assert len(trained) == n
-        assert json.loads((copy / "warm_start.json").read_text()) == {"stub": n}
+        assert json.loads((copy / "warm_start.json").read_text())["stub"] == n
         assert (copy / MANIFEST).read_text() == (folder / MANIFEST).read_text()
         assert [p.name for p in root.iterdir()] == [MICRO.name]
 
@@ -147,15 +162,15 @@ def test_a_killed_build_leaves_nothing_and_the_next_call_rebuilds_the_same_weigh
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     trained = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder), {}
-    real_save = warm_start.save
+    real_save = cache.save
 
     def save_then_die(*args):
         real_save(*args)  # the model, tokenizer and warm_start.json are written, the manifest is not
         raise Killed
 
     with monkeypatch.context() as patch:  # killed while writing the folder
-        patch.setattr(warm_start, "train", lambda *a, **k: trained)
-        patch.setattr(warm_start, "save", save_then_die)
+        patch.setattr(cache, "train", lambda *a, **k: trained)
+        patch.setattr(cache, "save", save_then_die)
         with pytest.raises(Killed):
             cached_warm_start(tmp_path, scale=MICRO, log=lambda _: None)
     assert list(tmp_path.iterdir()) == []
@@ -208,3 +223,33 @@ def test_kept_copy_stages_are_reused_and_give_the_same_weights(micro, tmp_path):
     warm_start.train(MICRO, stop_at=0.5, log=other_lines.append, copy_dir=copy_dir)
     assert sum(line.startswith("stage ") for line in other_lines) == 4
     assert json.loads((copy_dir / warm_start.COPY_STAGES).read_text())["key"]["stop_at"] == 0.5
+
+
+BUILD = """
+import sys
+from pathlib import Path
+from experiments.needle.warm_start import Scale, cached_warm_start
+scale = Scale("replication-reader-test", steps=(3, 2, 2, 2), pools=(8, 8, 4), held=(8, 4, 4, 2), batch=4)
+cached_warm_start(Path(sys.argv[1]), scale=scale, log=lambda _: None)
+"""
+
+
+def test_two_builds_in_two_fresh_processes_give_the_same_weights_and_outcome(micro, tmp_path):
+    """The build's command runs in a fresh process, where the numerics are pinned before the first kernel: two such
+    builds (another hash seed each, tokenizers' threads on in one) give the same weights and manifest, and so does
+    the build of this test process."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    envs = [env | {"PYTHONHASHSEED": "1"}, env | {"PYTHONHASHSEED": "2", "TOKENIZERS_PARALLELISM": "true"}]
+    roots = [tmp_path / "a", tmp_path / "b"]
+    runs = [
+        subprocess.Popen([sys.executable, "-c", BUILD, str(root)], env=e, cwd=REPO)
+        for root, e in zip(roots, envs, strict=True)
+    ]
+    assert [run.wait(timeout=600) for run in runs] == [0, 0]
+    folders = [root / MICRO.name for root in roots]
+    assert (folders[0] / "model.safetensors").read_bytes() == (folders[1] / "model.safetensors").read_bytes()
+    manifests = [json.loads((folder / MANIFEST).read_text()) for folder in folders]
+    assert manifests[0] == manifests[1]
+    assert manifests[0]["built"]["numerics"]["mkl_cbwr"] == "AVX2"
+    first, fresh = weights(micro[0]), weights(folders[0])
+    assert all(torch.equal(first[k], fresh[k]) for k in first)

@@ -1,0 +1,128 @@
+"""The warm start's command: ``python -m experiments.needle.warm_start`` (usage: the package's docstring)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from experiments.needle.reader import CORPORA
+from experiments.needle.warm_start.cache import build, cached_warm_start
+from experiments.needle.warm_start.evaluation import evaluate
+from experiments.needle.warm_start.recipes import CHOOSE_RECIPES, FULL, QUICK, TASKS
+from experiments.needle.warm_start.rows import CHOOSE_DISTRACTORS
+from experiments.needle.warm_start.teachers import MISSES
+from experiments.sft import add_cache_arguments
+
+DESCRIPTION = "The warm start of the CPU replication: plain-torch SFT of the ~1M-parameter reader, and its measurement."
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command's options."""
+    parser = argparse.ArgumentParser(prog="python -m experiments.needle.warm_start", description=DESCRIPTION)
+    add_cache_arguments(parser, "the CI-sized build (seconds; an untrained reader)")
+    parser.add_argument("--out", type=Path, help="build the warm start into this folder, then evaluate it")
+    parser.add_argument("--evaluate", type=Path, help="evaluate the warm start in this folder")
+    parser.add_argument("--steps", type=int, nargs=4, help="with --out: step budgets of the 4 stages")
+    parser.add_argument(
+        "--task",
+        choices=TASKS,
+        default="needle",
+        help="the naive stage's documents and teacher, and the evaluation's documents (choose: "
+        f"{CHOOSE_DISTRACTORS} other needles; the cache: replication-reader-choose)",
+    )
+    parser.add_argument(
+        "--recipe",
+        choices=tuple(CHOOSE_RECIPES),
+        default="choice",
+        help="the choosing task's recipe: choice (a choice stage, whole-sentence memories) or recall (a recall stage, "
+        "number memories; the cache: replication-reader-choose-recall)",
+    )
+    parser.add_argument("--p-needle", type=float, default=0.4)
+    parser.add_argument("--p-keep", type=float, default=0.9)
+    parser.add_argument(
+        "--miss",
+        choices=MISSES,
+        default="first",
+        help="with --out: what the needle task's teacher writes when it does not write the needle: the chunk's first "
+        "filler sentence, or the memory as it was",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--tokenizer-corpus",
+        choices=CORPORA,
+        default="task",
+        help="with --out: the reader tokenizer's training text (keys: also the digit pairs and the keys, repeated)",
+    )
+    parser.add_argument(
+        "--stop-at", type=float, default=0.9, help="with --out: the held-out score that stops the copy stages (0.9)"
+    )
+    parser.add_argument(
+        "--copy-stages",
+        type=Path,
+        help="with --out: keep the model after the three copy stages in this folder, or reuse it when it holds them",
+    )
+    parser.add_argument("--docs", type=int, default=32, help="validation documents per length")
+    parser.add_argument("--chunks", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--sample", action="store_true", help="sample (temperature 1) instead of greedy")
+    parser.add_argument("--threads", type=int, default=1)
+    return parser
+
+
+def checked(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The options, refused where they do not go together."""
+    args = parser.parse_args(argv)
+    if sum(map(bool, (args.cache, args.out, args.evaluate))) != 1:
+        parser.error("give one of --cache (build into the model cache), --out (build, evaluate), --evaluate")
+    if args.recipe != "choice" and args.task != "choose":
+        parser.error(f"--recipe {args.recipe} is a recipe of the choosing task: give --task choose")
+    if args.cache and (
+        args.copy_stages
+        or args.steps
+        or args.tokenizer_corpus != "task"
+        or args.miss != "first"
+        or (args.p_needle, args.p_keep, args.seed, args.threads, args.stop_at) != (0.4, 0.9, 0, 1, 0.9)
+    ):
+        parser.error(
+            "--cache builds the recipe as it is: --steps, --p-needle, --p-keep, --seed, --threads, --stop-at, "
+            "--copy-stages, --tokenizer-corpus, --miss go with --out"
+        )
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Build into the cache, or build into a folder and evaluate it, or evaluate a folder."""
+    args = checked(parser(), argv)
+    log = partial(print, flush=True)
+    if args.cache:
+        folder = cached_warm_start(args.root, args.quick, args.force, log=log, task=args.task, recipe=args.recipe)
+        print(folder, flush=True)
+        return
+    torch.set_num_threads(args.threads)
+    if args.out:
+        scale = CHOOSE_RECIPES[args.recipe][args.quick] if args.task == "choose" else (QUICK if args.quick else FULL)
+        if args.steps:
+            scale = replace(scale, steps=tuple(args.steps))
+        recipe = build(
+            args.out,
+            scale,
+            args.p_needle,
+            args.p_keep,
+            args.seed,
+            threads=args.threads,
+            log=log,
+            stop_at=args.stop_at,
+            copy_dir=args.copy_stages,
+            task=args.task,
+            corpus=args.tokenizer_corpus,
+            miss=args.miss,
+        )
+        print(json.dumps({k: v for k, v in recipe.items() if k != "stages"}))
+    folder = args.evaluate or args.out
+    distractors = CHOOSE_DISTRACTORS if args.task == "choose" else 0
+    result = evaluate(folder, args.docs, tuple(args.chunks), args.sample, distractors=distractors)
+    print(json.dumps(result, indent=1), flush=True)
