@@ -257,3 +257,37 @@ def test_the_training_walkthrough_reads_in_six_files():
     files = set(re.findall(r"\*\*`([^`]+\.py)`\*\*", section))
     assert 4 <= len(files) <= 6, files
     assert all((REPO / name).is_file() for name in files), files
+
+
+# Modules a maintainer reads in one sitting (docs/architecture.md): no module over 450 lines, no function over 80.
+MODULE_LINES, FUNCTION_LINES = 450, 80
+
+
+def oversized(repo: Path) -> list[str]:
+    """Each module over MODULE_LINES lines and each function over FUNCTION_LINES, outside tests and the venvs."""
+    found = []
+    for path in sorted(repo.rglob("*.py")):
+        if SKIP & set(path.relative_to(repo).parts):
+            continue
+        text = path.read_text()
+        name = path.relative_to(repo).as_posix()
+        if text.count("\n") > MODULE_LINES:
+            found.append(f"{name}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > FUNCTION_LINES:
+                    found.append(f"{name}: {node.name} {length} lines")
+    return found
+
+
+def test_modules_and_functions_read_in_one_sitting():
+    assert oversized(REPO) == []
+
+
+def test_the_size_check_finds_a_long_module_and_a_long_function(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    body = "".join(f"    x{k} = {k}\n" for k in range(81))  # 81 body lines + the def line: 82
+    (tmp_path / "pkg" / "long.py").write_text("def long():\n" + body + "".join("y = 1\n" for _ in range(400)))
+    (tmp_path / "pkg" / "short.py").write_text("def short():\n    return 1\n")
+    assert oversized(tmp_path) == ["pkg/long.py: 482 lines", "pkg/long.py: long 82 lines"]
