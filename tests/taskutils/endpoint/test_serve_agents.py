@@ -322,7 +322,8 @@ def test_an_answer_that_is_not_the_last_reply_fails_in_the_endpoint_as_in_the_ha
 def test_the_write_your_own_agent_pages_serve_command_parses(tmp_path: Path, monkeypatch):
     page = (REPO / "docs" / "write_your_own_agent.md").read_text().split("\n## 1. ", 1)[1]  # the tutorial's agent
     agent_file = re.findall(r"```python\n(.*?)```", page, flags=re.DOTALL)[0]
-    (command,) = [block.split() for block in re.findall(r"```sh\n(.*?)```", page, flags=re.DOTALL)]
+    blocks = [block.split() for block in re.findall(r"```sh\n(.*?)```", page, flags=re.DOTALL)]
+    (command,) = [words for words in blocks if words[:3] == ["python", "-m", "taskutils.endpoint"]]  # the serve one
     (tmp_path / "my_agent.py").write_text(agent_file)
     (tmp_path / "insist.json").write_text('{"max_tries": 5}')
     monkeypatch.chdir(tmp_path)  # the page's paths are the reader's working directory

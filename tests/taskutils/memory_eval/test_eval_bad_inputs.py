@@ -166,7 +166,10 @@ def test_a_bad_model_table_names_file_line_and_field(tmp_path, capsys, case):
 
 CONFIGS = {
     "syntax error": ("limit: [1, 2\n", ":2:1: not valid YAML (expected ',' or ']'"),
-    "unknown key": ("limit: 2\nlimti: 3\n", ":2: unknown option 'limti' (did you mean 'limit'?); options: agent-config, backoff,"),
+    "unknown key": (
+        "limit: 2\nlimti: 3\n",
+        ":2: unknown option 'limti' (did you mean 'limit'?); options: agent-config, backoff,",
+    ),
     "bare list": ("- tiny\n- direct\n", ":1: expected a mapping of options (limit: 16, ...), got ['tiny', 'direct']"),
     "non-numeric concurrency": ("quiet: true\nconcurrency: many\n", ":2: option 'concurrency': must be an integer"),
     "zero limit": ("limit: 0\n", ":1: option 'limit': must be a positive integer, got 0"),

@@ -130,6 +130,14 @@ def test_default_table_is_the_papers():
     assert (adhoc.name, adhoc.checkpoint, adhoc.method) == ("My-Model", "/models/My-Model", "memory")
 
 
+def test_a_model_named_twice_or_in_its_group_too_is_evaluated_once():
+    table = cfg.load_table()
+    # "tiny" twice, then the group "cpu" that holds it again: tiny once, in the order first asked, then SmolLM2
+    chosen = [e.name for e in cfg.select_models(table, ["tiny", "tiny", "cpu"])]
+    assert chosen == ["tiny", "smollm2-135m-instruct"]
+    assert [e.name for e in cfg.select_models(table, ["/m/A", "/m/A"])] == ["A"]  # an ad-hoc checkpoint too
+
+
 def test_task_plans_are_fresh_and_follow_the_paper():
     table = {e.name: e for e in cfg.load_table()}
     memory, direct = table["MemoryAgent-7B-5k-1k-infty"], table["R1-7B-120k+10k"]
