@@ -89,6 +89,11 @@ class Nothing(WorkflowConfig):
 
 
 async def own_sampling(sample, client, config):
+    # a call may set its temperature and top_p in training (its row records them); a seed it may not
+    return (await client.chat([{"role": "user", "content": "hi"}], 4, temperature=0.7, seed=1)).text
+
+
+async def greedy_call(sample, client, config):
     return (await client.chat([{"role": "user", "content": "hi"}], 4, temperature=0.0)).text
 
 
@@ -98,13 +103,15 @@ async def other_answer(sample, client, config):
 
 
 OWN_SAMPLING = agent_function("own_sampling", Nothing, own_sampling)
+GREEDY_CALL = agent_function("greedy_call", Nothing, greedy_call)
 OTHER_ANSWER = agent_function("other_answer", Nothing, other_answer)
 
 
 @pytest.mark.parametrize(
     ("agent", "error"),
     [
-        ("OWN_SAMPLING", r"passed sampling parameters \['temperature'\] in training"),
+        ("OWN_SAMPLING", r"passed sampling parameters \['seed'\] in training"),
+        ("GREEDY_CALL", r"temperature=0 \(greedy decoding\) cannot be trained on"),
         ("OTHER_ANSWER", "the agent's answer is not its last call's reply"),
     ],
 )
