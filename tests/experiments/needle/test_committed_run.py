@@ -17,7 +17,8 @@ import pytest
 from experiments.needle.policies import POLICY_NAMES as NAMES
 
 RUN = Path(__file__).resolve().parents[3] / "docs" / "replication_cpu"
-RUNS = [RUN, RUN / "choose"]
+CAUSE = RUN / "cause"  # docs/replication_cpu.md, "The cause, so far": a warm start and RL seed 0 of each recipe
+RUNS = [RUN, RUN / "choose", CAUSE / "default", CAUSE / "try"]
 
 
 def summary_means(metric: str, run: Path = RUN) -> dict[tuple[str, int], float]:
@@ -47,7 +48,7 @@ def markdown_table(title: str, run: Path = RUN) -> dict[tuple[str, int], float]:
     return table
 
 
-@pytest.mark.parametrize("run", RUNS, ids=lambda run: run.name)
+@pytest.mark.parametrize("run", RUNS, ids=lambda run: run.relative_to(RUN.parent).as_posix())
 @pytest.mark.parametrize(
     ("metric", "title"), [("strict", "Strict accuracy (%)"), ("sub_em", "Lenient accuracy, sub_em (%)")]
 )
@@ -59,7 +60,7 @@ def test_the_table_is_the_summary(metric, title, run):
         assert value == pytest.approx(expected[key], abs=0.051), key  # the table rounds to one decimal
 
 
-@pytest.mark.parametrize("run", RUNS, ids=lambda run: run.name)
+@pytest.mark.parametrize("run", RUNS, ids=lambda run: run.relative_to(RUN.parent).as_posix())
 def test_the_csv_is_the_summary(run):
     expected = summary_means("strict", run)
     with (run / "replication.csv").open() as f:
@@ -134,3 +135,28 @@ def test_the_pages_table_and_seeds_are_the_committed_summarys():
         values = [float(v.rstrip(".")) for v in re.split(r"\s*/\s*", quoted.strip())]
         for length, value in zip(lengths, values, strict=True):
             assert value == pytest.approx(per_seed[(f"rl-seed{seed}", length)], abs=0.051), (seed, length)
+
+
+def test_the_pages_cause_table_is_the_two_runs_summaries():
+    """docs/replication_cpu.md, "The cause, so far": each row is a policy of docs/replication_cpu/cause/default or
+    try, recomputed from that run's summary.csv; the warm starts' validation figures it quotes are their builds'
+    own evaluations (docs/replication_cpu/cause/warm_starts/)."""
+    text = PAGE.read_text()
+    lines = text[text.index("**Cause, strict accuracy (%)**") :].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    lengths = [int(cell.split()[0]) for cell in lines[start].strip("|").split("|")[1:]]
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([float(cell) for cell in line.strip("|").split("|")[1:]])
+    runs = [summary_means("strict", CAUSE / name) for name in ("default", "try")]
+    policies = [(run, policy) for run in runs for policy in ("warm start (SFT)", "RL")]
+    assert len(rows) == len(policies) == 4
+    for values, (run, policy) in zip(rows, policies, strict=True):
+        assert values == pytest.approx([run[(policy, length)] for length in lengths], abs=0.051), policy
+    for seed, build in (("1", "seed1"), ("0", "default")):
+        evaluation = json.loads((CAUSE / "warm_starts" / f"{build}.json").read_text())["evaluation"]["lengths"]
+        quoted = re.search(rf"with seed {seed}, (?:the default recipe reads )?([\d.]+)%? / ([\d.]+) / ([\d.]+)", text)
+        values = [float(v) for v in quoted.groups()]
+        assert values == pytest.approx([100 * evaluation[k]["strict"] for k in ("1", "2", "4")], abs=0.051), seed
