@@ -160,3 +160,67 @@ def test_the_pages_cause_table_is_the_two_runs_summaries():
         quoted = re.search(rf"with seed {seed}, (?:the default recipe reads )?([\d.]+)%? / ([\d.]+) / ([\d.]+)", text)
         values = [float(v) for v in quoted.groups()]
         assert values == pytest.approx([100 * evaluation[k]["strict"] for k in ("1", "2", "4")], abs=0.051), seed
+
+
+def test_the_pages_shortfall_and_cost_figures_are_the_committed_runs():
+    """docs/replication_cpu.md's prose figures: the RL and warm-start means it names (from summary.csv) and its stage
+    minutes, each the committed timing.jsonl's seconds / 60."""
+    text = PAGE.read_text()
+    means = summary_means("strict")
+    rl = [means[("RL", n)] for n in (1, 2, 4)]
+    warm = [means[("warm start (SFT)", n)] for n in (1, 2, 4)]
+    short = re.search(
+        r"RL ([\d.]+)% at 1-4 chunks\s+\(the two seeds' mean\), ([\d.]+) at 64; the warm start ([\d.]+) at 2", text
+    )
+    assert [float(v) for v in short.groups()] == pytest.approx(
+        [sum(rl) / 3, means[("RL", 64)], means[("warm start (SFT)", 2)]], abs=0.051
+    )
+    lift = re.search(r"RL goes from (\d+) to (\d+)% at 1-4 chunks", text)
+    assert [int(v) for v in lift.groups()] == [round(sum(warm) / 3), round(sum(rl) / 3)]
+    seconds = {}
+    for line in (RUN / "timing.jsonl").read_text().splitlines():
+        stage = json.loads(line)
+        seconds[stage["stage"]] = seconds.get(stage["stage"], 0) + stage["seconds"]
+    cost = text[text.index("## What it costs") :]
+    quoted = re.search(
+        r"warm start ([\d.]+) minutes.*?data\s+([\d.]+), RL ([\d.]+) \+ ([\d.]+), ablations ([\d.]+) \+ ([\d.]+), "
+        r"evaluation at 1-64 chunks ([\d.]+): ([\d.]+) minutes in all",
+        cost,
+        flags=re.DOTALL,
+    )
+    stages = [
+        seconds["warm_start"],
+        seconds["data_train"] + seconds["data_test"],
+        seconds["rl:rl-seed0"],
+        seconds["rl:rl-seed1"],
+        seconds["rl:ablation-same-step-seed0"],
+        seconds["rl:ablation-token-mean-seed0"],
+        seconds["evaluation"],
+        seconds["total"],
+    ]
+    assert [float(v) for v in quoted.groups()] == pytest.approx([s / 60 for s in stages], abs=0.051)
+
+
+def survival_row(run: Path, policy: str) -> dict[str, str]:
+    """The row of ``policy`` in a run's survival.md, by column name."""
+    lines = [line for line in (run / "survival.md").read_text().splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    for line in lines[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if cells[0] == policy:
+            return dict(zip(header, cells, strict=True))
+    raise KeyError(policy)
+
+
+def test_the_pages_cause_survival_figures_are_the_runs():
+    """The cause's prose: the try's warm start lost none of its keep decisions (their count quoted), today's loses
+    about 2% a chunk (its keep rate)."""
+    text = PAGE.read_text()
+    try_warm = survival_row(CAUSE / "try", "warm start (SFT)")
+    assert try_warm["lost: dropped / miscopied / replaced"] == "0 / 0 / 0"
+    decisions = re.search(r"never lost one it had written\s+\(([\d,]+) keep decisions\)", text).group(1)
+    assert int(decisions.replace(",", "")) == int(try_warm["keep decisions"])
+    default_warm = survival_row(CAUSE / "default", "warm start (SFT)")
+    lost, kept = default_warm["lost: dropped / miscopied / replaced"], int(default_warm["keep decisions"])
+    loss_per_chunk = sum(int(n) for n in lost.split("/")) / kept
+    assert f"loses about {round(100 * loss_per_chunk)}% a chunk" in " ".join(text.split())
