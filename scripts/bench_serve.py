@@ -44,16 +44,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import http.client
 import json
 import random
 import statistics
 import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,21 +57,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from process_meter import cpu_between, cpu_seconds, reset_peak, rss_kib, thread_cpu  # noqa: E402
+from served_endpoint import MODEL, QUESTION, Endpoint, body_of, get_json, upstream_and_endpoint  # noqa: E402
 
 from recurrent.async_manager import run_session  # noqa: E402
 from recurrent.client import OpenAIChatClient  # noqa: E402
 from recurrent.impls.memory import inference_workflow  # noqa: E402
-from recurrent.local_server import free_port, health_probe, managed_server  # noqa: E402
 from recurrent.models import TINY, _english_like_corpus, load_tokenizer, resolve_model_path  # noqa: E402
 
-QUESTION = "What is the special magic number mentioned in the provided text?"
-MODEL = "instant"
 FLOOR_REQUESTS = 50  # requests of the HTTP stack alone, each kind
-
-
-def get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=30) as response:
-        return json.loads(response.read())
 
 
 def make_document(tokenizer: Any, tokens: int, text: str = "english") -> str:
@@ -93,60 +82,6 @@ def make_document(tokenizer: Any, tokens: int, text: str = "english") -> str:
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-class Endpoint:
-    """HTTP/1.1 to the endpoint, one request at a time, the body bytes ready in advance. The connection is made
-    before the clock starts: the server closes an idle keep-alive connection after a few seconds (uvicorn: 5 s),
-    shorter than an in-process pass over a long document."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-
-    def chat(self, body: bytes) -> tuple[float, dict]:
-        seconds, status, reply = self.request("POST", "/v1/chat/completions", body)
-        if status != 200:
-            raise RuntimeError(f"endpoint answered {status}: {reply}")
-        return seconds, reply
-
-    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[float, int, dict]:
-        """(seconds, HTTP status, JSON reply) of one request on a fresh connection."""
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=3600)
-        connection.connect()
-        try:
-            start = time.perf_counter()
-            connection.request(method, path, body=body, headers={"Content-Type": "application/json"})
-            response = connection.getresponse()
-            data = response.read()
-            seconds = time.perf_counter() - start
-        finally:
-            connection.close()
-        return seconds, response.status, json.loads(data)
-
-
-@contextlib.contextmanager
-def upstream_and_endpoint(
-    logs: Path, tiny: Path, endpoint_flags: list[str], upstream_flags: list[str] = (), open_files: int | None = None
-) -> Iterator[tuple[str, int, Any]]:
-    """The instant upstream (``upstream_flags`` added) and an endpoint in front of it (the ``tiny`` model's
-    tokenizer, ``endpoint_flags`` added; ``open_files``: its limit on open files, soft and hard), each in its own
-    process, their logs in ``logs``: (the upstream's root URL, the endpoint's port, the endpoint's process)."""
-    upstream_port, port = free_port(), free_port()
-    logs.mkdir(parents=True, exist_ok=True)
-    upstream_root = f"http://127.0.0.1:{upstream_port}"
-    upstream_cmd = [sys.executable, str(Path(__file__).with_name("instant_server.py")), "--port", str(upstream_port),
-                    "--served-model-name", MODEL, *upstream_flags]  # fmt: skip
-    endpoint_cmd = [sys.executable, "-m", "taskutils.endpoint", "--upstream", f"{upstream_root}/v1", "--model", MODEL,
-                    "--tokenizer", str(tiny), "--port", str(port), *endpoint_flags]  # fmt: skip
-    if open_files is not None:
-        endpoint_cmd = ["bash", "-c", f'ulimit -n {open_files} && exec "$@"', "bash", *endpoint_cmd]
-    with (
-        managed_server(upstream_cmd, health_probe(f"{upstream_root}/health"), logs / "upstream.log", 60, 0.05),
-        managed_server(
-            endpoint_cmd, health_probe(f"http://127.0.0.1:{port}/health"), logs / "endpoint.log", 120, 0.1
-        ) as process,
-    ):
-        yield upstream_root, port, process
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -342,13 +277,6 @@ def overhead(args: argparse.Namespace) -> int:
         figures = {"idle_rss_mib": idle_rss / 1024, "http_floor": floors, "rows": rows}
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0
-
-
-def body_of(document: str, model: str = MODEL) -> bytes:
-    """The request a chat client sends: document and question in one user message, split at the last blank line
-    (the endpoint's default question mode)."""
-    message = {"role": "user", "content": f"{document.strip()}\n\n{QUESTION}"}
-    return json.dumps({"model": model, "messages": [message], "temperature": 0.0}).encode()
 
 
 if __name__ == "__main__":

@@ -25,8 +25,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench_serve import MODEL, QUESTION, Endpoint, body_of, get_json, upstream_and_endpoint
 from process_meter import Sampler, cpu_seconds, rss_kib, wait_idle
+from served_endpoint import MODEL, QUESTION, Endpoint, body_of, get_json, upstream_and_endpoint
 
 from experiments.calculator.tool import MAX_EXPRESSION_CHARS, calculate
 from recurrent.models import TINY, _english_like_corpus, load_tokenizer, resolve_model_path
