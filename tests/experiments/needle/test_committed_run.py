@@ -160,6 +160,12 @@ def test_the_pages_cause_table_is_the_two_runs_summaries():
         quoted = re.search(rf"with seed {seed}, (?:the default recipe reads )?([\d.]+)%? / ([\d.]+) / ([\d.]+)", text)
         values = [float(v) for v in quoted.groups()]
         assert values == pytest.approx([100 * evaluation[k]["strict"] for k in ("1", "2", "4")], abs=0.051), seed
+    at_64 = re.search(
+        r"with seed 1 it falls too \(on validation documents, ([\d.]+)% at 64 chunks; with seed 0,\s+([\d.]+)\)", text
+    )
+    builds = [json.loads((CAUSE / "warm_starts" / f"{b}.json").read_text()) for b in ("seed1", "default")]
+    want = [100 * build["evaluation"]["lengths"]["64"]["strict"] for build in builds]
+    assert [float(v) for v in at_64.groups()] == pytest.approx(want, abs=0.051)
 
 
 def test_the_pages_shortfall_and_cost_figures_are_the_committed_runs():
