@@ -89,7 +89,7 @@ async def run_episode(rollout: AgentRollout, mode: str, sample: dict[str, Any], 
     """One episode of the agent in the run's mode, to its rows; returns the number of rows."""
     server = ScriptedServer(rollout.tokenizer)
     if mode == "sync":
-        (result,) = await run_trajectories(rollout, server, [Trajectory(sample, 0, params)])
+        (result,) = await run_trajectories(rollout, server, [Trajectory(sample, 0, params)], report=False)
         if isinstance(result, Exception):
             raise result
         return len(result)

@@ -38,10 +38,11 @@ class Trajectory:
 
 
 async def run_trajectories(
-    rollout: AgentRollout, server: Any, trajectories: list[Trajectory]
+    rollout: AgentRollout, server: Any, trajectories: list[Trajectory], report: bool = True
 ) -> list[list[AgentLoopOutput] | Exception]:
     """Run every trajectory to its end in lockstep rounds; returns each trajectory's rows (call order), or
-    the exception that ended it.
+    the exception that ended it. ``report``: print the batch's line (trajectories, rounds, failed); the preflight's
+    trial episode is no batch of the run and prints none.
 
     A trajectory that fails (its episode cannot be built, e.g. a question over budget, or one of its requests
     fails) leaves the lockstep; the others go on. What happens to its prompt group is decided by the caller,
@@ -76,9 +77,10 @@ async def run_trajectories(
         except Exception as err:
             results[i] = err
     failed = sum(isinstance(result, Exception) for result in results)
-    print(
-        f"[recurrent] lockstep: {len(trajectories)} trajectories in {len(run.rounds)} rounds, {failed} failed "
-        f"({sum(run.calls)} calls)",
-        flush=True,
-    )
+    if report:
+        print(
+            f"[recurrent] lockstep: {len(trajectories)} trajectories in {len(run.rounds)} rounds, {failed} failed "
+            f"({sum(run.calls)} calls)",
+            flush=True,
+        )
     return results  # type: ignore[return-value]

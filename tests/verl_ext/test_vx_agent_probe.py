@@ -144,9 +144,11 @@ def test_each_first_run_mistake_is_one_line_naming_the_agents_file_and_line(user
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
-def test_a_sound_agent_with_calls_made_at_once_passes(user, mode):
+def test_a_sound_agent_with_calls_made_at_once_passes(user, mode, capsys):
     (user / "my_agent.py").write_text(agent_file(GATHER))
     checked(mode)
+    # the trial episode is no batch of the run: no "[recurrent] lockstep: ..." line to be read as one
+    assert "[recurrent] lockstep" not in capsys.readouterr().out
 
 
 def test_the_episode_can_be_switched_off(user):
