@@ -100,10 +100,10 @@ def main(config: DictConfig) -> None:
         sys.exit(1)
 
 
-def check_run_config(argv: list[str]) -> None:
+def check_run_config(argv: list[str]) -> Path | None:
     """The run config named on the command line (``--config-name``, looked for in ``--config-dir`` then
     ``configs/``), checked before Hydra composes it (:func:`recurrent.options.check_yaml`): a YAML alias bomb is one
-    line and exit 2, not a Hydra that grows until the machine runs out of memory."""
+    line and exit 2, not a Hydra that grows until the machine runs out of memory. Returns its file, if found."""
     from recurrent.options import ConfigError, check_yaml
 
     given: dict[str, str] = {}
@@ -123,9 +123,41 @@ def check_run_config(argv: list[str]) -> None:
             except ConfigError as err:
                 print(f"[memagent] the run config cannot be read: {err}", file=sys.stderr)
                 sys.exit(2)
-            return
+            return path
+    return None
+
+
+def local_search_path_argv(argv: list[str]) -> list[str]:
+    """``argv`` with the run config's declared ``hydra.searchpath`` given again, verl's configs by their folder
+    (:func:`verl_ext.run_config.local_search_path`: composing then imports nothing of verl, so ``--cfg job`` and a
+    refused run answer in about a second). Unchanged when the caller sets the search path or the config declares
+    none."""
+    from verl_ext.run_config import declared_search_path, search_path_override, sets_search_path
+
+    primary = check_run_config(argv)
+    declared = declared_search_path(primary) if primary is not None else []
+    if not declared or sets_search_path(argv):
+        return argv
+    # Beside the caller's overrides: Hydra's parser takes them as one run of positional arguments.
+    at = first_override(argv)
+    return [*argv[:at], search_path_override(declared), *argv[at:]]
+
+
+HYDRA_OPTIONS_WITH_A_VALUE = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir", "-c", "--cfg"}
+HYDRA_OPTIONS_WITH_A_VALUE |= {"-p", "--package", "-i", "--info", "--experimental-rerun"}
+
+
+def first_override(argv: list[str]) -> int:
+    """The index of the first Hydra override in ``argv`` (an argument that is no option nor an option's value), or
+    ``len(argv)`` when there is none."""
+    k = 0
+    while k < len(argv):
+        if not argv[k].startswith("-"):
+            return k
+        k += 2 if argv[k] in HYDRA_OPTIONS_WITH_A_VALUE else 1
+    return len(argv)
 
 
 if __name__ == "__main__":
-    check_run_config(sys.argv[1:])
+    sys.argv[1:] = local_search_path_argv(sys.argv[1:])
     main()

@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 from verl_ext import cost_report
 from verl_ext.cost import step_cost
 from verl_ext.minibatch import actor_settings, minibatch_mode, updates_per_step
-from verl_ext.run_config import CONFIG_DIR
+from verl_ext.run_config import compose_run_config
 from verl_ext.settings import recurrent_settings
 
 PHASES = ("generation", "old_log_prob", "ref", "update_actor", "update_weights")
@@ -107,12 +107,9 @@ def asleep_resident(rollout: DictConfig) -> str:
 
 
 def compose(config_name: str, overrides: list[str]) -> DictConfig:
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
     from omegaconf import OmegaConf
 
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        config = hydra_compose(config_name=config_name, overrides=overrides)
+    config = compose_run_config(config_name, overrides)
     OmegaConf.resolve(config)
     return config
 

@@ -64,11 +64,13 @@ def test_quickstart_against_a_url_never_prints_the_key(tiny_server):
     assert f"endpoint: {tiny_server.base_url}" in run.stdout and "\nAnswer: " in run.stdout
     assert "starting transformers serve" not in run.stdout
     assert SECRET not in run.stdout + run.stderr
-    # A dead endpoint: a one-line error after the retries, still without the key.
+    # A dead endpoint: a one-line error after the retries, still without the key (a short backoff: the three
+    # retries are what is checked, not the default's 1 + 2 + 4 s of waiting).
     dead = quickstart(
-        "--model", "m", "--tokenizer", "tiny", env={"URL": f"http://127.0.0.1:{free_port()}/v1", "API_KEY": SECRET}
+        *("--model", "m", "--tokenizer", "tiny", "--backoff", "0.01"),
+        env={"URL": f"http://127.0.0.1:{free_port()}/v1", "API_KEY": SECRET},
     )
-    assert dead.returncode == 1 and "error: chat request to" in dead.stderr
+    assert dead.returncode == 1 and "failed after 4 attempts" in dead.stderr and "error: chat request to" in dead.stderr
     assert SECRET not in dead.stdout + dead.stderr
 
 
