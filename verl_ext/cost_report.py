@@ -151,14 +151,26 @@ def cluster_from(config: DictConfig, args: argparse.Namespace) -> Cluster:
     return Cluster(DEVICES[kind], devices, utilisation(args.utilisation, default), args.bandwidth_efficiency)
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """The cost options that need no config, checked before the config is composed (about a second): a wrong
+    ``--step``, ``--utilisation``, ``--reported``, ``--devices`` or ``--data`` stops at once, naming itself."""
+    if args.step < 1:
+        raise ValueError(f"--step {args.step}: steps count from 1")
+    if args.devices is not None and args.devices < 1:
+        raise ValueError(f"--devices {args.devices}: at least 1")
+    utilisation(args.utilisation, GPU_UTILISATION)
+    reported_times(args.reported)
+    if args.data is not None and not args.data.is_file():
+        raise ValueError(f"--data {args.data}: no such file")
+
+
 class CostInputs:
     """Everything the model needs besides the config, each with where it came from. Cheap checks come first; the
     agent reads the data last."""
 
     def __init__(self, config: DictConfig, args: argparse.Namespace) -> None:
         register, agent_config = agent_cost_model(config)
-        if args.step < 1:
-            raise ValueError(f"--step {args.step}: steps count from 1")
+        check_arguments(args)
         self.cluster = cluster_from(config, args)
         self.reported = reported_times(args.reported)
         folder = model_folder(config)

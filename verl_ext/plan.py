@@ -124,6 +124,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. recurrent.minibatch=rows")
     cost_report.add_arguments(parser)
     args = parser.parse_args(argv)
+    try:
+        if args.cost:
+            cost_report.check_arguments(args)  # before the config is composed: a typo costs no wait
+    except ValueError as err:
+        print(f"[memagent] {err}", file=sys.stderr)
+        sys.exit(2)
     config = compose(args.config_name, args.overrides)
     from verl_ext.preflight import sampling_problems, single_trajectory_problem
 

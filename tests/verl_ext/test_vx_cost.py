@@ -210,15 +210,9 @@ def test_documents_are_read_through_the_memory_agent(tiny_model_dir, tiny_tokeni
     ("argv", "message"),
     [
         (["--config-name", "replicate_cpu"], "actor_rollout_ref.model.path=~/models/deepseek-llm-7b-chat: no local"),
-        (["--data", "no/such.parquet"], "--data no/such.parquet: no such file"),
         (["--call-tokens", "2000"], "--call-tokens 2000: between 1 and the cap, max_memorization_length=1024"),
         (["--answer-tokens", "0"], "--answer-tokens 0: between 1 and the cap, max_final_response_length=1024"),
         (["--config-name", "calculator_cpu"], "agent 'calculator' has no step cost model (step_shapes); --no-cost"),
-        (["--utilisation", "decode=0.3"], "--utilisation decode=0.3: phase must be one of gen, old_log_prob"),
-        (["--utilisation", "1.5"], "--utilisation 1.5: a share of peak must be in (0, 1]"),
-        (["--step", "0"], "--step 0: steps count from 1"),
-        (["--reported", "gen=100"], "--reported gen=100: PHASE=SECONDS, phase one of old_log_prob, ref, update_actor"),
-        (["--reported", "step=-1"], "--reported step=-1: seconds must be positive"),
     ],
 )
 def test_bad_cost_inputs_exit_2_with_the_reason(capsys, argv, message):
@@ -227,6 +221,35 @@ def test_bad_cost_inputs_exit_2_with_the_reason(capsys, argv, message):
     argv = argv if argv[0] == "--config-name" else ["--config-name", "memagent_7b", *argv]
     with pytest.raises(SystemExit) as stop:
         main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--data", "no/such.parquet"], "--data no/such.parquet: no such file"),
+        (["--utilisation", "decode=0.3"], "--utilisation decode=0.3: phase must be one of gen, old_log_prob"),
+        (["--utilisation", "1.5"], "--utilisation 1.5: a share of peak must be in (0, 1]"),
+        (["--step", "0"], "--step 0: steps count from 1"),
+        (["--devices", "0"], "--devices 0: at least 1"),
+        (["--reported", "gen=100"], "--reported gen=100: PHASE=SECONDS, phase one of old_log_prob, ref, update_actor"),
+        (["--reported", "step=-1"], "--reported step=-1: seconds must be positive"),
+    ],
+)
+def test_bad_cost_options_exit_2_before_the_config_is_composed(capsys, argv, message):
+    """A config that does not exist would stop the composition: the option's own reason comes first."""
+    from verl_ext.plan import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--config-name", "no_such_config", *argv])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert "no_such_config" not in err
+    with pytest.raises(SystemExit) as stop:  # the same option with a config that composes: the same reason
+        main(["--config-name", "memagent_7b", *argv])
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err

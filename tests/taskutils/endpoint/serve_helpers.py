@@ -32,6 +32,9 @@ from taskutils.endpoint.settings import ServeSettings
 
 REPO = Path(__file__).resolve().parents[3]
 WAIT = 60.0  # seconds any awaited event may take before a test fails (a bound, never a pause)
+# One client for the tests' requests to local servers: httpx.get and httpx.post build a client, and its TLS context
+# (~50 ms loading CA certificates), on every call. No kept-alive connections: each request opens its own, as before.
+HTTP = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
 UPSTREAM_PROMPT_TOKENS, UPSTREAM_COMPLETION_TOKENS = 10, 3  # the scripted upstream's usage of every reply
 QUESTION = "Which river runs past the stone village?"
 # Seven sentences of plain words: with 16-token chunks the tiny tokenizer cuts it into several chunks.
@@ -181,7 +184,7 @@ def answers(url: str) -> Callable[[], str | None]:
 
     def probe() -> str | None:
         try:
-            httpx.get(url, timeout=2)
+            HTTP.get(url, timeout=2)
         except httpx.HTTPError as err:
             return f"GET {url}: {err}"
         return None
@@ -190,7 +193,7 @@ def answers(url: str) -> Callable[[], str | None]:
 
 
 def health(base: str) -> dict[str, Any]:
-    return httpx.get(base.removesuffix("/v1") + "/health", timeout=WAIT).json()
+    return HTTP.get(base.removesuffix("/v1") + "/health", timeout=WAIT).json()
 
 
 def wait_until(condition: Callable[[], bool], what: str) -> None:

@@ -23,6 +23,7 @@ from openai import OpenAI
 from scripted_calculator import calculator_app
 from serve_helpers import (
     DOCUMENT,
+    HTTP,
     QUESTION,
     REPO,
     UPSTREAM_COMPLETION_TOKENS,
@@ -83,7 +84,7 @@ def test_the_memory_agents_own_config_is_set_over_its_budget_flags(scripted, tin
     request = {"messages": [{"role": "user", "content": QUESTION}], "memagent": {"document": DOCUMENT}}
     settings = {"chunk_size": 16, "agent_config": {"chunk_size": 32, "max_memorization_length": 7}}
     with served(scripted.url, scripted.model, tiny_tokenizer, **settings) as (base, service):
-        reply = httpx.post(f"{base}/chat/completions", json=request, timeout=WAIT).json()
+        reply = HTTP.post(f"{base}/chat/completions", json=request, timeout=WAIT).json()
     assert reply["memagent"]["chunks"] == chunks and all(b["max_tokens"] == 7 for b in scripted.bodies[:-1])
     assert "agent 'memory' (MemoryConfig: " in service.describe() and "chunk_size=32" in service.describe()
 
@@ -305,7 +306,7 @@ def test_an_answer_that_is_not_the_last_reply_fails_in_the_endpoint_as_in_the_ha
 
     with served(url, "m", None, agent=f"{__file__}:RESTATED") as (base, _):
         body = {"messages": [{"role": "user", "content": question}]}
-        response = httpx.post(f"{base}/chat/completions", json=body, timeout=WAIT)
+        response = HTTP.post(f"{base}/chat/completions", json=body, timeout=WAIT)
         stream = stream_lines(base, {**body, "stream": True})
         state = counters(base)
 

@@ -10,10 +10,9 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import pytest
 from readme_blocks import README, readme_commands
-from serve_helpers import REPO, WAIT, serve_command, serve_process, served, wait_event, wait_until
+from serve_helpers import HTTP, REPO, WAIT, serve_command, serve_process, served, wait_event, wait_until
 
 from taskutils.endpoint.cli import parse_args, serve, serve_settings
 
@@ -45,7 +44,7 @@ def test_sigterm_lets_a_document_in_flight_finish(scripted, tiny_model_dir, tmp_
     with serve_process(*args, log_path=log) as (base, process), ThreadPoolExecutor(1) as pool:
         headers = {"Authorization": f"Bearer {SERVER_KEY}"}
         request = {"model": scripted.model, "messages": MESSAGES}
-        answer = pool.submit(httpx.post, f"{base}/chat/completions", json=request, headers=headers, timeout=WAIT)
+        answer = pool.submit(HTTP.post, f"{base}/chat/completions", json=request, headers=headers, timeout=WAIT)
         wait_event(scripted.arrived[1], "the first turn upstream")
         process.send_signal(signal.SIGTERM)
         wait_until(lambda: _log_says(log, "shutting down: 1 document(s) in flight"), "the server to start draining")
@@ -64,7 +63,7 @@ def test_sigterm_cancels_a_document_past_the_grace(scripted, tiny_model_dir, tmp
     with serve_process(*_args(scripted, tiny_model_dir, "--shutdown-grace", "0"), log_path=log) as (base, process):
         with ThreadPoolExecutor(1) as pool:
             request = {"model": scripted.model, "messages": MESSAGES}
-            answer = pool.submit(httpx.post, f"{base}/chat/completions", json=request, timeout=WAIT)
+            answer = pool.submit(HTTP.post, f"{base}/chat/completions", json=request, timeout=WAIT)
             wait_event(scripted.arrived[1], "the first turn upstream")
             process.send_signal(signal.SIGTERM)
             response = answer.result(WAIT)

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from serve_helpers import QUESTION, WAIT, counters, health, served, wait_event, wait_until
+from serve_helpers import HTTP, QUESTION, WAIT, counters, health, served, wait_event, wait_until
 
 from recurrent.client import OpenAIChatClient
 from taskutils.endpoint import app as app_module
@@ -36,7 +36,7 @@ def many_messages(count: int = 40, **extra) -> dict:
 def post(base: str, body, **kwargs) -> httpx.Response:
     content = body if isinstance(body, (str, bytes)) else json.dumps(body)
     headers = {"Content-Type": "application/json", **kwargs.pop("headers", {})}
-    return httpx.post(f"{base}/chat/completions", content=content, headers=headers, timeout=WAIT, **kwargs)
+    return HTTP.post(f"{base}/chat/completions", content=content, headers=headers, timeout=WAIT, **kwargs)
 
 
 def send_raw(base: str, body: bytes, length: int | None = None) -> socket.socket:

@@ -14,7 +14,18 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from aiohttp import web
-from serve_helpers import DOCUMENT, QUESTION, WAIT, health, served, sse_events, stream_lines, wait_event, wait_until
+from serve_helpers import (
+    DOCUMENT,
+    HTTP,
+    QUESTION,
+    WAIT,
+    health,
+    served,
+    sse_events,
+    stream_lines,
+    wait_event,
+    wait_until,
+)
 from threaded_http import serve_in_a_thread
 
 from experiments.calculator.agent import CalculatorConfig
@@ -47,7 +58,7 @@ def read_to_close(client: socket.socket) -> bytes:
 def post(base: str, body, **kwargs) -> httpx.Response:
     content = body if isinstance(body, (str, bytes)) else json.dumps(body)
     headers = {"Content-Type": "application/json", **kwargs.pop("headers", {})}
-    return httpx.post(f"{base}/chat/completions", content=content, headers=headers, timeout=WAIT, **kwargs)
+    return HTTP.post(f"{base}/chat/completions", content=content, headers=headers, timeout=WAIT, **kwargs)
 
 
 # ---- /health ----
@@ -62,7 +73,7 @@ def test_health_is_busy_not_unreachable_while_every_slot_waits_on_a_slow_upstrea
     ):
         answer = pool.submit(post, base, {"messages": MESSAGES})
         wait_event(scripted.arrived[1], "the document's call upstream")
-        state = httpx.get(base.removesuffix("/v1") + "/health", timeout=WAIT)
+        state = HTTP.get(base.removesuffix("/v1") + "/health", timeout=WAIT)
         scripted.release()
         assert answer.result(WAIT).status_code == 200
     body = state.json()
@@ -77,7 +88,7 @@ def test_health_says_busy_when_the_upstream_takes_the_connection_but_does_not_an
     monkeypatch.setattr(service_module, "HEALTH_TIMEOUT", 0.2)
     scripted.hold_models = True
     with served(scripted.url, scripted.model, tiny_tokenizer) as (base, _):
-        state = httpx.get(base.removesuffix("/v1") + "/health", timeout=WAIT)
+        state = HTTP.get(base.removesuffix("/v1") + "/health", timeout=WAIT)
         scripted.release()
     body = state.json()
     assert state.status_code == 200 and body["status"] == "busy"
@@ -90,7 +101,7 @@ def test_health_says_busy_when_the_upstream_takes_the_connection_but_does_not_an
 def test_a_head_over_the_limit_is_431_naming_the_limit(scripted, tiny_tokenizer):
     limits = ConnectionLimits(max_header_bytes=4096)
     with served(scripted.url, scripted.model, tiny_tokenizer, limits=limits) as (base, _):
-        small = httpx.get(base.removesuffix("/v1") + "/health", headers={"X-Note": "a" * 2000}, timeout=WAIT)
+        small = HTTP.get(base.removesuffix("/v1") + "/health", headers={"X-Note": "a" * 2000}, timeout=WAIT)
         client = connect(base, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 300_000 + b"\r\n\r\n")
         answer = read_to_close(client)
     assert small.status_code == 200
@@ -101,7 +112,7 @@ def test_more_headers_than_the_limit_is_431(scripted, tiny_tokenizer):
     limits = ConnectionLimits(max_headers=20)
     with served(scripted.url, scripted.model, tiny_tokenizer, limits=limits) as (base, _):
         many = {f"X-H{i}": "v" for i in range(30)}
-        refused = httpx.get(base.removesuffix("/v1") + "/health", headers=many, timeout=WAIT)
+        refused = HTTP.get(base.removesuffix("/v1") + "/health", headers=many, timeout=WAIT)
     assert refused.status_code == 431 and refused.json()["error"]["code"] == "too_many_headers"
     assert "over 20 (--max-headers)" in refused.json()["error"]["message"]
 
@@ -149,7 +160,7 @@ def test_past_the_connection_bound_the_oldest_idle_connection_makes_room_and_hea
             idle.append(connect(base))
             wait_until(lambda k=k: len(service.connections.open) == min(k + 1, 3), "the connection taken")
             wait_until(lambda k=k: counters.closed_for_room == max(k - 2, 0), "the oldest closed for it")
-        state = httpx.get(base.removesuffix("/v1") + "/health", timeout=WAIT)
+        state = HTTP.get(base.removesuffix("/v1") + "/health", timeout=WAIT)
         closed = [read_to_close(c) for c in idle[:3]]
         idle[3].sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         still_served = read_to_close(idle[3])
@@ -294,7 +305,7 @@ def test_a_calculator_call_of_an_unbounded_expression_is_answered_with_the_tools
         served(url, "m", None, agent="calculator") as (base, _),
     ):
         response = post(base, {"messages": [{"role": "user", "content": "What is it?"}]})
-        state = httpx.get(base.removesuffix("/v1") + "/health", timeout=WAIT)
+        state = HTTP.get(base.removesuffix("/v1") + "/health", timeout=WAIT)
     assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == "\\boxed{0}"
     said = f"error: the result would have more than {MAX_DIGITS} digits"[: CalculatorConfig().max_result_chars]
     assert seen[1]["messages"][-1]["content"] == f"<tool_response>{said}</tool_response>"

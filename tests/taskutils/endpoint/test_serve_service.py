@@ -17,6 +17,7 @@ import pytest
 from openai import OpenAI
 from serve_helpers import (
     DOCUMENT,
+    HTTP,
     QUESTION,
     UPSTREAM_COMPLETION_TOKENS,
     UPSTREAM_PROMPT_TOKENS,
@@ -56,7 +57,7 @@ def field_request(document: str = DOCUMENT, **extra) -> dict:
 def post(base: str, body, **kwargs) -> httpx.Response:
     content = body if isinstance(body, (str, bytes)) else json.dumps(body)
     headers = {"Content-Type": "application/json", **kwargs.pop("headers", {})}
-    return httpx.post(f"{base}/chat/completions", content=content, headers=headers, timeout=WAIT, **kwargs)
+    return HTTP.post(f"{base}/chat/completions", content=content, headers=headers, timeout=WAIT, **kwargs)
 
 
 # ---- usage, sampling, the upstream's model name ----
@@ -210,7 +211,7 @@ def test_an_upstream_that_is_down_answers_502_naming_it(tiny_tokenizer):
             assert err.value.status_code == 502
             assert upstream in err.value.message and "Connection" in err.value.message
             assert err.value.body["code"] == "upstream_unreachable"
-        state = httpx.get(base.removesuffix("/v1") + "/health", timeout=WAIT)
+        state = HTTP.get(base.removesuffix("/v1") + "/health", timeout=WAIT)
     assert state.status_code == 503 and state.json()["upstream"]["reachable"] is False
     assert state.json()["counters"]["failed"] == 2
 
@@ -454,9 +455,9 @@ def test_json_nested_too_deep_is_400(scripted, tiny_tokenizer, spool_bytes):
 
 def test_unknown_routes_and_wrong_methods_answer_in_openais_shape(scripted, tiny_tokenizer):
     with served(scripted.url, scripted.model, tiny_tokenizer) as (base, _):
-        missing = httpx.get(f"{base}/completions", timeout=WAIT)
-        wrong = httpx.get(f"{base}/chat/completions", timeout=WAIT)
-        wrong_models = httpx.post(f"{base}/models", timeout=WAIT)
+        missing = HTTP.get(f"{base}/completions", timeout=WAIT)
+        wrong = HTTP.get(f"{base}/chat/completions", timeout=WAIT)
+        wrong_models = HTTP.post(f"{base}/models", timeout=WAIT)
     for response, status in ((missing, 404), (wrong, 405), (wrong_models, 405)):
         assert response.status_code == status, response.text
         error = response.json()["error"]

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from serve_helpers import WAIT, counters, served, sse_events, wait_event, wait_until
+from serve_helpers import HTTP, WAIT, counters, served, sse_events, wait_event, wait_until
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -223,7 +223,7 @@ def test_a_document_on_disk_tokenizes_as_the_whole_text(model, tiny_model_dir, s
 def post(base: str, body: dict | bytes) -> httpx.Response:
     content = body if isinstance(body, bytes) else json.dumps(body)
     headers = {"Content-Type": "application/json"}
-    return httpx.post(f"{base}/chat/completions", content=content, headers=headers, timeout=WAIT)
+    return HTTP.post(f"{base}/chat/completions", content=content, headers=headers, timeout=WAIT)
 
 
 REQUESTS = {
@@ -394,7 +394,7 @@ def test_a_body_over_the_size_limit_is_413_before_it_is_read(scripted, tiny_toke
     for spool in ({}, {"spool_bytes": 0}):  # read in memory, or into a file as it arrives
         with served(scripted.url, scripted.model, tiny_tokenizer, max_request_bytes=limit, **spool) as (base, _):
             declared = post(base, body)
-            streamed = httpx.post(f"{base}/chat/completions", content=chunked(), headers=headers, timeout=WAIT)
+            streamed = HTTP.post(f"{base}/chat/completions", content=chunked(), headers=headers, timeout=WAIT)
         for response in (declared, streamed):
             assert response.status_code == 413, response.text
             error = response.json()["error"]
@@ -410,7 +410,7 @@ def test_a_body_over_the_size_limit_is_413_before_it_is_read(scripted, tiny_toke
     assert scripted.requests == 0
     with served(scripted.url, scripted.model, tiny_tokenizer, max_request_bytes=len(body)) as (base, _):
         at_limit = post(base, body)
-        streamed = httpx.post(f"{base}/chat/completions", content=chunked(), headers=headers, timeout=WAIT)
+        streamed = HTTP.post(f"{base}/chat/completions", content=chunked(), headers=headers, timeout=WAIT)
     assert at_limit.status_code == 200 and streamed.status_code == 200
 
 

@@ -12,7 +12,7 @@ import signal
 import httpx
 import pytest
 from openai import OpenAI
-from serve_helpers import WAIT, serve_process, served, sse_events
+from serve_helpers import HTTP, WAIT, serve_process, served, sse_events
 
 from taskutils.memory_eval.run import main as harness_main
 
@@ -139,7 +139,7 @@ def test_the_streamed_answer_is_the_harness_answer_with_the_memories_as_they_com
 
 def test_a_plain_stream_has_only_openai_chunks_and_ends_with_done(server, harness):
     request = {"model": "memagent", "messages": SPLIT_ONE_MESSAGE, "temperature": 0, "stream": True}
-    with httpx.stream("POST", f"{server}/chat/completions", json=request, timeout=WAIT) as response:
+    with HTTP.stream("POST", f"{server}/chat/completions", json=request, timeout=WAIT) as response:
         lines = list(response.iter_lines())
     events = list(sse_events(iter(lines)))
     assert response.headers["content-type"].startswith("text/event-stream")
@@ -152,15 +152,15 @@ def test_a_plain_stream_has_only_openai_chunks_and_ends_with_done(server, harnes
 def test_without_upstream_the_server_runs_its_own_and_stops_it(tmp_path):
     args = ["--model", "tiny", "--chunk-size", "64", "--max-new", "8", "--final-max-new", "8"]
     with serve_process(*args, log_path=tmp_path / "serve.log") as (base, process):
-        state = httpx.get(base.removesuffix("/v1") + "/health", timeout=WAIT).json()
+        state = HTTP.get(base.removesuffix("/v1") + "/health", timeout=WAIT).json()
         reply = client(base).chat.completions.create(model="tiny", messages=SPLIT_ONE_MESSAGE, temperature=0)
         local = state["upstream"]["url"]
-        assert state["status"] == "ok" and local != base and httpx.get(f"{local}/models", timeout=WAIT).is_success
+        assert state["status"] == "ok" and local != base and HTTP.get(f"{local}/models", timeout=WAIT).is_success
         process.send_signal(signal.SIGTERM)
         assert process.wait(WAIT) == 0
     assert reply.choices[0].message.content and reply.model_extra["memagent"]["chunks"] > 1
     with pytest.raises(httpx.ConnectError):  # the local upstream went with it
-        httpx.get(f"{local}/models", timeout=WAIT)
+        HTTP.get(f"{local}/models", timeout=WAIT)
 
 
 def test_the_comparison_has_teeth(server, harness):
