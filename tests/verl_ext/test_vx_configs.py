@@ -222,3 +222,18 @@ def test_the_replication_run_is_the_papers_algorithm_at_cpu_scale():
     assert (settings.agent_config["chunk_size"], settings.agent_config["max_memorization_length"]) == (64, 32)
     check_budgets(build_agent(settings, build_tokenizer()), Budgets(rollout.prompt_length, rollout.response_length))
     assert rollout.max_model_len >= rollout.prompt_length + rollout.response_length
+
+
+def test_the_helpers_composed_configs_are_hydras_and_a_change_to_one_stays_in_it():
+    """vx_helpers.compose_config composes each name and overrides once per process: every call still gets Hydra's
+    config, as its own copy."""
+    from hydra import compose, initialize_config_dir
+    from vx_helpers import CONFIG_DIR
+
+    first = compose_config("tiny_cpu", ["trainer.total_epochs=3"])
+    first.trainer.total_epochs = 99
+    second = compose_config("tiny_cpu", ["trainer.total_epochs=3"])
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        hydras = compose(config_name="tiny_cpu", overrides=["trainer.total_epochs=3"])
+    assert second.trainer.total_epochs == 3
+    assert OmegaConf.to_container(second) == OmegaConf.to_container(hydras)

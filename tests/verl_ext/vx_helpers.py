@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -21,9 +22,18 @@ TINY_BUDGETS = [
 ]
 
 
+_COMPOSED: dict[tuple[str, tuple[str, ...]], DictConfig] = {}
+
+
 def compose_config(name: str, overrides: list[str] | None = None) -> DictConfig:
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        return compose(config_name=name, overrides=overrides or [])
+    """A config of ``configs/`` composed by Hydra with ``overrides``: once per test process for each name and
+    overrides (a composition reads ~35 YAML files, about a second; ``configs/`` does not change while the suite
+    runs), a fresh copy on every call (tests change theirs)."""
+    key = (name, tuple(overrides or []))
+    if key not in _COMPOSED:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+            _COMPOSED[key] = compose(config_name=name, overrides=list(key[1]))
+    return copy.deepcopy(_COMPOSED[key])
 
 
 class LocalHandle:
