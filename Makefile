@@ -12,15 +12,14 @@ setup:
 setup-gpu:
 	bash scripts/setup.sh --gpu
 
-# Three worker processes on the 2 cores, a test file each at a time (module fixtures such as a trainer run stay in
-# one process): about an eighth of the suite's time is tests waiting (a server or a subprocess starting, the package
-# index answering the lock tests), and a third worker runs another file meanwhile (measured on 2 idle cores: -n 2
-# 648 s, -n 3 598 s). Files go out slowest first (the `slow` marker's seconds, tests/conftest.py), not xdist's
-# default of most tests first. OMP_NUM_THREADS=1: one thread per worker; two-thread torch in each oversubscribes the
-# cores (the SmolLM2 quickstart test took 199 s beside a trainer run, 34 s alone). PYTHONFAULTHANDLER: a crash of any
-# process (a worker, a server, a trainer) prints every thread's stack.
+# Two worker processes, a test file each at a time (module fixtures such as a trainer run stay in one process):
+# a trainer run's start-up is mostly one process importing at a time, so the other core runs other files. Files go
+# out slowest first (the `slow` marker's seconds, tests/conftest.py), not xdist's default of most tests first.
+# OMP_NUM_THREADS=1: a core per worker; two-thread torch in each oversubscribes the cores (the SmolLM2 quickstart
+# test took 199 s beside a trainer run, 34 s alone). PYTHONFAULTHANDLER: a crash of any process (a worker, a server,
+# a trainer) prints every thread's stack.
 test:
-	OMP_NUM_THREADS=1 PYTHONFAULTHANDLER=1 .venv/bin/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=15
+	OMP_NUM_THREADS=1 PYTHONFAULTHANDLER=1 .venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
 # The slower tier (marker `cluster`, left out of `make test`): a Ray cluster of two nodes on this machine, trained on
 # through the cluster launcher, a node lost mid-run and the run resumed (docs/cluster.md, "Rehearsing a cluster launch

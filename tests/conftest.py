@@ -41,7 +41,7 @@ def expected_seconds(item: pytest.Item) -> float:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The slowest files first. ``make test`` hands whole files to its workers in this order
+    """The slowest files first. ``make test`` hands whole files to two workers in this order
     (``--dist loadfile --no-loadscope-reorder``), so the trainer runs start at once and the short files fill in
     around them, instead of a trainer run starting last and running alone. Only the order changes."""
     cost: dict[str, float] = {}
