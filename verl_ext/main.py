@@ -129,8 +129,8 @@ def check_run_config(argv: list[str]) -> Path | None:
 
 def local_search_path_argv(argv: list[str]) -> list[str]:
     """``argv`` with the run config's declared ``hydra.searchpath`` given again, verl's configs by their folder
-    (:func:`verl_ext.run_config.local_search_path`: composing then imports nothing of verl, so ``--cfg job`` and a
-    refused run answer in about a second). Unchanged when the caller sets the search path or the config declares
+    (:func:`verl_ext.run_config.local_search_path`: composing then imports nothing of verl, so ``--cfg job`` and
+    DRY_RUN answer in about a second). Unchanged when the caller sets the search path or the config declares
     none."""
     from verl_ext.run_config import declared_search_path, search_path_override, sets_search_path
 

@@ -23,7 +23,7 @@ def local_search_path(entry: str) -> str:
     """A search-path entry that Hydra reads without importing anything: verl's ``pkg://verl.trainer.config`` becomes
     ``file://`` of the same folder, other entries stay. Hydra opens a ``pkg://`` entry by importing the package, and
     verl's ``__init__`` imports torch, tensordict, Ray and transformers (~6 s), which composing a config (``--cfg
-    job``, DRY_RUN, the plan, the preflight's refusals) never needs; a run imports verl later, when it starts it."""
+    job``, DRY_RUN, the plan) never needs; a run imports verl later, when it starts it."""
     if entry != VERL_CONFIGS:
         return entry
     spec = importlib.util.find_spec("verl")  # a top-level package is found without running its __init__
