@@ -120,12 +120,17 @@ async def test_a_reward_function_reads_the_whole_trajectory(tmp_path, tiny_token
     )
     (extra,) = seen
     assert extra["index"] == 7  # the row's own extra_info is kept
-    assert [call["reply"] for call in extra["trajectory"]] == DRAFTS + ["Most say \\boxed{42}"]
+    # the drafts run at once, so which of them reaches the server first (and so gets which draft) is not fixed
+    replies = [call["reply"] for call in extra["trajectory"]]
+    assert sorted(replies[:3]) == sorted(DRAFTS) and replies[3] == "Most say \\boxed{42}"
     assert [call["sampling"] for call in extra["trajectory"]] == [{"temperature": 1.2}] * 3 + [{"temperature": 0.5}]
     assert extra["trajectory"][0]["messages"] == [
         {"role": "user", "content": "What is 40 + 2?\nWrite a short draft answer."}
     ]
-    assert "1. I say \\boxed{42}" in extra["trajectory"][3]["messages"][0]["content"]
+    vote_prompt = extra["trajectory"][3]["messages"][0]["content"]
+    listed = vote_prompt.split("Drafts:\n")[1].split("\nPick")[0].splitlines()
+    assert [line[:3] for line in listed] == ["1. ", "2. ", "3. "]  # the vote reads the three drafts, numbered
+    assert sorted(line[3:] for line in listed) == sorted(DRAFTS)
     assert extra["sample"]["input"] == "What is 40 + 2?" and "extra_info" not in extra["sample"]
     assert extra["agent_score"] == pytest.approx(2 / 3)  # two drafts agree with the vote's 42
     # the trajectory's score on every row, at its last token
