@@ -27,6 +27,16 @@ def tiny_model_dir() -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_server(tiny_model_dir):
+    """A real `transformers serve` with the tiny model (``base_url``, ``model``), one per test process: each start
+    costs ~8 s of CPU, and greedy replies do not depend on what was asked before."""
+    from recurrent.local_server import transformers_serve
+
+    with transformers_serve(tiny_model_dir) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def smollm2_dir() -> str:
     """The SmolLM2-135M-Instruct folder converted from the packaged GGUF."""
     return str(materialize(SMOLLM2))

@@ -16,7 +16,7 @@ from recurrent.async_manager import (
 from recurrent.client import ChatRequestError, OpenAIChatClient
 from recurrent.functions import FunctionEpisode
 from recurrent.interface import Reply, Turn, WorkflowConfig
-from recurrent.local_server import free_port, transformers_serve
+from recurrent.local_server import free_port
 from recurrent.trace import finished_ids, read_trace
 
 GREEDY = {"temperature": 0}
@@ -68,16 +68,10 @@ class InFlight:
             self.now -= 1
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir):
-    with transformers_serve(tiny_model_dir) as server:
-        yield server
-
-
 @pytest.fixture
-async def client(server):
+async def client(tiny_server):
     """A client of the tiny server, its connections closed after the test."""
-    client = OpenAIChatClient(server.base_url, server.model)
+    client = OpenAIChatClient(tiny_server.base_url, tiny_server.model)
     yield client
     await client.aclose()
 
@@ -147,9 +141,9 @@ async def test_rows_masks_usage_and_length(client):
     assert max(rollout.seconds) <= rollout.timing["wall_seconds"]
 
 
-def test_greedy_runs_are_deterministic_and_traced(server, tmp_path):
+def test_greedy_runs_are_deterministic_and_traced(tiny_server, tmp_path):
     trace = tmp_path / "trace.jsonl"
-    client = OpenAIChatClient(server.base_url, server.model)  # one client, two event loops (two asyncio.run)
+    client = OpenAIChatClient(tiny_server.base_url, tiny_server.model)  # one client, two event loops (two asyncio.run)
 
     def run():
         sessions = [relay_episode(f"s{i}", k=i % 3, max_tokens=6) for i in range(5)]

@@ -17,7 +17,7 @@ from recurrent.async_manager import run_session
 from recurrent.client import ChatRequestError, OpenAIChatClient
 from recurrent.functions import FunctionEpisode
 from recurrent.interface import WorkflowConfig
-from recurrent.local_server import free_port, transformers_serve
+from recurrent.local_server import free_port
 
 SECRET = "sk-test-SECRET-7f3a9c"
 HELLO = [{"role": "user", "content": "hello"}]
@@ -107,12 +107,6 @@ async def make_client():
 def assert_no_secret(*texts: str) -> None:
     for text in texts:
         assert SECRET not in text
-
-
-@pytest.fixture(scope="module")
-def tiny_server(tiny_model_dir):
-    with transformers_serve(tiny_model_dir) as server:
-        yield server
 
 
 async def test_real_server_reply_usage_length_and_greedy(tiny_server):

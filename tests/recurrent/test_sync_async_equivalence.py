@@ -28,7 +28,6 @@ from recurrent.client import OpenAIChatClient
 from recurrent.generation_manager import run_lockstep
 from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
 from recurrent.interface import Reply, Turn
-from recurrent.local_server import transformers_serve
 from recurrent.models import _english_like_corpus
 from recurrent.trace import read_trace
 
@@ -44,12 +43,6 @@ def tokenizer(tiny_model_dir):
 @pytest.fixture(scope="module")
 def model(tiny_model_dir):
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model_dir):
-    with transformers_serve(tiny_model_dir) as running:
-        yield running
 
 
 @pytest.fixture(scope="module")
@@ -108,10 +101,10 @@ def canonical_ids(tokenizer, turn):
     return list(ids)
 
 
-def test_sync_and_async_agree_when_the_memory_is_reencoded(batch, server, model, tokenizer, tmp_path):
+def test_sync_and_async_agree_when_the_memory_is_reencoded(batch, tiny_server, model, tokenizer, tmp_path):
     sync = run_sync(MemoryWorkflow(CONFIG, tokenizer, reencode_memory=True), batch, model, tokenizer)
     trace = tmp_path / "trace.jsonl"
-    asyn = run_async(MemoryWorkflow(CONFIG, tokenizer, token_prompts=False), batch, server, trace)
+    asyn = run_async(MemoryWorkflow(CONFIG, tokenizer, token_prompts=False), batch, tiny_server, trace)
     # The memory trace: per sample, the memory after every chunk, the answer, token counts and timings.
     lines = read_trace(trace)
     assert sorted(line["id"] for line in lines) == [0, 1, 2]
@@ -164,11 +157,11 @@ def test_a_chunk_cut_inside_a_character_reencodes_differently(tokenizer):
     assert tokenizer.encode(tokenizer.decode(ids[4:]), add_special_tokens=False) == ids[4:]
 
 
-def test_server_reply_matches_in_process_greedy_generation(server, model, tokenizer):
+def test_server_reply_matches_in_process_greedy_generation(tiny_server, model, tokenizer):
     """The two generation paths compute the same thing: one prompt, greedy, token for token."""
     messages = [{"role": "user", "content": "Document 3: the river city was born in 1867."}]
-    reply = OpenAI(base_url=server.base_url, api_key="unused").chat.completions.create(
-        model=server.model, messages=messages, max_tokens=16, temperature=0
+    reply = OpenAI(base_url=tiny_server.base_url, api_key="unused").chat.completions.create(
+        model=tiny_server.model, messages=messages, max_tokens=16, temperature=0
     )
     prompt_ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
     generated = greedy_ids(model, tokenizer, prompt_ids, 16)

@@ -1,20 +1,12 @@
-"""Fixtures of the server tests: one real `transformers serve` with the tiny model for the session (the upstream
-of the tests that need a model), its tokenizer, and a scripted upstream per test."""
+"""Fixtures of the server tests: the tiny model's tokenizer and a scripted upstream per test (the upstream of the
+tests that need a model is tests/conftest.py's ``tiny_server``)."""
 
 from __future__ import annotations
 
 import pytest
 from serve_helpers import ScriptedUpstream
 
-from recurrent.local_server import transformers_serve
 from recurrent.models import load_tokenizer
-
-
-@pytest.fixture(scope="session")
-def tiny_upstream(tiny_model_dir):
-    """A real `transformers serve` with the tiny model (base_url, model: the name requests use)."""
-    with transformers_serve(tiny_model_dir) as server:
-        yield server
 
 
 @pytest.fixture(scope="session")

@@ -30,13 +30,13 @@ BUDGETS = {"chunk-size": 128, "max-new": 16, "final-max-new": 16}
 
 
 @pytest.fixture(scope="module")
-def harness(tiny_upstream, tiny_model_dir, tmp_path_factory) -> dict:
+def harness(tiny_server, tiny_model_dir, tmp_path_factory) -> dict:
     """The harness's result line for the one item: answer ("response"), memories, turns, token counts."""
     data, results = tmp_path_factory.mktemp("data"), tmp_path_factory.mktemp("results")
     item = {"index": 0, "input": QUESTION, "context": CONTEXT, "answers": ["4821"]}
     (data / "eval_4.jsonl").write_text(json.dumps(item) + "\n")
     argv = ["--models", "tiny", "--tasks", "hotpotqa", "--lengths", "4", "--data-dir", str(data)]
-    argv += ["--results-dir", str(results), "--url", tiny_upstream.base_url, "--served-model", tiny_upstream.model]
+    argv += ["--results-dir", str(results), "--url", tiny_server.base_url, "--served-model", tiny_server.model]
     argv += ["--tokenizer", tiny_model_dir, "--temperature", "0", "--trace", "--no-report", "--quiet"]
     assert harness_main(argv) == 0
     (path,) = results.glob("hotpotqa_4/*__memory.jsonl")
@@ -46,12 +46,12 @@ def harness(tiny_upstream, tiny_model_dir, tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_upstream, tiny_model_dir, tmp_path_factory):
+def server(tiny_server, tiny_model_dir, tmp_path_factory):
     """``python -m taskutils.endpoint --upstream URL --model NAME`` with the budgets from --config; its base URL."""
     folder = tmp_path_factory.mktemp("server")
     config = folder / "serve.yaml"
     config.write_text("".join(f"{key}: {value}\n" for key, value in BUDGETS.items()))
-    args = ["--upstream", tiny_upstream.base_url, "--model", tiny_upstream.model, "--served-model-name", "memagent"]
+    args = ["--upstream", tiny_server.base_url, "--model", tiny_server.model, "--served-model-name", "memagent"]
     args += ["--tokenizer", tiny_model_dir, "--config", str(config)]
     with serve_process(*args, log_path=folder / "serve.log") as (base, _):
         yield base
@@ -102,12 +102,12 @@ def test_each_question_mode_answers_as_the_harness_does(server, harness, mode):
 
 
 @pytest.fixture(scope="module")
-def spooled_server(tiny_upstream, tiny_tokenizer):
+def spooled_server(tiny_server, tiny_tokenizer):
     """The server in this process with every request held on disk (body, texts over 8 characters, the document
     tokenized 100 characters at a time): the long-request path of docs/serving.md, forced on a short item."""
     budgets = {key.replace("-", "_"): value for key, value in BUDGETS.items()}
     spooled = {"spool_bytes": 0, "spool_string_chars": 8, "tokenize_window": 100}
-    with served(tiny_upstream.base_url, tiny_upstream.model, tiny_tokenizer, **budgets, **spooled) as (base, _):
+    with served(tiny_server.base_url, tiny_server.model, tiny_tokenizer, **budgets, **spooled) as (base, _):
         yield base
 
 

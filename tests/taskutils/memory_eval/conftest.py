@@ -1,5 +1,5 @@
-"""Shared fixtures of the evaluation-harness tests: one real `transformers serve` with the tiny model for the
-whole session, and small generated eval sets."""
+"""Shared fixtures of the evaluation-harness tests: small generated eval sets (the tiny model's server is
+tests/conftest.py's ``tiny_server``)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,6 @@ from pathlib import Path
 
 import pytest
 from eval_fixtures import hotpotqa_set, niah_set
-
-from recurrent.local_server import transformers_serve
-
-
-@pytest.fixture(scope="session")
-def tiny_server(tiny_model_dir):
-    """A real `transformers serve` with the tiny model (server.base_url, server.model)."""
-    with transformers_serve(tiny_model_dir) as server:
-        yield server
 
 
 @pytest.fixture(scope="session")
