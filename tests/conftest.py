@@ -14,6 +14,9 @@ import importlib.util  # noqa: E402
 import pytest  # noqa: E402
 
 from recurrent.models import SMOLLM2, TINY, materialize  # noqa: E402
+from yaml_memo import memoize_yaml_parsing  # noqa: E402
+
+memoize_yaml_parsing()  # Hydra's compositions in the workers parse each config file once (tests/yaml_memo.py)
 
 # tests/gpu_stack runs with the GPU set's interpreter (.venv-gpu: tests/test_gpu_stack.py, `make check-gpu-stack`);
 # the CPU set has no vLLM.
