@@ -12,9 +12,9 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 import importlib.util  # noqa: E402
 
 import pytest  # noqa: E402
+from yaml_memo import memoize_yaml_parsing  # noqa: E402
 
 from recurrent.models import SMOLLM2, TINY, materialize  # noqa: E402
-from yaml_memo import memoize_yaml_parsing  # noqa: E402
 
 memoize_yaml_parsing()  # Hydra's compositions in the workers parse each config file once (tests/yaml_memo.py)
 
