@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from run_configs import cpu_run_config
 from test_new_user_agent import REPO, problems_frame, run, train_as_user
 
 from recurrent.models import load_tokenizer
@@ -22,36 +23,6 @@ DRAFT = "{question}\nWrite a short draft answer."
 CHECK = "Check the draft and put the final answer in \\boxed{}."
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow(seconds=300), pytest.mark.timeout(2400)]
-
-RUN_CONFIG = """
-hydra:
-  searchpath:
-    - pkg://verl.trainer.config
-defaults:
-  - recurrent_trainer
-  - cpu_platform
-  - _self_
-recurrent:
-  agent: my_openai_agent.py
-  config:
-    max_tokens: 32
-data:
-  max_prompt_length: 256
-  max_response_length: 32
-  train_batch_size: 4
-actor_rollout_ref:
-  actor:
-    ppo_mini_batch_size: 2
-    optim:
-      lr_warmup_steps: 0
-  rollout:
-    n: 4
-    max_model_len: 288
-reward:
-  custom_reward_function:
-    path: pkg://taskutils.verifiers.strict
-    name: compute_score
-"""
 
 
 def train(user: Path) -> None:
@@ -64,7 +35,14 @@ def test_an_openai_client_agent_trains_two_steps_one_row_per_call(tmp_path: Path
     user = tmp_path / "user"
     (user / "data").mkdir(parents=True)
     shutil.copy(AGENT_FILE, user / "my_openai_agent.py")
-    (user / "my_openai_agent_cpu.yaml").write_text(RUN_CONFIG)
+    settings = {
+        "data.train_batch_size": 4,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+        "actor_rollout_ref.actor.optim.lr_warmup_steps": 0,
+        "actor_rollout_ref.rollout.n": 4,
+    }
+    config = cpu_run_config("my_openai_agent.py", max_tokens=32, agent_config={"max_tokens": 32}, settings=settings)
+    (user / "my_openai_agent_cpu.yaml").write_text(config)
     questions = [(f"What is {a} + {b}?", a + b) for a, b in ((12, 30), (7, 8), (21, 21), (40, 2), (5, 9), (33, 11))]
     problems_frame(questions).to_parquet(user / "data" / "train.parquet")
     problems_frame(questions[:2]).to_parquet(user / "data" / "validation.parquet")

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from run_configs import cpu_run_config
 from test_new_user_agent import REPO, TRAIN_TIMEOUT_S, problems_frame, train_as_user, user_env
 
 from recurrent.models import load_tokenizer
@@ -34,36 +35,6 @@ TESTS = Path(__file__).resolve().parent
 DRAFT = "{question}\nWrite a short draft answer."
 VOTE = "Question: {question}\nDrafts:\n{drafts}\nPick the answer most drafts agree on and put it in \\boxed{{}}."
 QUESTIONS = [(f"What is {a} + {b}?", a + b) for a, b in ((12, 30), (7, 8), (21, 21), (40, 2), (5, 9), (33, 11))]
-RUN_CONFIG = """
-hydra:
-  searchpath:
-    - pkg://verl.trainer.config
-defaults:
-  - recurrent_trainer
-  - cpu_platform
-  - _self_
-recurrent:
-  agent: {agent}
-  config:
-    max_tokens: 16
-data:
-  max_prompt_length: 256
-  max_response_length: 16
-  train_batch_size: 4
-actor_rollout_ref:
-  actor:
-    ppo_mini_batch_size: 2
-    optim:
-      lr_warmup_steps: 0
-  rollout:
-    n: 2
-    max_model_len: 272
-    calculate_log_probs: true
-reward:
-  custom_reward_function:
-    path: {reward_path}
-    name: {reward_name}
-"""
 BOXED_ONLY = """
 from dataclasses import dataclass
 
@@ -93,7 +64,16 @@ def user_folder(root: Path, agent: str, reward_path: str, reward_name: str) -> P
     (root / "data").mkdir(parents=True)
     for helper in ("self_consistency_agent.py", "self_consistency_reward.py"):
         shutil.copy(TESTS / helper, root / helper)
-    config = RUN_CONFIG.format(agent=agent, reward_path=reward_path, reward_name=reward_name)
+    settings = {
+        "data.train_batch_size": 4,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+        "actor_rollout_ref.actor.optim.lr_warmup_steps": 0,
+        "actor_rollout_ref.rollout.n": 2,
+        "actor_rollout_ref.rollout.calculate_log_probs": True,
+    }
+    config = cpu_run_config(
+        agent, max_tokens=16, reward=(reward_path, reward_name), agent_config={"max_tokens": 16}, settings=settings
+    )
     (root / "run_cpu.yaml").write_text(config)
     problems_frame(QUESTIONS).to_parquet(root / "data" / "train.parquet")
     problems_frame(QUESTIONS[:2]).to_parquet(root / "data" / "validation.parquet")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from run_configs import cpu_run_config
 
 from verl_ext.preflight import PreflightError, preflight
 from verl_ext.run_config import compose_run_config
@@ -61,31 +62,6 @@ GATHER = (
     "temperature=0.3)\n"
     "    return reply.text\n"
 )
-RUN_CONFIG = """\
-hydra:
-  searchpath:
-    - pkg://verl.trainer.config
-defaults:
-  - recurrent_trainer
-  - cpu_platform
-  - _self_
-recurrent:
-  agent: my_agent.py
-data:
-  max_prompt_length: 256
-  max_response_length: 16
-  train_batch_size: 2
-actor_rollout_ref:
-  actor:
-    ppo_mini_batch_size: 2
-  rollout:
-    n: 2
-    max_model_len: 272
-reward:
-  custom_reward_function:
-    path: pkg://taskutils.verifiers.strict
-    name: compute_score
-"""
 
 
 def agent_file(body: str) -> str:
@@ -104,7 +80,12 @@ def line_of(text: str, marker: str) -> int:
 @pytest.fixture
 def user(tmp_path, monkeypatch) -> Path:
     """A user's folder: the run config, the data (one question), the working directory."""
-    (tmp_path / "my_agent_cpu.yaml").write_text(RUN_CONFIG)
+    settings = {
+        "data.train_batch_size": 2,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+        "actor_rollout_ref.rollout.n": 2,
+    }
+    (tmp_path / "my_agent_cpu.yaml").write_text(cpu_run_config("my_agent.py", max_tokens=16, settings=settings))
     row = {
         "prompt": [{"role": "user", "content": "What is 6 * 7?"}],
         "input": "What is 6 * 7?",

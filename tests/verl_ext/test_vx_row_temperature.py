@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from run_configs import cpu_run_config
 from torchdata.stateful_dataloader import StatefulDataLoader
 from transformers import AutoModelForCausalLM
 from verl.trainer.ppo.utils import create_rl_dataset
@@ -41,35 +42,6 @@ DRAFT_T, VOTE_T = 1.2, 0.5
 ATOL = 2e-5  # fp32 on both sides: the server and the actor differ in the order of float operations only
 QUESTIONS = ["What is 12 + 30?", "What is 7 + 8?"]
 # A user's run config (the generic trainer on the CPU platform), the agent's own score as the reward.
-RUN_CONFIG = """
-hydra:
-  searchpath:
-    - pkg://verl.trainer.config
-defaults:
-  - recurrent_trainer
-  - cpu_platform
-  - _self_
-recurrent:
-  agent: {agent}
-  config:
-    max_tokens: 8
-    draft_temperature: {draft}
-    vote_temperature: {vote}
-data:
-  max_prompt_length: 256
-  max_response_length: 8
-actor_rollout_ref:
-  rollout:
-    n: 2
-    max_model_len: 264
-    calculate_log_probs: true
-reward:
-  custom_reward_function:
-    path: pkg://verl_ext.rewards
-    name: agent_score
-"""
-
-
 pytestmark = pytest.mark.slow(seconds=40)
 
 
@@ -97,7 +69,16 @@ async def stored(request, tmp_path_factory, tiny_model_dir, tiny_tokenizer, tiny
         for q in QUESTIONS
     ]
     pd.DataFrame(rows).to_parquet(folder / "train.parquet")
-    (folder / "sc_cpu.yaml").write_text(RUN_CONFIG.format(agent=AGENT, draft=DRAFT_T, vote=VOTE_T))
+    settings = {"actor_rollout_ref.rollout.n": 2, "actor_rollout_ref.rollout.calculate_log_probs": True}
+    sampling = {"max_tokens": 8, "draft_temperature": DRAFT_T, "vote_temperature": VOTE_T}
+    config = cpu_run_config(
+        str(AGENT),
+        max_tokens=8,
+        reward=("pkg://verl_ext.rewards", "agent_score"),
+        agent_config=sampling,
+        settings=settings,
+    )
+    (folder / "sc_cpu.yaml").write_text(config)
     overrides = [f"recurrent.mode={mode}", f"data.train_files={folder / 'train.parquet'}"]
     config = compose_run_config(folder / "sc_cpu.yaml", [*overrides, f"actor_rollout_ref.model.path={tiny_model_dir}"])
     dataset = create_rl_dataset(config.data.train_files, config.data, tiny_tokenizer, None, is_train=True)

@@ -15,6 +15,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from run_configs import cpu_run_config
 from verl.workers.rollout.replica import TokenOutput
 from vx_helpers import capture_transfer_queue, compose_config, make_worker
 
@@ -25,31 +26,6 @@ from verl_ext.run_config import compose_run_config
 AGENT = Path(__file__).resolve().parents[1] / "self_consistency_agent.py"
 REWARD = Path(__file__).resolve().parents[1] / "self_consistency_reward.py"
 DRAFTS = ["I say \\boxed{42}", "Maybe \\boxed{41}", "It is \\boxed{42}"]
-RUN_CONFIG = """
-hydra:
-  searchpath:
-    - pkg://verl.trainer.config
-defaults:
-  - recurrent_trainer
-  - cpu_platform
-  - _self_
-recurrent:
-  agent: {agent}
-  config:
-    max_tokens: 12
-data:
-  max_prompt_length: 256
-  max_response_length: 12
-actor_rollout_ref:
-  rollout:
-    max_model_len: 268
-reward:
-  custom_reward_function:
-    path: {path}
-    name: {name}
-"""
-
-
 pytestmark = pytest.mark.slow(seconds=60)
 
 
@@ -86,7 +62,8 @@ def sample(uid: str = "uidS") -> dict:
 
 
 async def scored(tmp_path, tokenizer, model_dir, path: str, name: str, monkeypatch) -> tuple[list, dict]:
-    (tmp_path / "run.yaml").write_text(RUN_CONFIG.format(agent=AGENT, path=path, name=name))
+    run_config = cpu_run_config(str(AGENT), max_tokens=12, reward=(path, name), agent_config={"max_tokens": 12})
+    (tmp_path / "run.yaml").write_text(run_config)
     config = compose_run_config(tmp_path / "run.yaml", [f"actor_rollout_ref.model.path={model_dir}"])
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap
     from verl.utils.dataset.rl_dataset import RLHFDataset
