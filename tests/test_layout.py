@@ -3,6 +3,7 @@ of docs/architecture.md's table imports only what that table says, and no import
 
 import ast
 import importlib
+import os
 import re
 from pathlib import Path
 
@@ -26,6 +27,16 @@ def test_no_vendored_verl():
 
 
 SKIP = {".venv", ".venv-gpu", ".cache", ".git", "tests"}
+
+
+def project_files(repo: Path) -> list[Path]:
+    """Every file under ``repo`` outside the folders of SKIP, at any depth (the venvs alone hold ~200,000 files:
+    they are not walked)."""
+    found = []
+    for folder, subfolders, names in os.walk(repo):
+        subfolders[:] = sorted(name for name in subfolders if name not in SKIP)
+        found.extend(Path(folder, name) for name in sorted(names))
+    return [path for path in found if path.is_file()]
 
 
 def module_name(path: Path, repo: Path) -> str:
@@ -213,7 +224,7 @@ def test_a_planted_circle_is_found(tmp_path):
 def unreached_modules(repo: Path) -> list[str]:
     """Modules of our packages that no non-test code imports and nothing starts by name (``python -m x.y``,
     ``pkg://x.y``, a class path ``x.y.Class`` in a config or string): in code, scripts, configs or documents."""
-    files = [p for p in repo.rglob("*") if p.is_file() and not SKIP & set(p.relative_to(repo).parts)]
+    files = project_files(repo)
     modules = [
         module_name(p, repo) for name in PACKAGES for p in (repo / name).rglob("*.py") if p.name != "__init__.py"
     ]
@@ -266,9 +277,7 @@ MODULE_LINES, FUNCTION_LINES = 450, 80
 def oversized(repo: Path) -> list[str]:
     """Each module over MODULE_LINES lines and each function over FUNCTION_LINES, outside tests and the venvs."""
     found = []
-    for path in sorted(repo.rglob("*.py")):
-        if SKIP & set(path.relative_to(repo).parts):
-            continue
+    for path in sorted(p for p in project_files(repo) if p.suffix == ".py"):
         text = path.read_text()
         name = path.relative_to(repo).as_posix()
         if text.count("\n") > MODULE_LINES:
