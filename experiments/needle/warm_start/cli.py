@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from experiments.needle.reader import CORPORA
+from experiments.needle.reader import CORPORA, DEFAULT_CORPUS
 from experiments.needle.warm_start.cache import build, cached_warm_start
 from experiments.needle.warm_start.evaluation import evaluate
 from experiments.needle.warm_start.recipes import CHOOSE_RECIPES, FULL, QUICK, TASKS
@@ -55,8 +55,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--tokenizer-corpus",
         choices=CORPORA,
-        default="task",
-        help="with --out: the reader tokenizer's training text (keys: also the digit pairs and the keys, repeated)",
+        default=DEFAULT_CORPUS,
+        help="with --out: the reader tokenizer's training text (task: the task's lines and prompts; keys, the "
+        "default: also the digit pairs and the keys, repeated)",
     )
     parser.add_argument(
         "--stop-at", type=float, default=0.9, help="with --out: the held-out score that stops the copy stages (0.9)"
@@ -83,7 +84,7 @@ def checked(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse
     if args.cache and (
         args.copy_stages
         or args.steps
-        or args.tokenizer_corpus != "task"
+        or args.tokenizer_corpus != DEFAULT_CORPUS
         or args.miss != "first"
         or (args.p_needle, args.p_keep, args.seed, args.threads, args.stop_at) != (0.4, 0.9, 0, 1, 0.9)
     ):

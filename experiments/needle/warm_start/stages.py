@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from experiments.needle.needle import number_rule
-from experiments.needle.reader import build_tokenizer, reader_config
+from experiments.needle.reader import DEFAULT_CORPUS, build_tokenizer, reader_config
 from experiments.needle.warm_start.recipes import COPY_STAGES, FULL, RECIPE_VERSION, Scale
 from experiments.needle.warm_start.rows import agent_config, choice_rows, needle_rows, paper_rows, recall_rows
 from experiments.needle.warm_start.teachers import teacher_rows
@@ -132,7 +132,7 @@ def copy_key(build: Build, corpus: str) -> dict[str, Any]:
     """What decides the copy stages' outcome: a kept copy is reused only by a build with the same key."""
     scale = build.scale
     key = {"version": RECIPE_VERSION, "seed": build.seed, "stop_at": build.stop_at, "steps": list(scale.steps[:3])}
-    key |= {"corpus": corpus, "numbers": number_rule()} if (corpus, number_rule()) != ("task", "dealt") else {}
+    key |= {"corpus": corpus, "numbers": number_rule()} if (corpus, number_rule()) != (DEFAULT_CORPUS, "dealt") else {}
     return key | {"pools": list(scale.pools[:2]), "held": list(scale.held[:3]), "batch": scale.batch}
 
 
@@ -187,7 +187,7 @@ def train(
     stop_at: float = 0.9,
     copy_dir: Path | None = None,
     task: str = "needle",
-    corpus: str = "task",
+    corpus: str = DEFAULT_CORPUS,
     miss: str = "first",
 ) -> tuple[Any, Any, dict[str, Any]]:
     """Train the warm start; returns the model, its tokenizer and the recipe with the stage logs. ``stop_at``: the

@@ -93,11 +93,13 @@ def test_pairs_made_by_a_pre_tokenizer_would_not_survive_the_folder(tmp_path):
 
 
 def test_the_keys_corpus_changes_the_ids_not_the_words(in_memory):
-    """The tokenizer trained with the digit pairs and the keys in its corpus (an experiment's switch) cuts the task's
-    texts into the same strings, whole words, and numbers them differently."""
-    keys = build_tokenizer(corpus="keys")
+    """The default tokenizer, trained with the digit pairs and the keys in its corpus, and the one trained on the
+    task's text alone (the corpus before recipe 4) cut the task's texts into the same strings, whole words, and
+    number them differently."""
+    task = build_tokenizer(corpus="task")
+    assert build_tokenizer().get_vocab() == build_tokenizer(corpus="keys").get_vocab()
     for text in task_texts(in_memory)[:6]:
-        assert keys.tokenize(text) == in_memory.tokenize(text)
+        assert task.tokenize(text) == in_memory.tokenize(text)
     needle = "The special magic number for brave-otter is 7445."
     assert in_memory.tokenize(needle)[5:8] == ["Ġbrave", "-", "otter"]
-    assert keys.encode(needle, add_special_tokens=False) != in_memory.encode(needle, add_special_tokens=False)
+    assert task.encode(needle, add_special_tokens=False) != in_memory.encode(needle, add_special_tokens=False)

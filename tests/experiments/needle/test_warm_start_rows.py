@@ -26,7 +26,7 @@ FIXTURE = json.loads((Path(__file__).parent / "data" / "warm_start_rows.json").r
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return build_tokenizer()
+    return build_tokenizer(corpus="task")  # the tokenizer of the capture (the default before recipe 4)
 
 
 def test_the_paper_rows_are_unchanged(tokenizer):
