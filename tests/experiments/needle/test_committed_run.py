@@ -141,8 +141,9 @@ def test_the_pages_cause_table_is_the_two_runs_summaries():
     """docs/replication_cpu.md, "The cause": each row is a policy of docs/replication_cpu/cause/default or
     try, recomputed from that run's summary.csv; the warm starts' validation figures it quotes are their builds'
     own evaluations (docs/replication_cpu/cause/warm_starts/)."""
-    lines = PAGE.read_text()[PAGE.read_text().index("**Cause, strict accuracy (%)**") :].splitlines()
-    text = " ".join(PAGE.read_text().split())
+    page = PAGE.read_text()
+    lines = page[page.index("**Cause, strict accuracy (%)**") :].splitlines()
+    text = " ".join(page.split())
     start = next(i for i, line in enumerate(lines) if line.startswith("|"))
     lengths = [int(cell.split()[0]) for cell in lines[start].strip("|").split("|")[1:]]
     rows = []

@@ -97,7 +97,7 @@ def test_the_keys_corpus_changes_the_ids_not_the_words(in_memory):
     task's text alone (the corpus before recipe 4) cut the task's texts into the same strings, whole words, and
     number them differently."""
     task = build_tokenizer(corpus="task")
-    assert build_tokenizer().get_vocab() == build_tokenizer(corpus="keys").get_vocab()
+    assert in_memory.get_vocab() == build_tokenizer(corpus="keys").get_vocab()  # in_memory: the default
     for text in task_texts(in_memory)[:6]:
         assert task.tokenize(text) == in_memory.tokenize(text)
     needle = "The special magic number for brave-otter is 7445."
