@@ -47,7 +47,8 @@
 #   ABLATION_STEPS  steps of the ablation [STEPS; Q: 1]
 #   LENGTHS         evaluation lengths in chunks of 64 tokens ["1 2 4 8 16 32 64 128 256"; Q: "1 2"]
 #   EVAL_DOCS       test documents per length up to 64 chunks [64; Q: 2]
-#   LONG_DOCS       test documents per length over 64 chunks (a 256-chunk document costs 257 turns) [32]
+#   LONG_DOCS       test documents per length over 64 chunks (a 256-chunk document costs 257 turns); those lengths
+#                   are evaluated for the warm start and the RL seeds, not the ablations [32]
 #   NGPUS           FSDP ranks of each RL run (fake Ray GPUs) [2]
 #   PARALLEL_MODELS policies evaluated side by side [3; Q: 2]
 #   LATE_START      share of training documents that start late: the needle already in memory, filler chunks only
@@ -201,6 +202,7 @@ say "5/6 evaluation: test split, lengths [$LENGTHS], $EVAL_DOCS documents each (
 # The policies' exported checkpoints (the last step's Hugging Face folder of each run) in a model table.
 policies=("warm-start=$WARM")
 for seed in $SEEDS; do policies+=("rl-seed$seed=$OUT_DIR/runs/rl-seed$seed/checkpoints/global_step_$STEPS/actor/huggingface"); done
+long_policies=("${policies[@]}")  # evaluated over 64 chunks too
 for mode in $ABLATIONS; do
   for seed in $ABLATION_SEEDS; do
     run="$(ablation_name "$mode")-seed$seed"
@@ -208,12 +210,26 @@ for mode in $ABLATIONS; do
   done
 done
 "$PYTHON" -m experiments.needle.eval_models "${policies[@]}" --out "$OUT_DIR/policies.yaml" > /dev/null
-models="$(IFS=,; echo "${policies[*]%%=*}" | tr ' ' ',')"
-# shellcheck disable=SC2086  # LENGTHS is a list
-timed evaluation "$PYTHON" -m taskutils.memory_eval.run --table "$OUT_DIR/policies.yaml" --models "$models" \
-  --method memory-boxed,direct-boxed --tasks "$TASK" --lengths "$(echo $LENGTHS | tr ' ' ',')" --limit "$((EVAL_DOCS > LONG_DOCS ? EVAL_DOCS : LONG_DOCS))" \
-  --data-dir "$OUT_DIR/eval_data/eval/test" --results-dir "$OUT_DIR/results" --temperature 0 --no-report \
-  --parallel-models "$PARALLEL_MODELS" --trace
+# Every policy up to 64 chunks; over 64 chunks the warm start and the RL seeds only (the ablations' question is
+# answered at the training lengths, and a 256-chunk document costs 257 turns: docs/replication_cpu.md, "What it costs").
+all_models="$(IFS=,; echo "${policies[*]%%=*}")"
+long_models="$(IFS=,; echo "${long_policies[*]%%=*}")"
+# harness MODELS LENGTHS...: the memory agent and the full-context baseline, greedy, resumed item by item.
+harness() {
+  local models="$1" lengths
+  shift
+  lengths="$(IFS=,; echo "$*")"
+  "$PYTHON" -m taskutils.memory_eval.run --table "$OUT_DIR/policies.yaml" --models "$models" \
+    --method memory-boxed,direct-boxed --tasks "$TASK" --lengths "$lengths" --limit "$((EVAL_DOCS > LONG_DOCS ? EVAL_DOCS : LONG_DOCS))" \
+    --data-dir "$OUT_DIR/eval_data/eval/test" --results-dir "$OUT_DIR/results" --temperature 0 --no-report \
+    --parallel-models "$PARALLEL_MODELS" --trace
+}
+# (timed runs its command with set +e: each call's failure is returned, not passed over.)
+evaluate() {
+  if ((${#short_lengths[@]})); then harness "$all_models" "${short_lengths[@]}" || return; fi
+  if ((${#long_lengths[@]})); then harness "$long_models" "${long_lengths[@]}" || return; fi
+}
+timed evaluation evaluate
 
 # ---- 6. report --------------------------------------------------------------------------------------------------------
 say "6/6 report"
