@@ -1,11 +1,16 @@
 """scripts/lib/stages.sh, the stage helpers of the one-command pipelines (scripts/replicate_cpu.sh,
 experiments/calculator/run.sh): the lines they append to timing.jsonl and run.jsonl (read by
-experiments/needle/report.py), a failed stage's exit, a run folder's last step."""
+experiments/needle/report.py), a failed stage's exit, a stage stopped by a signal, a run folder's last step."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,3 +47,39 @@ def test_the_stage_helpers_write_what_the_report_reads(tmp_path: Path):
     (run,) = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
     assert run["command"] == "STEPS=2 SEEDS='0 1' bash demo.sh x=1"
     assert set(run) == {"commit", "command", "cores", "started"} and run["cores"] >= 1 and run["commit"]
+
+
+STOPPED = """
+set -euo pipefail
+PIPELINE=demo
+source "$REPO/scripts/lib/stages.sh"
+record_run "bash demo.sh"
+timed done true
+wait_for_signal="import pathlib, signal, sys; pathlib.Path(sys.argv[1]).touch(); signal.pause()"
+timed slow "$PYTHON" -c "$wait_for_signal" "$OUT_DIR/ready"
+echo "not reached"
+"""
+
+
+@pytest.mark.parametrize(("signal_number", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_stage_stopped_by_a_signal_is_recorded_with_the_invocations_total(tmp_path: Path, signal_number, status):
+    """Ctrl-C (or kill of the process group) in a stage: its seconds and the signal's status go to timing.jsonl,
+    and so does the invocation's total, so that a resumed run's stage times add up to its wall time."""
+    env = {"REPO": str(REPO), "PYTHON": sys.executable, "OUT_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    process = subprocess.Popen(
+        ["bash", "-c", STOPPED], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    ready = tmp_path / "ready"
+    for _ in range(6000):  # the stage's process says it is running: then the signal comes (no race on timing)
+        if ready.exists() or process.poll() is not None:
+            break
+        time.sleep(0.01)
+    assert ready.exists(), "the stage did not start"
+    os.killpg(process.pid, signal_number)
+    out, _ = process.communicate(timeout=60)
+    assert process.returncode == status
+    assert "not reached" not in out
+    assert f"stage 'slow' stopped by a signal (exit {status})" in out
+    timing = [json.loads(line) for line in (tmp_path / "timing.jsonl").read_text().splitlines()]
+    assert [(t["stage"], t["rc"]) for t in timing] == [("done", 0), ("slow", status), ("total", status)]
+    assert timing[2]["seconds"] >= timing[1]["seconds"] + timing[0]["seconds"]

@@ -4,19 +4,40 @@
 
 say() { echo "[$PIPELINE $(date +%H:%M:%S)] $*"; }
 
+# stage_line NAME SECONDS RC: one line of timing.jsonl.
+stage_line() { printf '{"stage": "%s", "seconds": %d, "rc": %d}\n' "$1" "$2" "$3" >> "$OUT_DIR/timing.jsonl"; }
+
 # timed NAME CMD...: run a stage, append its wall seconds and exit status to timing.jsonl; a failed stage ends the
 # pipeline with its exit status (run the same command again to resume).
 timed() {
   local name="$1" start rc
   shift
   start=$(date +%s)
+  STAGE_NAME="$name" STAGE_START="$start"
   set +e
   "$@"
   rc=$?
   set -e
-  printf '{"stage": "%s", "seconds": %d, "rc": %d}\n' "$name" $(($(date +%s) - start)) "$rc" >> "$OUT_DIR/timing.jsonl"
+  STAGE_NAME=""
+  stage_line "$name" $(($(date +%s) - start)) "$rc"
   if [[ "$rc" != 0 ]]; then say "stage '$name' failed (exit $rc); run the same command again to resume"; exit "$rc"; fi
 }
+
+# A run stopped by Ctrl-C or kill (of its process group: the stage's processes get the signal too, and bash acts
+# on it once the stage's command has exited) records the stage it stopped with the signal's exit status, and the
+# invocation's total, so that the stage times of a resumed run add up to its wall time.
+on_signal() {
+  local rc="$1"
+  trap - INT TERM
+  if [[ -n "${STAGE_NAME:-}" ]]; then
+    stage_line "$STAGE_NAME" $(($(date +%s) - STAGE_START)) "$rc"
+    say "stage '$STAGE_NAME' stopped by a signal (exit $rc); run the same command again to resume"
+  fi
+  [[ -z "${RUN_START:-}" ]] || record_total "$rc"
+  exit "$rc"
+}
+trap 'on_signal 130' INT
+trap 'on_signal 143' TERM
 
 # last_step RUN_DIR: the last checkpointed step of a training run folder (0 if none).
 last_step() { cat "$1/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null || echo 0; }
@@ -38,7 +59,6 @@ open(path, "a").write(json.dumps(line) + "\n")
 PY
 }
 
-# record_total: the invocation's wall time since record_run, as the "total" line of timing.jsonl.
-record_total() {
-  printf '{"stage": "total", "seconds": %d, "rc": 0}\n' $(($(date +%s) - RUN_START)) >> "$OUT_DIR/timing.jsonl"
-}
+# record_total [RC]: the invocation's wall time since record_run, as the "total" line of timing.jsonl (RC: the
+# invocation's exit status, 0 unless a signal stopped it).
+record_total() { stage_line total $(($(date +%s) - RUN_START)) "${1:-0}"; }
