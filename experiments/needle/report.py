@@ -148,6 +148,18 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
+def invocation_stages(stages: list[dict]) -> list[list[dict]]:
+    """timing.jsonl's lines, one list per invocation of the script: an invocation ends with its "total" line, and
+    one that has none (stopped before the pipeline recorded stopped stages) ends where the next one's warm start
+    stage begins (every invocation runs it: a cached build takes seconds)."""
+    groups: list[list[dict]] = []
+    for stage in stages:
+        if not groups or groups[-1][-1]["stage"] == "total" or stage["stage"] == "warm_start":
+            groups.append([])
+        groups[-1].append(stage)
+    return groups
+
+
 def run_section(run_dir: Path) -> str:
     """What ran, from the script's ``run.jsonl`` and ``timing.jsonl``: one line per invocation (a resumed run has
     several), one row per stage run, and the wall time. ``total`` lines are an invocation's stages 1-5."""
@@ -157,13 +169,23 @@ def run_section(run_dir: Path) -> str:
         lines.append(f"- {inv['started']}, commit `{inv['commit']}`, {inv['cores']} cores: `{inv['command']}`")
     lines += ["", "| stage | wall (s) | wall (min) | exit |", "|---|---|---|---|"]
     lines += [f"| {s['stage']} | {s['seconds']} | {s['seconds'] / 60:.1f} | {s['rc']} |" for s in stages]
-    total = sum(s["seconds"] for s in stages if s["stage"] == "total")
-    build = sum(s["seconds"] for s in stages if s["stage"] == "warm_start")
+    ended = [group for group in invocation_stages(stages) if group[-1]["stage"] == "total"]
+    stopped = [group for group in invocation_stages(stages) if group[-1]["stage"] != "total"]
+    total = sum(group[-1]["seconds"] for group in ended)
+    build = sum(s["seconds"] for group in ended for s in group if s["stage"] == "warm_start")
     if total:
         lines += [
             "",
             f"Wall time, stages 1-5 of every invocation: {total} s ({total / 60:.1f} min); without the warm "
             f"start stage (its one-time build, cached afterwards): {total - build} s ({(total - build) / 60:.1f} min).",
+        ]
+    if stopped:
+        recorded = sum(s["seconds"] for group in stopped for s in group)
+        lines += [
+            "",
+            f"Not in that wall time: {len(stopped)} invocation(s) with no total line (stopped before the pipeline "
+            f"recorded stopped stages), whose recorded stages took {recorded} s ({recorded / 60:.1f} min); the "
+            "stage each was stopped in is not in the table.",
         ]
     return "\n".join(lines) + "\n"
 

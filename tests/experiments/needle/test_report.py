@@ -90,3 +90,23 @@ def test_the_run_section_sums_the_invocations(tmp_path):
     assert "| rl:rl-seed0 | 1 | 0.0 | 137 |" in markdown and "| evaluation | 1400 | 23.3 | 0 |" in markdown
     assert "3600 s (60.0 min)" in markdown and "cached afterwards): 2698 s (45.0 min)" in markdown
     assert "The run" not in write(results)["md"].read_text()  # without --run-dir: the table alone
+
+
+def test_an_invocation_stopped_without_a_total_is_kept_out_of_the_wall_time(tmp_path):
+    """A run stopped in its evaluation before the pipeline recorded stopped stages (no total line), then resumed:
+    the wall time is the resumed invocation's 2010 s (33.5 min; without its 3 s warm start, 2007 s = 33.5 min), and
+    the stopped one's recorded stages, 480 + 1000 s = 1480 s (24.7 min), are said apart."""
+    results = tmp_path / "run" / "results"
+    results_file(results, 1, "warm-start", "memory-boxed", [1, 0])
+    run = tmp_path / "run"
+    invocation = {"commit": "abc1234", "command": "bash scripts/replicate_cpu.sh", "cores": 2, "started": "t"}
+    (run / "run.jsonl").write_text(2 * (json.dumps(invocation) + "\n"))
+    stages = [("warm_start", 480, 0), ("rl:rl-seed0", 1000, 0), ("warm_start", 3, 0), ("evaluation", 2000, 0)]
+    stages.append(("total", 2010, 0))
+    (run / "timing.jsonl").write_text(
+        "".join(json.dumps({"stage": s, "seconds": t, "rc": r}) + "\n" for s, t, r in stages)
+    )
+    assert main([str(results), "--run-dir", str(run)]) == 0
+    markdown = (results / "replication.md").read_text()
+    assert "every invocation: 2010 s (33.5 min)" in markdown and "cached afterwards): 2007 s (33.5 min)" in markdown
+    assert "1 invocation(s) with no total line" in markdown and "took 1480 s (24.7 min)" in markdown
