@@ -1,7 +1,7 @@
 """The warm start of the CPU replication: plain-torch SFT of the ~1M-parameter reader, and its measurement.
 
     python -m experiments.needle.warm_start --cache [--quick] [--force] [--task choose [--recipe recall]]
-    python -m experiments.needle.warm_start --out DIR [--steps 1030 200 75 146] [--p-needle 0.4] [--seed 0]
+    python -m experiments.needle.warm_start --out DIR [--steps 1030 200 75 146] [--p-needle 0.25] [--seed 0]
         [--stop-at 0.9] [--p-keep 0.9] [--copy-stages DIR] [--task choose]
     python -m experiments.needle.warm_start --evaluate DIR [--docs 32] [--chunks 1 2 4] [--sample] [--task choose]
 
@@ -17,10 +17,10 @@ tests of the pipeline). Step budgets, not time caps, so the weights do not depen
    (:class:`recurrent.impls.memory.MemoryWorkflow`) -> needle sentence (lr 1e-3, 20 warm-up; stop at 0.9 exact).
 4. ``naive``: every turn of naive-teacher transcripts of train documents of 1-4 chunks (no target).
 
-The naive teacher (:func:`teacher_transcript`) knows the format, not a good reading policy: on a chunk holding
-the needle it writes the needle sentence with probability ``p_needle``, else the chunk's first complete
-filler sentence; on a chunk without it, it keeps a needle already in memory with probability ``p_keep``, else
-writes the chunk's first complete sentence. Final turn: ``\\boxed{number in memory}``, or a random 4-digit
+The naive teacher (:func:`teacher_transcript`) knows the format, not a good reading policy: on a chunk holding the
+needle it writes the needle sentence with probability ``p_needle`` (0.25: :data:`P_NEEDLE`), else the chunk's first
+complete filler sentence; on a chunk without it, it keeps a needle already in memory with probability ``p_keep``,
+else writes the chunk's first complete sentence. Final turn: ``\\boxed{number in memory}``, or a random 4-digit
 guess. Its filler choice is positional (the first sentence), not random: a student of a teacher that writes the
 needle with p = 0.5 and otherwise one of ~5 sentences at random decodes the needle greedily (the needle is the
 mode), so greedy accuracy would far exceed the teacher's. Transcripts are episodes of the real memory agent
@@ -87,6 +87,7 @@ from experiments.needle.warm_start.stages import train, train_stage
 from experiments.needle.warm_start.teachers import (
     FORMS,
     NUMBER_RE,
+    P_NEEDLE,
     TEACHERS,
     choice_write,
     complete_sentences,
@@ -111,6 +112,7 @@ __all__ = [
     "FULL",
     "MEMORY_TOKENS",
     "NUMBER_RE",
+    "P_NEEDLE",
     "QUICK",
     "RECIPE_VERSION",
     "TASKS",

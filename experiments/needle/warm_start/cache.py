@@ -18,11 +18,14 @@ from experiments.needle.warm_start.recipes import (
 )
 from experiments.needle.warm_start.rows import CHOOSE_DISTRACTORS
 from experiments.needle.warm_start.stages import train
+from experiments.needle.warm_start.teachers import P_NEEDLE
 from experiments.sft import cached_build, save, scale_sizes
 from recurrent.models import models_dir
 
 
-def build(out: Path, scale: Scale = FULL, p_needle: float = 0.4, p_keep: float = 0.9, seed: int = 0, **kw: Any) -> dict:
+def build(
+    out: Path, scale: Scale = FULL, p_needle: float | None = None, p_keep: float = 0.9, seed: int = 0, **kw: Any
+) -> dict:
     """Build the warm start into the folder ``out`` (written in place: see :func:`cached_warm_start` for the
     cache); returns the recipe with the stage logs. ``kw``: ``threads``, ``log``, ``stop_at``, ``copy_dir``,
     ``task`` of :func:`train`."""
@@ -32,10 +35,11 @@ def build(out: Path, scale: Scale = FULL, p_needle: float = 0.4, p_keep: float =
 
 
 def manifest_extra(
-    scale: Scale, seed: int = 0, p_needle: float = 0.4, p_keep: float = 0.9, task: str = "needle"
+    scale: Scale, seed: int = 0, p_needle: float | None = None, p_keep: float = 0.9, task: str = "needle"
 ) -> dict[str, Any]:
     """What the cache manifest records besides name and recipe version: what changes the weights (the choosing
     task's: also its task, the copy stages' recipe version and the most distractors of its naive stage)."""
+    p_needle = P_NEEDLE[task] if p_needle is None else p_needle
     extra = {"seed": seed, "p_needle": p_needle, "p_keep": p_keep, **scale_sizes(scale)}
     if task == "choose":
         extra |= {"task": task, "copy_recipe": RECIPE_VERSION, "distractors": CHOOSE_DISTRACTORS}

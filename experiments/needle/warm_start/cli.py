@@ -15,7 +15,7 @@ from experiments.needle.warm_start.cache import build, cached_warm_start
 from experiments.needle.warm_start.evaluation import evaluate
 from experiments.needle.warm_start.recipes import CHOOSE_RECIPES, FULL, QUICK, TASKS
 from experiments.needle.warm_start.rows import CHOOSE_DISTRACTORS
-from experiments.needle.warm_start.teachers import MISSES
+from experiments.needle.warm_start.teachers import MISSES, P_NEEDLE
 from experiments.sft import add_cache_arguments
 
 DESCRIPTION = "The warm start of the CPU replication: plain-torch SFT of the ~1M-parameter reader, and its measurement."
@@ -42,7 +42,12 @@ def parser() -> argparse.ArgumentParser:
         help="the choosing task's recipe: choice (a choice stage, whole-sentence memories) or recall (a recall stage, "
         "number memories; the cache: replication-reader-choose-recall)",
     )
-    parser.add_argument("--p-needle", type=float, default=0.4)
+    parser.add_argument(
+        "--p-needle",
+        type=float,
+        help="with --out: the naive teacher's share of needle memories (default: the task's, "
+        f"{', '.join(f'{task} {p}' for task, p in P_NEEDLE.items())})",
+    )
     parser.add_argument("--p-keep", type=float, default=0.9)
     parser.add_argument(
         "--miss",
@@ -86,7 +91,8 @@ def checked(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse
         or args.steps
         or args.tokenizer_corpus != DEFAULT_CORPUS
         or args.miss != "first"
-        or (args.p_needle, args.p_keep, args.seed, args.threads, args.stop_at) != (0.4, 0.9, 0, 1, 0.9)
+        or args.p_needle is not None
+        or (args.p_keep, args.seed, args.threads, args.stop_at) != (0.9, 0, 1, 0.9)
     ):
         parser.error(
             "--cache builds the recipe as it is: --steps, --p-needle, --p-keep, --seed, --threads, --stop-at, "

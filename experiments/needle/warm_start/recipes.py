@@ -70,8 +70,9 @@ CHOOSE_RECIPES = {"choice": (CHOOSE, CHOOSE_QUICK), "recall": (CHOOSE_RECALL, CH
 # Bump when the build changes (data, stages, optimizer), so a cached warm start built the old way is rebuilt.
 # 2: the reader reads numbers as two-digit tokens; numbers dealt to splits at random. 3: the kernels' numerics pinned
 # (experiments.sft.PINNED_NUMERICS), the manifest records the stages' stop steps and scores. 4: the tokenizer's
-# corpus holds the digit pairs and the keys (experiments.needle.reader.DEFAULT_CORPUS).
-RECIPE_VERSION = 4
+# corpus holds the digit pairs and the keys (experiments.needle.reader.DEFAULT_CORPUS). 5: the needle task's naive
+# teacher writes the needle with p 0.25, not 0.4 (experiments.needle.warm_start.teachers.P_NEEDLE).
+RECIPE_VERSION = 5
 # The same for the choosing task's naive stage (its copy stages are the needle task's, RECIPE_VERSION).
 CHOOSE_RECIPE_VERSION = 2  # 2: the recipe records its recall stage and memory form (recall recipe added)
 COPY_STAGES = "copy_stages.json"  # in a copy_dir of train(): what the saved model's three stages were

@@ -17,7 +17,7 @@ from experiments.needle.needle import (
     split_numbers,
 )
 from experiments.needle.reader import build_tokenizer, reader_config
-from experiments.needle.warm_start import agent_config, paper_rows, teacher_transcript
+from experiments.needle.warm_start import P_NEEDLE, agent_config, paper_rows, teacher_transcript
 from experiments.sft import batch_loss
 from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
 from recurrent.interface import Reply
@@ -212,6 +212,35 @@ def test_the_naive_teacher_writes_the_papers_prompt_format(tokenizer):
     turns = teacher_transcript(workflow, doc, random.Random(0), p_needle=0.0)
     assert turns[0][2] == "The farmer painted a tall tree."
     assert turns[1][2].startswith("\\boxed{") and turns[1][2] != "\\boxed{4711}"
+
+
+def test_the_needle_tasks_teacher_writes_the_needle_a_quarter_of_the_time_by_default(tokenizer):
+    """Recipe 5 (docs/replication_cpu_notebook.md, "The teacher's share of needles"): the needle task's teacher
+    writes the needle when its draw is under 0.25, the choosing task's keeps 0.4. A draw between the two: the
+    default writes the chunk's first sentence, p_needle 0.4 the needle; a draw under 0.25: the needle."""
+    assert P_NEEDLE == {"needle": 0.25, "choose": 0.4}
+    needle = "The special magic number for odd-tiger is 4711."
+    doc = {
+        "context": f"The farmer painted a tall tree. {needle} A small dog found the school.",
+        "question": "What is the special magic number for odd-tiger mentioned in the provided text?",
+        "needle": needle,
+    }
+    workflow = MemoryWorkflow(agent_config(), tokenizer)
+    between = next(s for s in range(100) if 0.25 <= random.Random(s).random() < 0.4)
+    under = next(s for s in range(100) if random.Random(s).random() < 0.25)
+    assert teacher_transcript(workflow, doc, random.Random(between))[0][2] == "The farmer painted a tall tree."
+    assert teacher_transcript(workflow, doc, random.Random(between), p_needle=0.4)[0][2] == needle
+    assert teacher_transcript(workflow, doc, random.Random(under))[0][2] == needle
+
+
+def test_the_cached_build_refuses_a_teacher_setting():
+    """--cache builds the recipe as it is: --p-needle goes with --out (its default is the task's)."""
+    from experiments.needle.warm_start.cli import checked, parser
+
+    assert checked(parser(), ["--out", "x"]).p_needle is None
+    with pytest.raises(SystemExit) as refused:
+        checked(parser(), ["--cache", "--p-needle", "0.25"])
+    assert refused.value.code == 2
 
 
 def test_the_evaluation_drives_real_sessions_with_a_tiny_reader(tokenizer, tmp_path):

@@ -77,7 +77,7 @@ def test_the_cached_build_runs_the_budgets_and_has_a_manifest(micro):
         "name": "replication-reader-test",
         "recipe": RECIPE_VERSION,
         "seed": 0,
-        "p_needle": 0.4,
+        "p_needle": 0.25,  # recipe 5: the needle task's teacher (P_NEEDLE)
         "p_keep": 0.9,
         "steps": [3, 2, 2, 2],
         "pools": [8, 8, 4],
