@@ -55,7 +55,9 @@ PIPELINE=demo
 source "$REPO/scripts/lib/stages.sh"
 record_run "bash demo.sh"
 timed done true
-wait_for_signal="import pathlib, signal, sys; pathlib.Path(sys.argv[1]).touch(); signal.pause()"
+# (a loop of short sleeps, not signal.pause(): a SIGINT that lands between the touch and the pause would be waited
+# for forever; here it is raised at the next step of the loop)
+wait_for_signal=$'import pathlib, sys, time\npathlib.Path(sys.argv[1]).touch()\nwhile True:\n    time.sleep(0.05)\n'
 timed slow "$PYTHON" -c "$wait_for_signal" "$OUT_DIR/ready"
 echo "not reached"
 """
