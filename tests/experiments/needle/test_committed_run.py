@@ -143,7 +143,7 @@ def test_the_pages_table_and_seeds_are_the_committed_summarys():
     seeds = per_seed()
     seed_by_seed = " ".join(text[text.index("RL seed by seed:") : text.index("![strict accuracy")].split())
     quotes = re.findall(r"seed (\d) ((?:[\d.]+ /\s+)+[\d.]+)", seed_by_seed)
-    assert [seed for seed, _ in quotes] == ["0", "1"]
+    assert [seed for seed, _ in quotes] == ["0", "1", "2"]
     for seed, quoted in quotes:
         values = [float(v.rstrip(".")) for v in re.split(r"\s*/\s*", quoted.strip())]
         for length, value in zip(lengths, values, strict=True):
@@ -206,7 +206,7 @@ def test_the_pages_targets_are_the_committed_runs():
     text = " ".join(PAGE.read_text().split())
     seeds = per_seed()
     models = sorted({model for model, _ in seeds if model.startswith("rl-seed")})
-    assert models == ["rl-seed0", "rl-seed1"]
+    assert models == ["rl-seed0", "rl-seed1", "rl-seed2"]
     short = re.findall(r"seed (\d) ([\d.]+)%", bullet(text, "Each RL seed"))
     assert [f"rl-seed{seed}" for seed, _ in short] == models
     for seed, quoted in short:
@@ -239,8 +239,8 @@ def test_the_pages_targets_are_the_committed_runs():
 
 def test_the_pages_cost_figures_are_the_committed_runs():
     """docs/replication_cpu.md, "What it costs" and "The run from one command": the first invocation's stage minutes
-    (timing.jsonl's seconds / 60), the resumed evaluation's, and the evaluation's memory turns, counted from
-    summary.csv: a document of n chunks is n + 1 turns."""
+    (timing.jsonl's seconds / 60), the resumed evaluation's, the third seed's, and the default evaluation's memory
+    turns, counted from summary.csv: a document of n chunks is n + 1 turns."""
     text = " ".join(PAGE.read_text().split())
     first, resumed = ({s["stage"]: s["seconds"] for s in group} for group in invocations()[:2])
     cost = text[text.index("## What it costs") :]
@@ -260,8 +260,13 @@ def test_the_pages_cost_figures_are_the_committed_runs():
     assert [float(v) for v in quoted] == pytest.approx([s / 60 for s in [*stages, sum(stages)]], abs=0.051)
     evaluation = re.search(r"the ablations now stopping at 64 chunks .*?, ([\d.]+) minutes on cores shared", text)
     assert float(evaluation.group(1)) == pytest.approx(resumed["evaluation"] / 60, abs=0.051)
+    third = re.search(r"RL seed 2 and its evaluation, ([\d.]+) and ([\d.]+) minutes", text).groups()
+    seed2 = {s["stage"]: s["seconds"] for s in invocations()[2]}
+    want = [seed2["rl:rl-seed2"] / 60, seed2["evaluation"] / 60]
+    assert [float(v) for v in third] == pytest.approx(want, abs=0.051)
     with (RUN / "summary.csv").open() as f:
-        items = [r for r in csv.DictReader(f) if r["method"] == "memory-boxed"]
+        # the default's policies (two RL seeds): the third seed came with SEEDS="0 1 2"
+        items = [r for r in csv.DictReader(f) if r["method"] == "memory-boxed" and r["model"] != "rl-seed2"]
     turns = sum(int(r["n"]) * (int(r["length"]) + 1) for r in items)
     assert f"The evaluation to 256 chunks is {turns:,} memory turns" in cost
     ablations_long = 2 * 32 * (128 + 1 + 256 + 1)  # what the ablations no longer read over 64 chunks
