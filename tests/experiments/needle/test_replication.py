@@ -193,13 +193,16 @@ HAND_FINAL_PROMPT = (
 )
 
 
+HAND_NEEDLE = "The special magic number for odd-tiger is 4711."
+HAND_DOC = {  # one chunk: a filler sentence, the needle, another filler sentence
+    "context": f"The farmer painted a tall tree. {HAND_NEEDLE} A small dog found the school.",
+    "question": "What is the special magic number for odd-tiger mentioned in the provided text?",
+    "needle": HAND_NEEDLE,
+}
+
+
 def test_the_naive_teacher_writes_the_papers_prompt_format(tokenizer):
-    needle = "The special magic number for odd-tiger is 4711."
-    doc = {
-        "context": f"The farmer painted a tall tree. {needle} A small dog found the school.",
-        "question": "What is the special magic number for odd-tiger mentioned in the provided text?",
-        "needle": needle,
-    }
+    needle, doc = HAND_NEEDLE, HAND_DOC
     workflow = MemoryWorkflow(agent_config(), tokenizer)
     turns = teacher_transcript(workflow, doc, random.Random(0), p_needle=1.0)
     assert [kind for kind, _, _ in turns] == ["memory", "final"]
@@ -219,12 +222,7 @@ def test_the_needle_tasks_teacher_writes_the_needle_a_quarter_of_the_time_by_def
     writes the needle when its draw is under 0.25, the choosing task's keeps 0.4. A draw between the two: the
     default writes the chunk's first sentence, p_needle 0.4 the needle; a draw under 0.25: the needle."""
     assert P_NEEDLE == {"needle": 0.25, "choose": 0.4}
-    needle = "The special magic number for odd-tiger is 4711."
-    doc = {
-        "context": f"The farmer painted a tall tree. {needle} A small dog found the school.",
-        "question": "What is the special magic number for odd-tiger mentioned in the provided text?",
-        "needle": needle,
-    }
+    needle, doc = HAND_NEEDLE, HAND_DOC
     workflow = MemoryWorkflow(agent_config(), tokenizer)
     between = next(s for s in range(100) if 0.25 <= random.Random(s).random() < 0.4)
     under = next(s for s in range(100) if random.Random(s).random() < 0.25)
