@@ -63,13 +63,26 @@ echo "not reached"
 """
 
 
+def signals_at_their_defaults() -> None:
+    """The pipeline as started from a terminal: SIGINT and SIGTERM at their default actions. A test process may
+    have come to ignore SIGINT (a library of an earlier test in the same worker), and an ignored signal is inherited
+    by the children, where bash cannot trap it nor Python raise KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize(("signal_number", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_stage_stopped_by_a_signal_is_recorded_with_the_invocations_total(tmp_path: Path, signal_number, status):
     """Ctrl-C (or kill of the process group) in a stage: its seconds and the signal's status go to timing.jsonl,
     and so does the invocation's total, so that a resumed run's stage times add up to its wall time."""
     env = {"REPO": str(REPO), "PYTHON": sys.executable, "OUT_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
     process = subprocess.Popen(
-        ["bash", "-c", STOPPED], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True
+        ["bash", "-c", STOPPED],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=signals_at_their_defaults,
     )
     ready = tmp_path / "ready"
     for _ in range(6000):  # the stage's process says it is running: then the signal comes (no race on timing)
