@@ -169,8 +169,9 @@ def run_section(run_dir: Path) -> str:
         lines.append(f"- {inv['started']}, commit `{inv['commit']}`, {inv['cores']} cores: `{inv['command']}`")
     lines += ["", "| stage | wall (s) | wall (min) | exit |", "|---|---|---|---|"]
     lines += [f"| {s['stage']} | {s['seconds']} | {s['seconds'] / 60:.1f} | {s['rc']} |" for s in stages]
-    ended = [group for group in invocation_stages(stages) if group[-1]["stage"] == "total"]
-    stopped = [group for group in invocation_stages(stages) if group[-1]["stage"] != "total"]
+    groups = invocation_stages(stages)
+    ended = [group for group in groups if group[-1]["stage"] == "total"]
+    stopped = [group for group in groups if group[-1]["stage"] != "total"]
     total = sum(group[-1]["seconds"] for group in ended)
     build = sum(s["seconds"] for group in ended for s in group if s["stage"] == "warm_start")
     if total:

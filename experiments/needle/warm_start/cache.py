@@ -18,7 +18,7 @@ from experiments.needle.warm_start.recipes import (
 )
 from experiments.needle.warm_start.rows import CHOOSE_DISTRACTORS
 from experiments.needle.warm_start.stages import train
-from experiments.needle.warm_start.teachers import P_NEEDLE
+from experiments.needle.warm_start.teachers import share_of_needles
 from experiments.sft import cached_build, save, scale_sizes
 from recurrent.models import models_dir
 
@@ -39,7 +39,7 @@ def manifest_extra(
 ) -> dict[str, Any]:
     """What the cache manifest records besides name and recipe version: what changes the weights (the choosing
     task's: also its task, the copy stages' recipe version and the most distractors of its naive stage)."""
-    p_needle = P_NEEDLE[task] if p_needle is None else p_needle
+    p_needle = share_of_needles(task, p_needle)
     extra = {"seed": seed, "p_needle": p_needle, "p_keep": p_keep, **scale_sizes(scale)}
     if task == "choose":
         extra |= {"task": task, "copy_recipe": RECIPE_VERSION, "distractors": CHOOSE_DISTRACTORS}

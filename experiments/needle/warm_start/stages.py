@@ -17,7 +17,7 @@ from experiments.needle.needle import number_rule
 from experiments.needle.reader import DEFAULT_CORPUS, build_tokenizer, reader_config
 from experiments.needle.warm_start.recipes import COPY_STAGES, FULL, RECIPE_VERSION, Scale
 from experiments.needle.warm_start.rows import agent_config, choice_rows, needle_rows, paper_rows, recall_rows
-from experiments.needle.warm_start.teachers import P_NEEDLE, teacher_rows
+from experiments.needle.warm_start.teachers import share_of_needles, teacher_rows
 from experiments.sft import Point, Row, new_reader, numerics, pin_numerics, sft_steps, teacher_forced, torch_threads
 from experiments.small_reader import copy_rows as synth_rows
 from recurrent.atomic import atomic_path
@@ -200,7 +200,7 @@ def train(
     the tokenizer's (:data:`experiments.needle.reader.CORPORA`); ``miss``: what the needle task's teacher writes
     when it does not write the needle (:func:`needle_write`); ``p_needle``: the task's
     :data:`~experiments.needle.warm_start.teachers.P_NEEDLE` unless given."""
-    p_needle = P_NEEDLE[task] if p_needle is None else p_needle
+    p_needle = share_of_needles(task, p_needle)
     t_build = time.perf_counter()
     pin_numerics()  # before the first kernel of this build's process: the same weights on any x86-64 machine
     with torch_threads(threads):

@@ -31,6 +31,11 @@ MISSES = ("first", "memory")
 P_NEEDLE = {"needle": 0.25, "choose": 0.4}
 
 
+def share_of_needles(task: str, p_needle: float | None = None) -> float:
+    """``p_needle`` as given, else the task's :data:`P_NEEDLE`."""
+    return P_NEEDLE[task] if p_needle is None else p_needle
+
+
 def complete_sentences(chunk_text: str, context: str) -> list[str]:
     """The context's sentences that lie whole in a chunk's text, in order."""
     found = [(chunk_text.find(s), s) for s in re.split(r"(?<=\.) ", context) if s and s in chunk_text]
@@ -113,7 +118,7 @@ def teacher_transcript(
     (:func:`needle_write`, :func:`choice_write`) on the chunk's complete sentences; the final turn boxes the
     number in memory, else a random number of the train split. ``p_needle``: the task's :data:`P_NEEDLE` unless
     given."""
-    p_needle = P_NEEDLE[task] if p_needle is None else p_needle
+    p_needle = share_of_needles(task, p_needle)
     tokenizer = workflow.tokenizer
     episode = workflow.episode(sample_of(doc))
     numbers = split_numbers("train")
