@@ -217,6 +217,7 @@ def train(
         )
         naive_pool, naive_held = teacher(build.rng, scale.pools[2]), teacher(build.held_rng, scale.held[3])
         build.stage("naive", lambda n: build.rng.sample(naive_pool, n), naive_held, 1e-3, 20, None, every=50)
+        ran_with = numerics()  # inside the block: the threads the stages ran on, not the process's default
     model, tokenizer = build.model, build.tokenizer
     recipe = {
         "reader": {"params": sum(p.numel() for p in model.parameters()), "vocab": len(tokenizer)},
@@ -227,7 +228,7 @@ def train(
         "seed": seed,
         "stop_at": stop_at,
         "threads": threads,
-        "numerics": numerics(),
+        "numerics": ran_with,
         "scale": asdict(scale),
         "stages": build.logs,
         "build_wall_s": round(time.perf_counter() - t_build, 1),

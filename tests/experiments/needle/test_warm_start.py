@@ -60,6 +60,19 @@ def test_train_stage_stops_at_its_step_budget_or_its_target():
     assert [r["step"] for r in no_target["curve"]] == [3] and no_target["stopped"] == "budget"
 
 
+def test_the_record_names_the_threads_the_build_ran_on():
+    """The numerics are read while the build's threads are set: a process on 2 threads building on 1 (the
+    command without OMP_NUM_THREADS=1) recorded 2, though its weights were the 1-thread build's."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        *_, recipe = warm_start.train(MICRO, threads=1, log=lambda _: None)
+        assert torch.get_num_threads() == 2  # restored after the build
+    finally:
+        torch.set_num_threads(before)
+    assert recipe["threads"] == 1 and recipe["numerics"]["threads"] == 1
+
+
 def test_the_cached_build_runs_the_budgets_and_has_a_manifest(micro):
     folder, lines = micro
     assert folder.name == "replication-reader-test"
