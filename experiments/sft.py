@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -151,7 +152,8 @@ def sft_steps(
 # The kernels' vector width decides the rounding of every sum, so a build's weights differ between a machine with
 # AVX-512 and one with AVX2 only (docs/replication_cpu_notebook.md, "One build, one result"). These pin torch's own
 # kernels and MKL's to their AVX2 paths, which every x86-64 machine of the last decade has; on an AVX2 machine they
-# change nothing.
+# change nothing. They are not enough across machines: a build on an Intel machine with AVX-512 still differed from
+# the committed run's ("The build on another machine"), so the record names the processor too.
 PINNED_NUMERICS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
 
 
@@ -171,7 +173,19 @@ def numerics() -> dict[str, Any]:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "mkl_cbwr": os.environ.get("MKL_CBWR", ""),
         "threads": torch.get_num_threads(),
+        "processor": processor(),
     }
+
+
+def processor() -> str:
+    """The processor's model name (``/proc/cpuinfo``'s first ``model name``; elsewhere what :mod:`platform` says)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 @contextmanager

@@ -46,7 +46,10 @@ def test_the_stage_helpers_write_what_the_report_reads(tmp_path: Path):
     assert all(isinstance(t["seconds"], int) and t["seconds"] >= 0 for t in timing)
     (run,) = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
     assert run["command"] == "STEPS=2 SEEDS='0 1' bash demo.sh x=1"
-    assert set(run) == {"commit", "command", "cores", "started"} and run["cores"] >= 1 and run["commit"]
+    assert set(run) == {"commit", "command", "cores", "processor", "started"} and run["cores"] >= 1 and run["commit"]
+    # the processor's model name, read here from /proc/cpuinfo by hand
+    names = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")]
+    assert run["processor"] == names[0].split(":", 1)[1].strip()
 
 
 STOPPED = """

@@ -166,7 +166,8 @@ def run_section(run_dir: Path) -> str:
     invocations, stages = _jsonl(run_dir / "run.jsonl"), _jsonl(run_dir / "timing.jsonl")
     lines = ["**The run**", ""]
     for inv in invocations:
-        lines.append(f"- {inv['started']}, commit `{inv['commit']}`, {inv['cores']} cores: `{inv['command']}`")
+        on = f"{inv['cores']} cores" + (f" of {inv['processor']}" if inv.get("processor") else "")  # older runs: cores
+        lines.append(f"- {inv['started']}, commit `{inv['commit']}`, {on}: `{inv['command']}`")
     lines += ["", "| stage | wall (s) | wall (min) | exit |", "|---|---|---|---|"]
     lines += [f"| {s['stage']} | {s['seconds']} | {s['seconds'] / 60:.1f} | {s['rc']} |" for s in stages]
     groups = invocation_stages(stages)

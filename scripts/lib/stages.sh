@@ -44,7 +44,8 @@ last_step() { cat "$1/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null
 
 # record_run WORDS...: what ran, one line of run.jsonl per invocation (a resumed run adds one): the commit (with
 # "+changes" when the tree differs from it), the command line (WORDS joined by spaces: the settings that shape the
-# experiment, then the command), the cores (getconf: nproc would read an exported OMP_NUM_THREADS=1), and when.
+# experiment, then the command), the cores (getconf: nproc would read an exported OMP_NUM_THREADS=1), the processor
+# (a build's weights depend on it: docs/replication_cpu_notebook.md, "The build on another machine"), and when.
 # Also starts the invocation's clock for record_total.
 record_run() {
   local commit
@@ -54,7 +55,11 @@ record_run() {
   "$PYTHON" - "$OUT_DIR/run.jsonl" "$commit" "$@" "$(getconf _NPROCESSORS_ONLN)" <<'PY'
 import json, sys, time
 path, commit, *command, cores = sys.argv[1:]
-line = {"commit": commit, "command": " ".join(command).strip(), "cores": int(cores), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+import platform
+model = [l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")][:1] if platform.system() == "Linux" else []
+processor = model[0] if model else platform.processor() or platform.machine()
+line = {"commit": commit, "command": " ".join(command).strip(), "cores": int(cores), "processor": processor,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 open(path, "a").write(json.dumps(line) + "\n")
 PY
 }

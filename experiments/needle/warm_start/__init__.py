@@ -72,11 +72,13 @@ from experiments.needle.warm_start.recipes import (
     Scale,
 )
 from experiments.needle.warm_start.rows import (
+    ANSWER_ROWS,
     CHOOSE_DISTRACTORS,
     CHUNK_SIZE,
     FINAL_TOKENS,
     MEMORY_TOKENS,
     agent_config,
+    answer_rows,
     choice_rows,
     needle_rows,
     paper_rows,
@@ -98,6 +100,7 @@ from experiments.needle.warm_start.teachers import (
 )
 
 __all__ = [
+    "ANSWER_ROWS",
     "CHOOSE",
     "CHOOSE_DISTRACTORS",
     "CHOOSE_QUICK",
@@ -121,6 +124,7 @@ __all__ = [
     "HFGenerate",
     "Scale",
     "agent_config",
+    "answer_rows",
     "build",
     "build_outcome",
     "cached_warm_start",

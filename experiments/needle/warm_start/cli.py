@@ -72,6 +72,19 @@ def parser() -> argparse.ArgumentParser:
         type=Path,
         help="with --out: keep the model after the three copy stages in this folder, or reuse it when it holds them",
     )
+    parser.add_argument(
+        "--answer-steps",
+        type=int,
+        default=0,
+        help="with --out: the budget of an answer stage after the copy stages (the final prompt with the needle in "
+        "memory -> its boxed number, stopped at exact 0.9; 0, the recipe's default: none)",
+    )
+    parser.add_argument(
+        "--choice-steps",
+        type=int,
+        help="with --out --task choose: the choice stage's step budget (the recipe's: "
+        f"{CHOOSE_RECIPES['choice'][0].choice}; it stops at exact 0.9)",
+    )
     parser.add_argument("--docs", type=int, default=32, help="validation documents per length")
     parser.add_argument("--chunks", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--sample", action="store_true", help="sample (temperature 1) instead of greedy")
@@ -84,6 +97,12 @@ def checked(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse
     args = parser.parse_args(argv)
     if sum(map(bool, (args.cache, args.out, args.evaluate))) != 1:
         parser.error("give one of --cache (build into the model cache), --out (build, evaluate), --evaluate")
+    if args.answer_steps < 0:
+        parser.error(f"--answer-steps {args.answer_steps}: a step budget is a whole number >= 0")
+    if args.choice_steps is not None and (args.task, args.recipe) != ("choose", "choice"):
+        parser.error("--choice-steps is the choice stage's budget: give --task choose (its choice recipe)")
+    if args.choice_steps is not None and args.choice_steps < 1:
+        parser.error(f"--choice-steps {args.choice_steps}: a step budget is a whole number >= 1")
     if args.recipe != "choice" and args.task != "choose":
         parser.error(f"--recipe {args.recipe} is a recipe of the choosing task: give --task choose")
     if args.cache and (
@@ -92,11 +111,13 @@ def checked(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse
         or args.tokenizer_corpus != DEFAULT_CORPUS
         or args.miss != "first"
         or args.p_needle is not None
+        or args.answer_steps
+        or args.choice_steps is not None
         or (args.p_keep, args.seed, args.threads, args.stop_at) != (0.9, 0, 1, 0.9)
     ):
         parser.error(
             "--cache builds the recipe as it is: --steps, --p-needle, --p-keep, --seed, --threads, --stop-at, "
-            "--copy-stages, --tokenizer-corpus, --miss go with --out"
+            "--copy-stages, --tokenizer-corpus, --miss, --answer-steps, --choice-steps go with --out"
         )
     return args
 
@@ -114,6 +135,8 @@ def main(argv: list[str] | None = None) -> None:
         scale = CHOOSE_RECIPES[args.recipe][args.quick] if args.task == "choose" else (QUICK if args.quick else FULL)
         if args.steps:
             scale = replace(scale, steps=tuple(args.steps))
+        if args.choice_steps is not None:
+            scale = replace(scale, choice=args.choice_steps)
         recipe = build(
             args.out,
             scale,
@@ -127,6 +150,7 @@ def main(argv: list[str] | None = None) -> None:
             task=args.task,
             corpus=args.tokenizer_corpus,
             miss=args.miss,
+            answer_steps=args.answer_steps,
         )
         print(json.dumps({k: v for k, v in recipe.items() if k != "stages"}))
     folder = args.evaluate or args.out

@@ -8,13 +8,15 @@ from typing import Any
 
 from experiments.needle.needle import NEEDLE, NEEDLE_RE, make_choice_document, make_document
 from experiments.sft import Row
-from recurrent.impls.memory import MemoryConfig, MemoryWorkflow
+from recurrent.impls.memory import Memory, MemoryConfig, MemoryWorkflow
 
 CHUNK_SIZE = 64
 MEMORY_TOKENS = 32
 FINAL_TOKENS = 16
 # The choosing task's warm start: its naive stage's documents hold 1 to this many other needles.
 CHOOSE_DISTRACTORS = 3
+# The answer stage's pool and held-out rows (a switch: :func:`answer_rows`).
+ANSWER_ROWS = (3000, 200)
 
 
 def agent_config(max_chunks: int | None = None) -> MemoryConfig:
@@ -59,6 +61,21 @@ def paper_rows(workflow: MemoryWorkflow, rng: random.Random, count: int) -> list
         reading = workflow.prepare(sample_of(doc))
         prompt = reading.memory_prompt(reading.initial_memory, next(reading.chunks()))  # the first call's prompt
         rows.append((prompt.ids, tokenizer.encode(doc["needle"], add_special_tokens=False) + [tokenizer.eos_token_id]))
+    return rows
+
+
+def answer_rows(workflow: MemoryWorkflow, rng: random.Random, count: int) -> list[Row]:
+    """The answer stage's rows: the final prompt of a train document of 1 to 4 chunks (in turn) whose memory is its
+    needle sentence -> ``\\boxed{number}`` + eos. The read-out of a kept needle; without this stage the naive stage
+    teaches it only from its final turns, and whether 146 steps form it is a build's draw
+    (docs/replication_cpu_notebook.md, "The build on another machine")."""
+    tokenizer = workflow.tokenizer
+    rows = []
+    for i in range(count):
+        doc = make_document(rng, tokenizer, 1 + i % 4, "train")
+        prompt = workflow.prepare(sample_of(doc)).final_prompt(Memory(doc["needle"])).ids
+        target = tokenizer.encode(f"\\boxed{{{doc['value']}}}", add_special_tokens=False) + [tokenizer.eos_token_id]
+        rows.append((prompt, target))
     return rows
 
 

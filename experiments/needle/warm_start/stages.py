@@ -16,7 +16,15 @@ import torch
 from experiments.needle.needle import number_rule
 from experiments.needle.reader import DEFAULT_CORPUS, build_tokenizer, reader_config
 from experiments.needle.warm_start.recipes import COPY_STAGES, FULL, RECIPE_VERSION, Scale
-from experiments.needle.warm_start.rows import agent_config, choice_rows, needle_rows, paper_rows, recall_rows
+from experiments.needle.warm_start.rows import (
+    ANSWER_ROWS,
+    agent_config,
+    answer_rows,
+    choice_rows,
+    needle_rows,
+    paper_rows,
+    recall_rows,
+)
 from experiments.needle.warm_start.teachers import share_of_needles, teacher_rows
 from experiments.sft import Point, Row, new_reader, numerics, pin_numerics, sft_steps, teacher_forced, torch_threads
 from experiments.small_reader import copy_rows as synth_rows
@@ -79,7 +87,9 @@ class Build:
     tokenizer and agent, the random streams of the training draws and of the held-out rows, and the stages' budgets
     and logs."""
 
-    def __init__(self, scale: Scale, seed: int, stop_at: float, task: str, corpus: str, log: Any) -> None:
+    def __init__(
+        self, scale: Scale, seed: int, stop_at: float, task: str, corpus: str, log: Any, answer_steps: int = 0
+    ) -> None:
         torch.manual_seed(seed)
         self.scale, self.seed, self.stop_at, self.log = scale, seed, stop_at, log
         self.tokenizer = build_tokenizer(corpus=corpus)
@@ -88,8 +98,8 @@ class Build:
         self.rng, self.held_rng = random.Random(f"train-{seed}"), random.Random(f"held-{seed}")
         between = {"recall": getattr(scale, "recall", 0), "choice": getattr(scale, "choice", 0)}
         self.budgets = dict(zip(("synth", "needle", "paper", "naive"), scale.steps, strict=True))
-        self.budgets |= between if task == "choose" else {}
-        self.count = 4 + (sum(map(bool, between.values())) if task == "choose" else 0)
+        self.budgets |= (between if task == "choose" else {}) | {"answer": answer_steps}
+        self.count = 4 + (sum(map(bool, between.values())) if task == "choose" else 0) + bool(answer_steps)
         self.logs: list[dict[str, Any]] = []
         self._since = time.perf_counter()
 
@@ -161,6 +171,15 @@ def keep_copy_stages(build: Build, copy_dir: Path, key: dict[str, Any]) -> None:
         (tmp / COPY_STAGES).write_text(json.dumps(state) + "\n")
 
 
+def answer_stage(build: Build) -> None:
+    """The answer stage, where the build has one (a switch, not the recipe's default): the final prompt with the
+    needle in memory -> its boxed number (:func:`answer_rows`), to exact ``stop_at``."""
+    if build.budgets["answer"]:
+        pool = answer_rows(build.workflow, build.rng, ANSWER_ROWS[0])
+        held = answer_rows(build.workflow, build.held_rng, ANSWER_ROWS[1])
+        build.stage("answer", lambda n: build.rng.sample(pool, n), held, 1e-3, 20, "exact")
+
+
 def choose_stages(build: Build) -> None:
     """The choosing task's stages between the copy stages and the naive one, those its recipe has: recall, choice."""
     tokenizer, rng, held_rng, scale = build.tokenizer, build.rng, build.held_rng, build.scale
@@ -189,6 +208,7 @@ def train(
     task: str = "needle",
     corpus: str = DEFAULT_CORPUS,
     miss: str = "first",
+    answer_steps: int = 0,
 ) -> tuple[Any, Any, dict[str, Any]]:
     """Train the warm start; returns the model, its tokenizer and the recipe with the stage logs. ``stop_at``: the
     held-out score at which the three copy stages stop (a higher one copies more exactly, in more steps).
@@ -199,17 +219,19 @@ def train(
     :func:`teacher_document`, and :func:`choice_write`); the three copy stages are the same for both. ``corpus``:
     the tokenizer's (:data:`experiments.needle.reader.CORPORA`); ``miss``: what the needle task's teacher writes
     when it does not write the needle (:func:`needle_write`); ``p_needle``: the task's
-    :data:`~experiments.needle.warm_start.teachers.P_NEEDLE` unless given."""
+    :data:`~experiments.needle.warm_start.teachers.P_NEEDLE` unless given; ``answer_steps``: the budget of an answer
+    stage after the copy stages (:func:`answer_stage`; 0, the recipe's default: none)."""
     p_needle = share_of_needles(task, p_needle)
     t_build = time.perf_counter()
-    pin_numerics()  # before the first kernel of this build's process: the same weights on any x86-64 machine
+    pin_numerics()  # before the first kernel of this build's process (the same weights on one machine)
     with torch_threads(threads):
-        build = Build(scale, seed, stop_at, task, corpus, log)
+        build = Build(scale, seed, stop_at, task, corpus, log, answer_steps)
         key = copy_key(build, corpus)
         if not (copy_dir and reuse_copy_stages(build, copy_dir, key)):
             copy_stages(build)
             if copy_dir:
                 keep_copy_stages(build, copy_dir, key)
+        answer_stage(build)
         choose_stages(build)
         form = getattr(scale, "form", "sentence")
         teacher = partial(
@@ -225,6 +247,7 @@ def train(
         "tokenizer_corpus": corpus,
         "numbers": number_rule(),
         "teacher": {"p_needle": p_needle, "p_keep": p_keep, "miss": miss},
+        **({"answer_steps": answer_steps} if answer_steps else {}),
         "seed": seed,
         "stop_at": stop_at,
         "threads": threads,

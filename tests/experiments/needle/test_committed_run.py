@@ -433,3 +433,75 @@ def test_the_default_runs_warm_start_scores_as_the_build_recipe_5_was_chosen_on(
     lengths = sorted(n for model, n in chosen if model == "warm-start")
     assert lengths == [1, 2, 4, 16, 64]
     assert [ours[("warm-start", n)] for n in lengths] == [chosen[("warm-start", n)] for n in lengths]
+
+
+OTHER = RUN / "another_machine"  # the notebook's "The build on another machine"
+
+
+def build_record(name: str) -> dict:
+    """A warm start's build record and its evaluation (``--evaluate``, validation documents)."""
+    path = RUN / "levers" / "warm_starts" / "p_needle_25.json" if name == "committed" else OTHER / f"{name}.json"
+    return json.loads(path.read_text())
+
+
+def test_the_other_machines_builds_are_quoted_from_their_records():
+    """The notebook's "The build on another machine": its table (strict and needle-in-memory shares at 1 / 2 / 4
+    chunks of the committed build, the other machine's, its 300-step variant and the answer stage's), the two builds'
+    stop steps and scores, and RL seed 2's validation and rewards, each from the committed records; the page quotes
+    the same strict figures."""
+    text = " ".join(section(NOTEBOOK, "The build on another machine").split())
+    lines = section(NOTEBOOK, "The build on another machine").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("**The build on another machine (%)**"))
+    rows = [line for line in lines[start + 4 :] if line.startswith("|")][:4]
+    assert len(rows) == 4
+    for row, name in zip(rows, ("committed", "warm_start", "naive300", "answer200"), strict=True):
+        lengths = build_record(name)["evaluation"]["lengths"]
+        cells = [cell.strip() for cell in row.strip("|").split("|")][1:]
+        for cell, metric in zip(cells, ("strict", "needle_in_memory"), strict=True):
+            want = [100 * lengths[n][metric] for n in ("1", "2", "4")]
+            assert [float(v) for v in cell.split(" / ")] == pytest.approx(want, abs=0.051), (name, metric)
+    other, committed = (build_record(name)["build"]["stages"] for name in ("warm_start", "committed"))
+    assert [s["stage"] for s in other] == [s["stage"] for s in committed] == ["synth", "needle", "paper", "naive"]
+    assert other[0]["curve"][3] == committed[0]["curve"][3] | {"train_min": other[0]["curve"][3]["train_min"]}
+    assert other[0]["curve"][4]["tok_acc"] != committed[0]["curve"][4]["tok_acc"]  # parted at step 125
+    quoted = re.search(
+        r"synth (\d+) \(per-token ([\d.]+); the committed build: (\d+), ([\d.]+)\), needle (\d+) \(exact ([\d.]+); "
+        r"(\d+), ([\d.]+)\), paper (\d+) \(([\d.]+); (\d+), ([\d.]+)\), naive its budget of (\d+) \(exact ([\d.]+); "
+        r"([\d.]+)\)",
+        text,
+    ).groups()
+    key = ("tok_acc", "exact", "exact")
+    want = []
+    for i, score in enumerate(key):
+        want += [other[i]["steps"], other[i]["final"][score], committed[i]["steps"], committed[i]["final"][score]]
+    want += [other[3]["steps"], other[3]["final"]["exact"], committed[3]["final"]["exact"]]
+    assert [float(v) for v in quoted] == pytest.approx(want, abs=0.0005)
+    assert committed[3]["steps"] == other[3]["steps"]
+    assert all(record["build"]["numerics"]["mkl_cbwr"] == "AVX2" for record in map(build_record, ("warm_start",)))
+    # RL seed 2 from the other build: greedy validation and the sampled reward, step by step
+    steps = [json.loads(line) for line in (OTHER / "metrics-rl-seed2.jsonl").open()]
+    validation = {
+        s["step"]: s["data"]["val-core/replication_needle/acc/mean@1"]
+        for s in steps
+        if "val-core/replication_needle/acc/mean@1" in s["data"]
+    }
+    rewards = {
+        s["step"]: round(s["data"]["recurrent/final/acc/mean"], 3)
+        for s in steps
+        if "recurrent/final/acc/mean" in s["data"]
+    }
+    assert validation == {0: 0.0, 5: 0.0, 10: 0.0}
+    nonzero = {step: r for step, r in rewards.items() if r}
+    assert nonzero == {1: 0.016, 10: 0.016} and len(rewards) == 13
+    assert (
+        "greedy validation 0.0 at steps 0, 5 and 10, sampled reward 0.016 at steps 1 and 10 and 0 at the other 11 of 13"
+        in text
+    )
+    page = " ".join(PAGE.read_text().split())
+    strict = {
+        name: " / ".join(f"{100 * v['strict']:.1f}" for v in build_record(name)["evaluation"]["lengths"].values())
+        for name in ("warm_start", "committed", "answer200")
+    }
+    quoted = f"{strict['warm_start']}% at 1 / 2 / 4 chunks on validation documents, where the committed build reads"
+    assert f"{quoted} {strict['committed']}" in page
+    assert f"a warm start at {strict['answer200']}%" in page

@@ -76,7 +76,13 @@ def test_the_run_section_sums_the_invocations(tmp_path):
     run = tmp_path / "run"
     invocations = [
         {"commit": "abc1234", "command": "STEPS=30 bash scripts/replicate_cpu.sh", "cores": 2, "started": "t0"},
-        {"commit": "abc1234", "command": "STEPS=30 bash scripts/replicate_cpu.sh", "cores": 2, "started": "t1"},
+        {
+            "commit": "abc1234",
+            "command": "STEPS=30 bash scripts/replicate_cpu.sh",
+            "cores": 2,
+            "started": "t1",
+            "processor": "Some CPU @ 2.80GHz",
+        },
     ]
     (run / "run.jsonl").write_text("".join(json.dumps(i) + "\n" for i in invocations))
     stages = [("warm_start", 900, 0), ("rl:rl-seed0", 1, 137), ("total", 600, 0), ("warm_start", 2, 0)]
@@ -86,7 +92,8 @@ def test_the_run_section_sums_the_invocations(tmp_path):
     )
     assert main([str(results), "--run-dir", str(run)]) == 0
     markdown = (results / "replication.md").read_text()
-    assert markdown.count("commit `abc1234`, 2 cores: `STEPS=30 bash scripts/replicate_cpu.sh`") == 2
+    assert markdown.count("commit `abc1234`, 2 cores: `STEPS=30 bash scripts/replicate_cpu.sh`") == 1  # no processor
+    assert "commit `abc1234`, 2 cores of Some CPU @ 2.80GHz: `STEPS=30 bash scripts/replicate_cpu.sh`" in markdown
     assert "| rl:rl-seed0 | 1 | 0.0 | 137 |" in markdown and "| evaluation | 1400 | 23.3 | 0 |" in markdown
     assert "3600 s (60.0 min)" in markdown and "cached afterwards): 2698 s (45.0 min)" in markdown
     assert "The run" not in write(results)["md"].read_text()  # without --run-dir: the table alone

@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from experiments.needle import warm_start
+from experiments.needle.needle import NEEDLE_RE, SUBJ
 from experiments.needle.reader import build_tokenizer, reader_config
 from experiments.needle.warm_start import RECIPE_VERSION, Scale, agent_config, cache, cached_warm_start, paper_rows
 from recurrent.impls.memory import MemoryWorkflow
@@ -203,7 +204,17 @@ def test_a_killed_build_leaves_nothing_and_the_next_call_rebuilds_the_same_weigh
 
 
 def test_cache_builds_the_recipe_as_it_is():
-    refused = (["--cache", "--steps", "1", "1", "1", "1"], ["--cache", "--seed", "1"], ["--cache", "--stop-at", "0.97"])
+    refused = (
+        ["--cache", "--steps", "1", "1", "1", "1"],
+        ["--cache", "--seed", "1"],
+        ["--cache", "--stop-at", "0.97"],
+        ["--cache", "--answer-steps", "200"],
+        ["--out", "x", "--answer-steps", "-1"],
+        ["--cache", "--task", "choose", "--choice-steps", "1000"],
+        ["--out", "x", "--choice-steps", "1000"],  # the needle task has no choice stage
+        ["--out", "x", "--task", "choose", "--recipe", "recall", "--choice-steps", "1000"],
+        ["--out", "x", "--task", "choose", "--choice-steps", "0"],
+    )
     for argv in (*refused, ["--out", "x", "--cache"]):
         with pytest.raises(SystemExit):
             warm_start.main(argv)
@@ -266,3 +277,32 @@ def test_two_builds_in_two_fresh_processes_give_the_same_weights_and_outcome(mic
     assert manifests[0]["built"]["numerics"]["mkl_cbwr"] == "AVX2"
     first, fresh = weights(micro[0]), weights(folders[0])
     assert all(torch.equal(first[k], fresh[k]) for k in first)
+
+
+def test_the_answer_rows_read_the_needle_in_memory_into_the_box():
+    """An answer row is the final prompt (the question and the memory, no chunk) whose memory is one needle sentence
+    and whose question asks for that needle's key, with the target ``\\boxed{its number}`` and eos, the number read
+    back from the prompt's own text."""
+    tokenizer = build_tokenizer()
+    workflow = MemoryWorkflow(agent_config(), tokenizer)
+    rows = warm_start.answer_rows(workflow, random.Random(0), 8)
+    assert len(rows) == 8
+    for prompt, target in rows:
+        text = tokenizer.decode(prompt)
+        needles = NEEDLE_RE.findall(text)
+        assert len(needles) == 1, text  # the memory, and nothing of the document beside it
+        (key, value) = needles[0]
+        assert f"What is the special magic number for {key} mentioned in the provided text?" in text
+        assert not any(subject in text for subject in SUBJ)  # no filler: a final prompt holds no chunk
+        assert tokenizer.decode(target) == f"\\boxed{{{value}}}<|im_end|>"
+
+
+def test_an_answer_stage_runs_after_the_copy_stages_only_when_asked():
+    """``answer_steps``: an answer stage of that budget between the copy stages and the naive one, named in the
+    record; without it (the recipe's default) the build has the four stages and its record no such key."""
+    *_, with_answer = warm_start.train(MICRO, answer_steps=2, log=lambda _: None)
+    *_, default = warm_start.train(MICRO, log=lambda _: None)
+    assert [s["stage"] for s in with_answer["stages"]] == ["synth", "needle", "paper", "answer", "naive"]
+    assert with_answer["stages"][3]["steps"] == 2 and with_answer["answer_steps"] == 2
+    assert [s["stage"] for s in default["stages"]] == ["synth", "needle", "paper", "naive"]
+    assert "answer_steps" not in default
