@@ -22,6 +22,7 @@ RECIPE4 = RUN / "recipe4"  # the notebook's "Recipe 4's default run": the commit
 # The default run, the runs it replaced (recipe 4's; recipe 2's, the notebook's first part), the choosing task's, the
 # cause's runs.
 RUNS = [RUN, RECIPE4, RUN / "recipe2", RUN / "choose", CAUSE / "default", CAUSE / "try", CAUSE / "keys0"]
+RUNS += [RUN / "another_machine" / "answer_rl"]  # the notebook's "The build on another machine"
 NOT_RUN = "–"  # the report's cell for a policy not evaluated at a length (the ablations over 64 chunks)
 
 
@@ -505,3 +506,28 @@ def test_the_other_machines_builds_are_quoted_from_their_records():
     quoted = f"{strict['warm_start']}% at 1 / 2 / 4 chunks on validation documents, where the committed build reads"
     assert f"{quoted} {strict['committed']}" in page
     assert f"a warm start at {strict['answer200']}%" in page
+
+
+def test_the_answer_stages_rl_run_is_quoted_from_its_files():
+    """The notebook's "The build on another machine": the answer stage's RL run, its table, survival figures and
+    targets, from docs/replication_cpu/another_machine/answer_rl/."""
+    run = OTHER / "answer_rl"
+    text = section(NOTEBOOK, "The build on another machine")
+    lengths, rows = page_table(text, "The answer stage's RL run, strict accuracy (%)")
+    seeds = per_seed(run)
+    for name, model in (("warm start with the answer stage", "warm-start"), ("RL seed 0 from it", "rl-seed0")):
+        assert rows[name] == pytest.approx([seeds[(model, n)] for n in lengths], abs=0.051), name
+    flat = " ".join(text.split())
+    row = survival_row(run, "RL")
+    lost = sum(int(n) for n in row["lost: dropped / miscopied / replaced"].split("/"))
+    missed = sum(int(n) for n in row["write missed: dropped / miscopied / replaced"].split("/"))
+    quoted = f"RL writes the needle in {row['written %']}% of documents and lost none it wrote (0 of "
+    assert lost == 0 and f"{quoted}{int(row['keep decisions']):,} keep decisions); its {missed} missed writes" in flat
+    mean = sum(seeds[("rl-seed0", n)] for n in (1, 2, 4)) / 3
+    assert f"met ({mean:.1f}, the mean)" in flat
+    assert f"({seeds[('rl-seed0', 64)]:.1f}, {mean - seeds[('rl-seed0', 64)]:.1f} under)" in flat
+    page = " ".join(PAGE.read_text().split())
+    short = " / ".join(f"{seeds[('rl-seed0', n)]:.1f}" for n in (1, 2, 4))
+    assert f"(seed 0: {short}% at 1 / 2 / 4 chunks and {seeds[('rl-seed0', 64)]:.1f} at 64, test documents)" in page
+    stages = {json.loads(line)["stage"]: json.loads(line)["seconds"] for line in (run / "timing.jsonl").open()}
+    assert f"took {stages['rl:rl-seed0'] / 60:.1f} minutes and the evaluation {stages['evaluation'] / 60:.1f}" in flat
