@@ -14,7 +14,13 @@ import importlib.util  # noqa: E402
 import pytest  # noqa: E402
 from yaml_memo import memoize_yaml_parsing  # noqa: E402
 
+from experiments.sft import pin_numerics  # noqa: E402
 from recurrent.models import SMOLLM2, TINY, materialize  # noqa: E402
+
+# Every test process (and what it starts) computes on the numerics a warm start's build pins, set before its first
+# kernel: a build inside a test process then equals a build's own fresh process on a machine with AVX-512 too, where
+# the pins set later would not take effect (docs/replication_cpu_notebook.md, "The build on another machine").
+pin_numerics()
 
 memoize_yaml_parsing()  # Hydra's compositions in the workers parse each config file once (tests/yaml_memo.py)
 
