@@ -531,3 +531,28 @@ def test_the_answer_stages_rl_run_is_quoted_from_its_files():
     assert f"(seed 0: {short}% at 1 / 2 / 4 chunks and {seeds[('rl-seed0', 64)]:.1f} at 64, test documents)" in page
     stages = {json.loads(line)["stage"]: json.loads(line)["seconds"] for line in (run / "timing.jsonl").open()}
     assert f"took {stages['rl:rl-seed0'] / 60:.1f} minutes and the evaluation {stages['evaluation'] / 60:.1f}" in flat
+
+
+def test_the_longer_choice_stage_is_quoted_from_its_records():
+    """The notebook's "The choosing task: a longer choice stage": the probe's curve (whole share and held-out exact
+    by step) and the committed route's build (its choice stage's stop and the agent's strict and whole-needle shares
+    at 1 / 2 / 4 chunks), from docs/replication_cpu/choose/probes/."""
+    probes = RUN / "choose" / "probes"
+    text = section(NOTEBOOK, "The choosing task: a longer choice stage")
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    steps = [int(cell.replace(",", "")) for cell in lines[0].strip("|").split("|")[1:]]
+    curve = {p["step"]: p for p in json.loads((probes / "choice_stage_keys_as_words.json").read_text())["curve"]}
+    whole = [float(cell) for cell in lines[2].strip("|").split("|")[1:]]
+    exact = [float(cell) for cell in lines[3].strip("|").split("|")[1:]]
+    assert whole == pytest.approx([100 * curve[s]["val"]["whole"] for s in steps], abs=0.051)
+    assert exact == pytest.approx([curve[s]["exact"] for s in steps], abs=0.0005)
+    flat = " ".join(text.split())
+    by = curve[1000]["val"]["whole_by_distractors"]
+    assert f"{100 * by['1']:.0f} / {100 * by['2']:.0f} / {100 * by['3']:.0f}% with 1 / 2 / 3 other needles" in flat
+    record = json.loads((probes / "choice_1000_build.json").read_text())
+    choice = next(s for s in record["build"]["stages"] if s["stage"] == "choice")
+    assert f"its choice stage stopped at step {choice['steps']} (held-out exact {choice['final']['exact']})" in flat
+    lengths = record["evaluation"]["lengths"]
+    for metric, words in (("strict", "strict"), ("whole_needle", "whole")):
+        quoted = " / ".join(f"{100 * lengths[n][metric]:.1f}" for n in ("1", "2", "4"))
+        assert f"{words} {quoted}%" in flat, metric
