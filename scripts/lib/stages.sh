@@ -55,10 +55,8 @@ record_run() {
   "$PYTHON" - "$OUT_DIR/run.jsonl" "$commit" "$@" "$(getconf _NPROCESSORS_ONLN)" <<'PY'
 import json, sys, time
 path, commit, *command, cores = sys.argv[1:]
-import platform
-model = [l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")][:1] if platform.system() == "Linux" else []
-processor = model[0] if model else platform.processor() or platform.machine()
-line = {"commit": commit, "command": " ".join(command).strip(), "cores": int(cores), "processor": processor,
+from experiments.sft import processor  # the build's record names it the same way
+line = {"commit": commit, "command": " ".join(command).strip(), "cores": int(cores), "processor": processor(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 open(path, "a").write(json.dumps(line) + "\n")
 PY
