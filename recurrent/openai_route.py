@@ -21,6 +21,7 @@ records them) and any other field is refused; in evaluation and serving they go 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -28,6 +29,7 @@ from typing import Any
 
 import httpx2  # the HTTP library of the openai package (a hard dependency of it)
 from openai import AsyncOpenAI
+from openai._base_client import get_platform
 
 from recurrent.functions import CallRecorder
 from recurrent.interface import Reply
@@ -176,4 +178,15 @@ def recording_client(route: RecordingRoute) -> AsyncOpenAI:
     """An ``AsyncOpenAI`` served by ``route`` in process. The SDK never retries: a failed call fails the agent's
     trajectory as any failed call does (docs/write_your_own_agent.md), and a retry would sample twice."""
     http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=route), base_url=BASE_URL)
-    return AsyncOpenAI(base_url=BASE_URL, api_key="recording-route", max_retries=0, http_client=http)
+    client = AsyncOpenAI(base_url=BASE_URL, api_key="recording-route", max_retries=0, http_client=http)
+    # The SDK's first request on a client looks its platform up in a worker thread; in sync mode a call still in
+    # that thread is invisible to the lockstep barrier, which could then close a round before every call an agent
+    # made at once has joined it (docs/write_your_own_agent.md, "Sync mode"). Set it here: requests stay on the loop.
+    client._platform = _process_platform()
+    return client
+
+
+@functools.cache
+def _process_platform() -> Any:
+    """The SDK's platform record, looked up once per process (it names the OS in request headers only)."""
+    return get_platform()
