@@ -181,7 +181,8 @@ def recording_client(route: RecordingRoute) -> AsyncOpenAI:
     client = AsyncOpenAI(base_url=BASE_URL, api_key="recording-route", max_retries=0, http_client=http)
     # The SDK's first request on a client looks its platform up in a worker thread; in sync mode a call still in
     # that thread is invisible to the lockstep barrier, which could then close a round before every call an agent
-    # made at once has joined it (docs/write_your_own_agent.md, "Sync mode"). Set it here: requests stay on the loop.
+    # made at once has joined it (docs/write_your_own_agent.md, "What the framework does for you"). Set here, the
+    # requests stay on the event loop.
     client._platform = _process_platform()
     return client
 
