@@ -22,7 +22,8 @@ RECIPE4 = RUN / "recipe4"  # the notebook's "Recipe 4's default run": the commit
 # The default run, the runs it replaced (recipe 4's; recipe 2's, the notebook's first part), the choosing task's, the
 # cause's runs.
 RUNS = [RUN, RECIPE4, RUN / "recipe2", RUN / "choose", CAUSE / "default", CAUSE / "try", CAUSE / "keys0"]
-RUNS += [RUN / "another_machine" / "answer_rl"]  # the notebook's "The build on another machine"
+RUNS += [RUN / "another_machine" / "answer_rl", RUN / "another_machine" / "answer_rl_seed1"]  # "The build on another
+# machine"
 NOT_RUN = "–"  # the report's cell for a policy not evaluated at a length (the ablations over 64 chunks)
 
 
@@ -528,9 +529,104 @@ def test_the_answer_stages_rl_run_is_quoted_from_its_files():
     assert f"({seeds[('rl-seed0', 64)]:.1f}, {mean - seeds[('rl-seed0', 64)]:.1f} under)" in flat
     page = " ".join(PAGE.read_text().split())
     short = " / ".join(f"{seeds[('rl-seed0', n)]:.1f}" for n in (1, 2, 4))
-    assert f"(seed 0: {short}% at 1 / 2 / 4 chunks and {seeds[('rl-seed0', 64)]:.1f} at 64, test documents)" in page
+    assert (
+        f"(seed 0: {short}% at 1 / 2 / 4 chunks and {seeds[('rl-seed0', 64)]:.1f} at 64, test documents; seed 1:"
+        in page
+    )
     stages = {json.loads(line)["stage"]: json.loads(line)["seconds"] for line in (run / "timing.jsonl").open()}
     assert f"took {stages['rl:rl-seed0'] / 60:.1f} minutes and the evaluation {stages['evaluation'] / 60:.1f}" in flat
+
+
+def test_the_answer_stages_second_seed_and_ablations_are_quoted_from_their_files():
+    """The notebook's "The build on another machine", "A second seed and the ablations": the second clone's build
+    equals the first (stop steps, held-out curves, evaluation but its timings); the table's rows are the two runs'
+    summaries; the targets' verdicts are computed here from them; the survival and time figures are the files'."""
+    first, second = (
+        json.loads((OTHER / f"{name}.json").read_text()) for name in ("answer200", "answer200_second_clone")
+    )
+    keys = ("step", "train_loss", "tok_acc", "exact", "loss")
+
+    def stages(record):
+        return [
+            (s["stage"], s["steps"], s["stopped"], [{k: r[k] for k in keys} for r in s["curve"]])
+            for s in record["build"]["stages"]
+        ]
+
+    assert stages(first) == stages(second)
+    assert [s[:2] for s in stages(second)] == [
+        ("synth", 325),
+        ("needle", 50),
+        ("paper", 50),
+        ("answer", 50),
+        ("naive", 146),
+    ]
+
+    def scores(record):
+        timing = ("wall_s", "tok_per_s")
+        return {
+            n: {k: v for k, v in by.items() if k not in timing} for n, by in record["evaluation"]["lengths"].items()
+        }
+
+    assert scores(first) == scores(second)
+    text = section(NOTEBOOK, "The build on another machine")
+    flat = " ".join(text.split())
+    assert f"in {second['build']['build_wall_s'] / 60:.1f} minutes" in flat
+    lengths, rows = page_table(text, "The answer stage: two seeds and the ablations, strict accuracy (%)")
+    seed0, seed1 = per_seed(OTHER / "answer_rl"), per_seed(OTHER / "answer_rl_seed1")
+    assert all(seed0[("warm-start", n)] == seed1[("warm-start", n)] for n in lengths)  # one warm start, one test set
+    quoted = {
+        "warm start with the answer stage": (seed1, "warm-start"),
+        "RL seed 0": (seed0, "rl-seed0"),
+        "RL seed 1": (seed1, "rl-seed1"),
+        "ablation: answer credit only, RL's step": (seed1, "ablation-same-step-seed0"),
+        "ablation: answer credit only, answer token-mean": (seed1, "ablation-token-mean-seed0"),
+    }
+    for name, (run, model) in quoted.items():
+        assert rows[name] == pytest.approx([run[(model, n)] for n in lengths], abs=0.051), name
+    means = {seed: sum(run[(f"rl-seed{seed}", n)] for n in (1, 2, 4)) / 3 for seed, run in ((0, seed0), (1, seed1))}
+    assert f"met by each seed (seed 0 {means[0]:.1f}, seed 1 {means[1]:.1f}, the means)" in flat
+    assert min(means.values()) >= 95
+    assert seed1[("rl-seed1", 64)] >= means[1] - 5 and seed0[("rl-seed0", 64)] < means[0] - 5
+    assert f"met by seed 1 ({seed1[('rl-seed1', 64)]:.1f}) and missed by seed 0 by one document" in flat
+    assert means[0] - 5 - seed0[("rl-seed0", 64)] < 100 / 64  # one of the 64 documents
+    for model in ("ablation-same-step-seed0", "ablation-token-mean-seed0"):
+        assert all(seed1[(model, n)] <= seed1[("warm-start", n)] + 10 for n in lengths), model
+    assert all(seed1[("warm-start", n)] <= 50 for n in (1, 2, 4))
+    survival = {p: survival_row(OTHER / "answer_rl_seed1", p) for p in ("RL", "warm start (SFT)")}
+    same_step = survival_row(OTHER / "answer_rl_seed1", "ablation: answer credit only, RL's step")
+    token_mean = survival_row(OTHER / "answer_rl_seed1", "ablation: answer credit only, answer token-mean")
+    lost = sum(int(n) for n in survival["RL"]["lost: dropped / miscopied / replaced"].split("/"))
+    keep = int(survival["RL"]["keep decisions"])
+    assert lost == 0 and f"Seed 1 writes the needle in {survival['RL']['written %']}% of documents" in flat
+    assert f"lost none it wrote (0 of {keep:,} keep decisions)" in flat
+    assert f"writes the needle in {same_step['written %']}% of documents" in flat
+    assert f"the token-mean one in {token_mean['written %']}%" in flat
+    rate, ws_rate = (float(r["keep rate per chunk %"]) for r in (token_mean, survival["warm start (SFT)"]))
+    assert f"keeps a written needle at {rate:.1f}% a chunk (the warm start: {ws_rate:.1f}%)" in flat
+    metrics = [
+        json.loads(line) for line in (OTHER / "answer_rl_seed1" / "metrics-ablation-same-step-seed0.jsonl").open()
+    ]
+    reward = {m["step"]: m["data"]["recurrent/final/reward/mean"] for m in metrics if m["step"]}
+    assert f"fell from {reward[1]:.2f} at step 1 to 0 from step 18 on" in flat
+    assert reward[17] > 0 and all(reward[step] == 0 for step in range(18, 31))
+    minutes = {
+        json.loads(line)["stage"]: json.loads(line)["seconds"] / 60
+        for line in (OTHER / "answer_rl_seed1" / "timing.jsonl").open()
+    }
+    took = (
+        f"RL seed 1 took {minutes['rl:rl-seed1']:.1f} minutes, the ablations "
+        f"{minutes['rl:ablation-same-step-seed0']:.1f} and {minutes['rl:ablation-token-mean-seed0']:.1f}, "
+        "the evaluation of the four policies at five lengths "
+        f"{minutes['evaluation']:.1f}"
+    )
+    assert took in flat
+    page = " ".join(PAGE.read_text().split())
+    short = " / ".join(f"{seed1[('rl-seed1', n)]:.1f}" for n in (1, 2, 4))
+    assert (
+        f"seed 1: {short}% and {seed1[('rl-seed1', 64)]:.1f} at 64; both ablations at or under that warm start" in page
+    )
+    for model in ("ablation-same-step-seed0", "ablation-token-mean-seed0"):
+        assert all(seed1[(model, n)] <= seed1[("warm-start", n)] for n in lengths), model
 
 
 def test_the_longer_choice_stage_is_quoted_from_its_records():
