@@ -95,6 +95,12 @@ def invocations(run: Path = RUN) -> list[list[dict]]:
     return groups
 
 
+def stage_seconds(run: Path) -> dict[str, int]:
+    """Stage -> seconds, for a run of one invocation."""
+    (group,) = invocations(run)
+    return {stage["stage"]: stage["seconds"] for stage in group}
+
+
 # Each run's invocations, True where it ended with its "total" line: recipe 4's first was stopped in its evaluation
 # before the pipeline recorded stopped stages (the notebook says so); the default run is one invocation.
 ENDED = {RUN: [True], RECIPE4: [False, True, True]}
@@ -533,7 +539,7 @@ def test_the_answer_stages_rl_run_is_quoted_from_its_files():
         f"(seed 0: {short}% at 1 / 2 / 4 chunks and {seeds[('rl-seed0', 64)]:.1f} at 64, test documents; seed 1:"
         in page
     )
-    stages = {json.loads(line)["stage"]: json.loads(line)["seconds"] for line in (run / "timing.jsonl").open()}
+    stages = stage_seconds(run)
     assert f"took {stages['rl:rl-seed0'] / 60:.1f} minutes and the evaluation {stages['evaluation'] / 60:.1f}" in flat
 
 
@@ -572,7 +578,8 @@ def test_the_answer_stages_second_seed_and_ablations_are_quoted_from_their_files
     flat = " ".join(text.split())
     assert f"in {second['build']['build_wall_s'] / 60:.1f} minutes" in flat
     lengths, rows = page_table(text, "The answer stage: two seeds and the ablations, strict accuracy (%)")
-    seed0, seed1 = per_seed(OTHER / "answer_rl"), per_seed(OTHER / "answer_rl_seed1")
+    run1 = OTHER / "answer_rl_seed1"
+    seed0, seed1 = per_seed(OTHER / "answer_rl"), per_seed(run1)
     assert all(seed0[("warm-start", n)] == seed1[("warm-start", n)] for n in lengths)  # one warm start, one test set
     quoted = {
         "warm start with the answer stage": (seed1, "warm-start"),
@@ -589,12 +596,10 @@ def test_the_answer_stages_second_seed_and_ablations_are_quoted_from_their_files
     assert seed1[("rl-seed1", 64)] >= means[1] - 5 and seed0[("rl-seed0", 64)] < means[0] - 5
     assert f"met by seed 1 ({seed1[('rl-seed1', 64)]:.1f}) and missed by seed 0 by one document" in flat
     assert means[0] - 5 - seed0[("rl-seed0", 64)] < 100 / 64  # one of the 64 documents
-    for model in ("ablation-same-step-seed0", "ablation-token-mean-seed0"):
-        assert all(seed1[(model, n)] <= seed1[("warm-start", n)] + 10 for n in lengths), model
     assert all(seed1[("warm-start", n)] <= 50 for n in (1, 2, 4))
-    survival = {p: survival_row(OTHER / "answer_rl_seed1", p) for p in ("RL", "warm start (SFT)")}
-    same_step = survival_row(OTHER / "answer_rl_seed1", "ablation: answer credit only, RL's step")
-    token_mean = survival_row(OTHER / "answer_rl_seed1", "ablation: answer credit only, answer token-mean")
+    survival = {p: survival_row(run1, p) for p in ("RL", "warm start (SFT)")}
+    same_step = survival_row(run1, "ablation: answer credit only, RL's step")
+    token_mean = survival_row(run1, "ablation: answer credit only, answer token-mean")
     lost = sum(int(n) for n in survival["RL"]["lost: dropped / miscopied / replaced"].split("/"))
     keep = int(survival["RL"]["keep decisions"])
     assert lost == 0 and f"Seed 1 writes the needle in {survival['RL']['written %']}% of documents" in flat
@@ -603,16 +608,11 @@ def test_the_answer_stages_second_seed_and_ablations_are_quoted_from_their_files
     assert f"the token-mean one in {token_mean['written %']}%" in flat
     rate, ws_rate = (float(r["keep rate per chunk %"]) for r in (token_mean, survival["warm start (SFT)"]))
     assert f"keeps a written needle at {rate:.1f}% a chunk (the warm start: {ws_rate:.1f}%)" in flat
-    metrics = [
-        json.loads(line) for line in (OTHER / "answer_rl_seed1" / "metrics-ablation-same-step-seed0.jsonl").open()
-    ]
+    metrics = [json.loads(line) for line in (run1 / "metrics-ablation-same-step-seed0.jsonl").open()]
     reward = {m["step"]: m["data"]["recurrent/final/reward/mean"] for m in metrics if m["step"]}
     assert f"fell from {reward[1]:.2f} at step 1 to 0 from step 18 on" in flat
     assert reward[17] > 0 and all(reward[step] == 0 for step in range(18, 31))
-    minutes = {
-        json.loads(line)["stage"]: json.loads(line)["seconds"] / 60
-        for line in (OTHER / "answer_rl_seed1" / "timing.jsonl").open()
-    }
+    minutes = {stage: seconds / 60 for stage, seconds in stage_seconds(run1).items()}
     took = (
         f"RL seed 1 took {minutes['rl:rl-seed1']:.1f} minutes, the ablations "
         f"{minutes['rl:ablation-same-step-seed0']:.1f} and {minutes['rl:ablation-token-mean-seed0']:.1f}, "
@@ -625,7 +625,7 @@ def test_the_answer_stages_second_seed_and_ablations_are_quoted_from_their_files
     assert (
         f"seed 1: {short}% and {seed1[('rl-seed1', 64)]:.1f} at 64; both ablations at or under that warm start" in page
     )
-    for model in ("ablation-same-step-seed0", "ablation-token-mean-seed0"):
+    for model in ("ablation-same-step-seed0", "ablation-token-mean-seed0"):  # so also the target's warm start + 10
         assert all(seed1[(model, n)] <= seed1[("warm-start", n)] for n in lengths), model
 
 
