@@ -2,12 +2,12 @@
 
     python -m experiments.needle.warm_start --cache [--quick] [--force] [--task choose [--recipe recall]]
     python -m experiments.needle.warm_start --out DIR [--steps 1030 200 75 146] [--p-needle 0.25] [--seed 0]
-        [--stop-at 0.9] [--p-keep 0.9] [--copy-stages DIR] [--task choose]
+        [--stop-at 0.9] [--p-keep 0.9] [--copy-stages DIR] [--answer-steps 200] [--task choose]
     python -m experiments.needle.warm_start --evaluate DIR [--docs 32] [--chunks 1 2 4] [--sample] [--task choose]
 
-Build (AdamW, loss on target tokens only, one CPU thread), four stages, each stopped at its target or its step
-budget (:data:`FULL`: 1030 / 200 / 75 / 146 steps, those of the measured build; :data:`QUICK`: a few steps, for
-tests of the pipeline). Step budgets, not time caps, so the weights do not depend on the machine's speed.
+Build (AdamW, loss on target tokens only, one CPU thread), five stages, each stopped at its target or its step
+budget (:data:`FULL`: 1030 / 200 / 75 / 200 / 146 steps; :data:`QUICK`: a few steps, for tests of the pipeline).
+Step budgets, not time caps, so the weights do not depend on the machine's speed.
 
 1. ``synth``: 64 random tokens holding ``{ x1..xk }`` and ending with ``{ x1..xk }`` again, k = 24-30, so half
    the row is supervised copy (lr 3e-3, 100 warm-up steps, batch 32; stop at per-token accuracy 0.9). A dense
@@ -15,7 +15,11 @@ tests of the pipeline). Step budgets, not time caps, so the weights do not depen
 2. ``needle``: a 1-chunk train document + "\\nmemory:" -> " " + needle sentence (stop at 0.9 exact).
 3. ``paper``: the paper's memory prompt of a 1-chunk train document, built by the memory agent
    (:class:`recurrent.impls.memory.MemoryWorkflow`) -> needle sentence (lr 1e-3, 20 warm-up; stop at 0.9 exact).
-4. ``naive``: every turn of naive-teacher transcripts of train documents of 1-4 chunks (no target).
+4. ``answer``: the final prompt of a train document whose memory is its needle sentence -> ``\\boxed{number}``
+   (lr 1e-3, 20 warm-up; stop at 0.9 exact; recipe 6, :func:`answer_rows`): the read-out, which the naive stage's
+   final turns alone formed on one machine and not on another (docs/replication_cpu_notebook.md, "The build on
+   another machine"). The choosing task's recipes have no answer stage.
+5. ``naive``: every turn of naive-teacher transcripts of train documents of 1-4 chunks (no target).
 
 The naive teacher (:func:`teacher_transcript`) knows the format, not a good reading policy: on a chunk holding the
 needle it writes the needle sentence with probability ``p_needle`` (0.25: :data:`P_NEEDLE`), else the chunk's first

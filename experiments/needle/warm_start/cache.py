@@ -94,9 +94,7 @@ def cached_warm_start(
         log(f"{scale.name}: built in {(time.perf_counter() - t0) / 60:.1f} min")
         return build_outcome(recipe)
 
-    between = [
-        f"{name} {getattr(scale, name, 0)}" for name in ("recall", "choice") if choose and getattr(scale, name, 0)
-    ]
+    between = [f"{name} {getattr(scale, name)}" for name in ("answer", "recall", "choice") if getattr(scale, name, 0)]
     what = f"steps at most {'/'.join(map(str, scale.steps))}{''.join(', ' + b for b in between)}, one thread"
     version = CHOOSE_RECIPE_VERSION if choose else RECIPE_VERSION
     extra = manifest_extra(scale, task=task)

@@ -75,9 +75,8 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--answer-steps",
         type=int,
-        default=0,
-        help="with --out: the budget of an answer stage after the copy stages (the final prompt with the needle in "
-        "memory -> its boxed number, stopped at exact 0.9; 0, the recipe's default: none)",
+        help="with --out: the budget of the answer stage after the copy stages (the final prompt with the needle in "
+        f"memory -> its boxed number, stopped at exact 0.9; the needle recipe's: {FULL.answer}; 0: none)",
     )
     parser.add_argument(
         "--choice-steps",
@@ -97,7 +96,7 @@ def checked(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse
     args = parser.parse_args(argv)
     if sum(map(bool, (args.cache, args.out, args.evaluate))) != 1:
         parser.error("give one of --cache (build into the model cache), --out (build, evaluate), --evaluate")
-    if args.answer_steps < 0:
+    if args.answer_steps is not None and args.answer_steps < 0:
         parser.error(f"--answer-steps {args.answer_steps}: a step budget is a whole number >= 0")
     if args.choice_steps is not None and (args.task, args.recipe) != ("choose", "choice"):
         parser.error("--choice-steps is the choice stage's budget: give --task choose (its choice recipe)")
@@ -111,7 +110,7 @@ def checked(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse
         or args.tokenizer_corpus != DEFAULT_CORPUS
         or args.miss != "first"
         or args.p_needle is not None
-        or args.answer_steps
+        or args.answer_steps is not None
         or args.choice_steps is not None
         or (args.p_keep, args.seed, args.threads, args.stop_at) != (0.9, 0, 1, 0.9)
     ):
@@ -137,6 +136,8 @@ def main(argv: list[str] | None = None) -> None:
             scale = replace(scale, steps=tuple(args.steps))
         if args.choice_steps is not None:
             scale = replace(scale, choice=args.choice_steps)
+        if args.answer_steps is not None:
+            scale = replace(scale, answer=args.answer_steps)
         recipe = build(
             args.out,
             scale,
@@ -150,7 +151,6 @@ def main(argv: list[str] | None = None) -> None:
             task=args.task,
             corpus=args.tokenizer_corpus,
             miss=args.miss,
-            answer_steps=args.answer_steps,
         )
         print(json.dumps({k: v for k, v in recipe.items() if k != "stages"}))
     folder = args.evaluate or args.out

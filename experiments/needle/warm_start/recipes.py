@@ -12,13 +12,16 @@ TASKS = ("needle", "choose")
 class Scale:
     """The size of a build: its name in the model cache, the step budget of each stage (synth, needle, paper,
     naive; a stage with a target may stop earlier), the training pools (needle rows, paper rows, naive-teacher
-    transcripts), the held-out sets (synth, needle and paper rows, transcripts) and the batch size."""
+    transcripts), the held-out sets (synth, needle and paper rows, transcripts), the batch size and ``answer``, the
+    budget of the answer stage after the copy stages (the final prompt with the needle in memory -> its boxed number,
+    stopped at the copy stages' target; 0: none)."""
 
     name: str
     steps: tuple[int, int, int, int]
     pools: tuple[int, int, int] = (3000, 3000, 2400)
     held: tuple[int, int, int, int] = (256, 200, 200, 60)
     batch: int = 32
+    answer: int = 0
 
 
 @dataclass(frozen=True)
@@ -38,10 +41,11 @@ class ChooseScale(Scale):
 
 
 # The warm start: the budgets are the steps of the measured build (docs/replication_cpu_notebook.md, "Warm start"),
-# whose stages stopped at time caps (synth, naive) or at their targets (needle, paper).
-FULL = Scale("replication-reader", steps=(1030, 200, 75, 146))
-# The same four stages in seconds, for tests of the pipeline's artefacts (its accuracy is that of a random model).
-QUICK = Scale("replication-reader-quick", steps=(8, 2, 2, 2), pools=(64, 64, 16), held=(32, 16, 16, 4))
+# whose stages stopped at time caps (synth, naive) or at their targets (needle, paper); the answer stage teaches the
+# read-out that the naive stage alone formed on one machine and not on another ("The build on another machine").
+FULL = Scale("replication-reader", steps=(1030, 200, 75, 146), answer=200)
+# The same five stages in seconds, for tests of the pipeline's artefacts (its accuracy is that of a random model).
+QUICK = Scale("replication-reader-quick", steps=(8, 2, 2, 2), pools=(64, 64, 16), held=(32, 16, 16, 4), answer=2)
 # The choosing task's warm start (docs/replication_cpu_notebook.md, "The choosing task"): the same stages and budgets, a
 # choice stage, its own naive stage (choosing documents, choice_write writing whole sentences), under its own names
 # in the cache.
@@ -71,8 +75,9 @@ CHOOSE_RECIPES = {"choice": (CHOOSE, CHOOSE_QUICK), "recall": (CHOOSE_RECALL, CH
 # 2: the reader reads numbers as two-digit tokens; numbers dealt to splits at random. 3: the kernels' numerics pinned
 # (experiments.sft.PINNED_NUMERICS), the manifest records the stages' stop steps and scores. 4: the tokenizer's
 # corpus holds the digit pairs and the keys (experiments.needle.reader.DEFAULT_CORPUS). 5: the needle task's naive
-# teacher writes the needle with p 0.25, not 0.4 (experiments.needle.warm_start.teachers.P_NEEDLE).
-RECIPE_VERSION = 5
+# teacher writes the needle with p 0.25, not 0.4 (experiments.needle.warm_start.teachers.P_NEEDLE). 6: an answer stage
+# after the copy stages (Scale.answer; the choosing task's recipes have none).
+RECIPE_VERSION = 6
 # The same for the choosing task's naive stage (its copy stages are the needle task's, RECIPE_VERSION).
 CHOOSE_RECIPE_VERSION = 2  # 2: the recipe records its recall stage and memory form (recall recipe added)
 COPY_STAGES = "copy_stages.json"  # in a copy_dir of train(): what the saved model's three stages were

@@ -87,9 +87,7 @@ class Build:
     tokenizer and agent, the random streams of the training draws and of the held-out rows, and the stages' budgets
     and logs."""
 
-    def __init__(
-        self, scale: Scale, seed: int, stop_at: float, task: str, corpus: str, log: Any, answer_steps: int = 0
-    ) -> None:
+    def __init__(self, scale: Scale, seed: int, stop_at: float, task: str, corpus: str, log: Any) -> None:
         torch.manual_seed(seed)
         self.scale, self.seed, self.stop_at, self.log = scale, seed, stop_at, log
         self.tokenizer = build_tokenizer(corpus=corpus)
@@ -98,8 +96,8 @@ class Build:
         self.rng, self.held_rng = random.Random(f"train-{seed}"), random.Random(f"held-{seed}")
         between = {"recall": getattr(scale, "recall", 0), "choice": getattr(scale, "choice", 0)}
         self.budgets = dict(zip(("synth", "needle", "paper", "naive"), scale.steps, strict=True))
-        self.budgets |= (between if task == "choose" else {}) | {"answer": answer_steps}
-        self.count = 4 + (sum(map(bool, between.values())) if task == "choose" else 0) + bool(answer_steps)
+        self.budgets |= (between if task == "choose" else {}) | {"answer": scale.answer}
+        self.count = 4 + (sum(map(bool, between.values())) if task == "choose" else 0) + bool(scale.answer)
         self.logs: list[dict[str, Any]] = []
         self._since = time.perf_counter()
 
@@ -172,7 +170,7 @@ def keep_copy_stages(build: Build, copy_dir: Path, key: dict[str, Any]) -> None:
 
 
 def answer_stage(build: Build) -> None:
-    """The answer stage, where the build has one (a switch, not the recipe's default): the final prompt with the
+    """The answer stage, where the build's scale has one (the needle task's recipe 6 on): the final prompt with the
     needle in memory -> its boxed number (:func:`answer_rows`), to exact ``stop_at``."""
     if build.budgets["answer"]:
         pool = answer_rows(build.workflow, build.rng, ANSWER_ROWS[0])
@@ -208,7 +206,6 @@ def train(
     task: str = "needle",
     corpus: str = DEFAULT_CORPUS,
     miss: str = "first",
-    answer_steps: int = 0,
 ) -> tuple[Any, Any, dict[str, Any]]:
     """Train the warm start; returns the model, its tokenizer and the recipe with the stage logs. ``stop_at``: the
     held-out score at which the three copy stages stop (a higher one copies more exactly, in more steps).
@@ -219,13 +216,13 @@ def train(
     :func:`teacher_document`, and :func:`choice_write`); the three copy stages are the same for both. ``corpus``:
     the tokenizer's (:data:`experiments.needle.reader.CORPORA`); ``miss``: what the needle task's teacher writes
     when it does not write the needle (:func:`needle_write`); ``p_needle``: the task's
-    :data:`~experiments.needle.warm_start.teachers.P_NEEDLE` unless given; ``answer_steps``: the budget of an answer
-    stage after the copy stages (:func:`answer_stage`; 0, the recipe's default: none)."""
+    :data:`~experiments.needle.warm_start.teachers.P_NEEDLE` unless given. The answer stage's budget is the scale's
+    (:attr:`Scale.answer`, :func:`answer_stage`)."""
     p_needle = share_of_needles(task, p_needle)
     t_build = time.perf_counter()
     pin_numerics()  # before the first kernel of this build's process (the same weights on one machine)
     with torch_threads(threads):
-        build = Build(scale, seed, stop_at, task, corpus, log, answer_steps)
+        build = Build(scale, seed, stop_at, task, corpus, log)
         key = copy_key(build, corpus)
         if not (copy_dir and reuse_copy_stages(build, copy_dir, key)):
             copy_stages(build)
@@ -247,7 +244,6 @@ def train(
         "tokenizer_corpus": corpus,
         "numbers": number_rule(),
         "teacher": {"p_needle": p_needle, "p_keep": p_keep, "miss": miss},
-        **({"answer_steps": answer_steps} if answer_steps else {}),
         "seed": seed,
         "stop_at": stop_at,
         "threads": threads,

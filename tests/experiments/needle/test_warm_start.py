@@ -6,6 +6,7 @@ import random
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,7 @@ def test_the_cached_build_runs_the_budgets_and_has_a_manifest(micro):
         "pools": [8, 8, 4],
         "held": [8, 4, 4, 2],
         "batch": 4,
+        "answer": 0,  # MICRO has no answer stage (recipe 6's FULL has one)
     }
     recipe = json.loads((folder / "warm_start.json").read_text())
     stages = recipe["stages"]
@@ -251,6 +253,7 @@ def test_kept_copy_stages_are_reused_and_give_the_same_weights(micro, tmp_path):
 
 BUILD = """
 import sys
+from dataclasses import replace
 from pathlib import Path
 from experiments.needle.warm_start import Scale, cached_warm_start
 scale = Scale("replication-reader-test", steps=(3, 2, 2, 2), pools=(8, 8, 4), held=(8, 4, 4, 2), batch=4)
@@ -300,12 +303,14 @@ def test_the_answer_rows_read_the_needle_in_memory_into_the_box():
         assert tokenizer.decode(target) == f"\\boxed{{{value}}}<|im_end|>"
 
 
-def test_an_answer_stage_runs_after_the_copy_stages_only_when_asked():
-    """``answer_steps``: an answer stage of that budget between the copy stages and the naive one, named in the
-    record; without it (the recipe's default) the build has the four stages and its record no such key."""
-    *_, with_answer = warm_start.train(MICRO, answer_steps=2, log=lambda _: None)
-    *_, default = warm_start.train(MICRO, log=lambda _: None)
+def test_an_answer_stage_runs_after_the_copy_stages_when_the_scale_has_one():
+    """``Scale.answer``: an answer stage of that budget between the copy stages and the naive one, its budget in the
+    record's scale; a scale without one (the choosing task's recipes) has the four stages. The needle task's recipe
+    (6) has one of 200 steps, its quick twin one of 2; the choosing task's recipes none."""
+    *_, with_answer = warm_start.train(replace(MICRO, answer=2), log=lambda _: None)
+    *_, without = warm_start.train(MICRO, log=lambda _: None)
     assert [s["stage"] for s in with_answer["stages"]] == ["synth", "needle", "paper", "answer", "naive"]
-    assert with_answer["stages"][3]["steps"] == 2 and with_answer["answer_steps"] == 2
-    assert [s["stage"] for s in default["stages"]] == ["synth", "needle", "paper", "naive"]
-    assert "answer_steps" not in default
+    assert with_answer["stages"][3]["steps"] == 2 and with_answer["scale"]["answer"] == 2
+    assert [s["stage"] for s in without["stages"]] == ["synth", "needle", "paper", "naive"]
+    assert (warm_start.FULL.answer, warm_start.QUICK.answer, RECIPE_VERSION) == (200, 2, 6)
+    assert all(scale.answer == 0 for pair in warm_start.CHOOSE_RECIPES.values() for scale in pair)
