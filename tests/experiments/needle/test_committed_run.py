@@ -732,3 +732,16 @@ def test_recipe6s_survival_figures_are_the_runs():
         f"RL writes it in {rl['written %']}% and keeps it at {rl['keep rate per chunk %']}% a chunk ({lost} lost of "
         f"{int(rl['keep decisions']):,} keep decisions"
     ) in text
+
+
+def test_the_default_runs_warm_start_reads_as_the_answer_stages_build_did():
+    """The same weights give the same table: at the lengths both evaluated, the default run's warm start reads on the
+    test documents exactly what the answer stage's build from the session before read there (its RL seed 1 run,
+    another_machine/answer_rl_seed1/), and the notebook says so."""
+    ours, before = per_seed(RUN), per_seed(OTHER / "answer_rl_seed1")
+    lengths = sorted(n for model, n in before if model == "warm-start")
+    assert lengths == [1, 2, 4, 16, 64]
+    assert [ours[("warm-start", n)] for n in lengths] == [before[("warm-start", n)] for n in lengths]
+    quoted = " / ".join(f"{ours[('warm-start', n)]:.1f}" for n in lengths)
+    text = " ".join(section(NOTEBOOK, "Recipe 6's default run").split())
+    assert f"the same figures at 1 / 2 / 4 / 16 / 64 chunks ({quoted}%;" in text
