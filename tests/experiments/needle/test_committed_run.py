@@ -558,6 +558,14 @@ def test_the_answer_stages_rl_run_is_quoted_from_its_files():
     assert f"took {stages['rl:rl-seed0'] / 60:.1f} minutes and the evaluation {stages['evaluation'] / 60:.1f}" in flat
 
 
+def stage_curves(build: dict) -> list[tuple]:
+    """A warm start build's stages as (stage, steps, how it stopped, held-out curve without its timings)."""
+    keys = ("step", "train_loss", "tok_acc", "exact", "loss")
+    return [
+        (s["stage"], s["steps"], s["stopped"], [{k: r[k] for k in keys} for r in s["curve"]]) for s in build["stages"]
+    ]
+
+
 def test_the_answer_stages_second_seed_and_ablations_are_quoted_from_their_files():
     """The notebook's "The build on another machine", "A second seed and the ablations": the second clone's build
     equals the first (stop steps, held-out curves, evaluation but its timings); the table's rows are the two runs'
@@ -565,16 +573,8 @@ def test_the_answer_stages_second_seed_and_ablations_are_quoted_from_their_files
     first, second = (
         json.loads((OTHER / f"{name}.json").read_text()) for name in ("answer200", "answer200_second_clone")
     )
-    keys = ("step", "train_loss", "tok_acc", "exact", "loss")
-
-    def stages(record):
-        return [
-            (s["stage"], s["steps"], s["stopped"], [{k: r[k] for k in keys} for r in s["curve"]])
-            for s in record["build"]["stages"]
-        ]
-
-    assert stages(first) == stages(second)
-    assert [s[:2] for s in stages(second)] == [
+    assert stage_curves(first["build"]) == stage_curves(second["build"])
+    assert [s[:2] for s in stage_curves(second["build"])] == [
         ("synth", 325),
         ("needle", 50),
         ("paper", 50),
@@ -678,12 +678,7 @@ def test_the_default_runs_warm_start_is_the_answer_stages_build():
         200,
         0.25,
     )
-    keys = ("step", "train_loss", "tok_acc", "exact", "loss")
-
-    def curves(build: dict) -> list:
-        return [(s["stage"], s["steps"], [{k: r[k] for k in keys} for r in s["curve"]]) for s in build["stages"]]
-
-    assert curves(record) == curves(before)
+    assert stage_curves(record) == stage_curves(before)
     steps = {s["stage"]: s["steps"] for s in record["stages"]}
     assert [(s["stage"], s["steps"]) for s in manifest["built"]["stages"]] == list(steps.items())
     text = " ".join(PAGE.read_text().split())
