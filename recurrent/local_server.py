@@ -203,6 +203,13 @@ def sampling_overlay(model_dir: Path, folder: Path) -> Path:
     return folder
 
 
+# What a model served on CPU computes in. `transformers serve --dtype auto` takes the config's dtype, and verl's
+# checkpoint export writes "bfloat16" there over fp32 weights: the policy would be evaluated in numbers it was not
+# trained or sampled in (the CPU twin does both in fp32: configs/cpu_platform.yaml), and bf16 is emulated on CPUs
+# without bf16 instructions (the replication's reader: a forward 1.8x slower). docs/replication_cpu.md, "What it costs".
+CPU_DTYPE = "float32"
+
+
 @contextmanager
 def transformers_serve(
     model_dir: str | Path,
@@ -211,6 +218,7 @@ def transformers_serve(
     log_path: str | Path | None = None,
     sample: bool = True,
     extra_args: Sequence[str] = (),
+    dtype: str = CPU_DTYPE,
 ) -> Iterator[LocalServer]:
     """Run ``transformers serve`` on 127.0.0.1 with ``model_dir`` preloaded; stop it on exit.
 
@@ -218,7 +226,8 @@ def transformers_serve(
     quoted in the :class:`ServerError` if the server dies or does not become ready in time. With ``sample`` (the
     default) it serves a :func:`sampling_overlay` of the model, so that requests sample at the temperature they ask for;
     the name requests use is then the overlay's folder (``LocalServer.model``). ``extra_args`` go to the command
-    line as they are (e.g. ``--continuous-batching`` and its ``--cb-*`` settings).
+    line as they are (e.g. ``--continuous-batching`` and its ``--cb-*`` settings). The model computes in ``dtype``
+    (``--dtype``; fp32 by default, :data:`CPU_DTYPE`), unless ``extra_args`` name one.
     """
     model_dir = str(Path(model_dir).resolve())
     port = port or free_port()
@@ -232,7 +241,9 @@ def transformers_serve(
     hub_cache.mkdir(exist_ok=True)  # /v1/models scans the hub cache and fails if the folder is missing
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_CACHE": str(hub_cache)}
     cli = Path(sys.executable).with_name("transformers")
-    cmd = [str(cli), "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", *extra_args, model_dir]
+    dtype_args = [] if "--dtype" in extra_args else ["--dtype", dtype]
+    cmd = [str(cli), "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", *dtype_args, *extra_args]
+    cmd.append(model_dir)
     try:
         with managed_server(
             cmd, health_probe(f"http://127.0.0.1:{port}/health"), log_path, startup_timeout, 0.5, env, grace=20

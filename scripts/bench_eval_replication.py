@@ -5,13 +5,17 @@
 
 Each setting runs the harness as the replication's stage 5 does (``python -m taskutils.memory_eval.run`` on a
 reader table from ``experiments.needle.eval_models``, ``transformers serve`` with continuous batching, method
-``memory-boxed``, greedy) with ``--concurrency C --parallel-models P`` (a setting ``NAME=CxP``). The policies are
+``memory-boxed``, greedy) with ``--concurrency C --parallel-models P`` (a setting ``NAME=CxP``), the servers
+computing in the harness's dtype (fp32 on CPU) or in the one a setting names (``NAME=CxP:DTYPE``, ``--dtype`` of
+``transformers serve``: ``auto`` is the checkpoint config's, bf16 for verl's exports). The policies are
 the same reader listed ``--policies`` times under different names, so every setting does the work of that many
 policies. Printed per setting: wall time, documents and turns per second, the CPU time of the servers and of the
 harness (sampled from /proc every 0.2 s over the harness's process tree), and the load average before and after
 (the machine may be shared: compare settings of the same run, and ``--repeat`` interleaves them). Then every
 setting's results are compared with the first's, item by item: the answer, the token counts and every turn's
-text (``--trace``) must be identical, since greedy decoding does not depend on how requests are scheduled.
+text (``--trace``) must be identical, since greedy decoding does not depend on how requests are scheduled; settings
+of another dtype compute other numbers, so their answers are compared with the first of their dtype, and every
+setting's strict accuracy is printed.
 
 The reader: ``--reader`` or the warm start in the model cache (``replication-reader``), else the quick untrained
 one (built in seconds, ``python -m experiments.needle.warm_start --cache --quick``). The data: ``--data-dir``
@@ -33,6 +37,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -47,6 +53,7 @@ class Setting:
     name: str
     concurrency: int
     parallel: int
+    dtype: str | None = None  # transformers serve's --dtype; None: the harness's (recurrent.local_server.CPU_DTYPE)
 
 
 @dataclass
@@ -62,10 +69,14 @@ class Measure:
 
 def parse_setting(text: str) -> Setting:
     name, sep, spec = text.partition("=")
+    spec, colon, dtype = spec.partition(":")
     conc, x, par = spec.partition("x")
-    if not (sep and name and x and conc.isdigit() and par.isdigit() and int(conc) > 0 and int(par) > 0):
-        raise argparse.ArgumentTypeError(f"expected NAME=CxP (concurrency x models side by side), got {text!r}")
-    return Setting(name, int(conc), int(par))
+    ok = sep and name and x and conc.isdigit() and par.isdigit() and int(conc) > 0 and int(par) > 0
+    if not ok or (colon and not dtype):
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=CxP[:DTYPE] (concurrency x models side by side, the servers' dtype), got {text!r}"
+        )
+    return Setting(name, int(conc), int(par), dtype or None)
 
 
 def loadavg() -> str:
@@ -104,13 +115,26 @@ def results_of(folder: Path) -> dict:
             turns = [{k: v for k, v in t.items() if k != "seconds"} for t in r.get("trace") or []]  # text, tokens
             key = (path.parent.name, r["model"], r["id"])
             out[key] = (r.get("error"), r["response"], r["prompt_tokens"], r["completion_tokens"], r["memories"], turns)
+            out[key] += (r["strict"],)
     return out
+
+
+def setting_table(setting: Setting, table: Path, out: Path) -> Path:
+    """The reader table of a setting: ``table``, its servers' ``--dtype`` set when the setting names one."""
+    if setting.dtype is None:
+        return table
+    data = yaml.safe_load(table.read_text())
+    data["defaults"]["transformers_args"] = [*data["defaults"]["transformers_args"], "--dtype", setting.dtype]
+    path = out / f"policies-{setting.name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
 
 
 def run_setting(setting: Setting, table: Path, data: Path, args: argparse.Namespace, out: Path) -> Measure:
     results_dir = out / setting.name
     cmd = [
-        sys.executable, "-m", "taskutils.memory_eval.run", "--table", str(table), "--tasks", "needle",
+        sys.executable, "-m", "taskutils.memory_eval.run", "--table", str(setting_table(setting, table, out)),
+        "--tasks", "needle",
         "--lengths", args.lengths, "--limit", str(args.docs), "--data-dir", str(data), "--method", "memory-boxed",
         "--temperature", "0", "--trace", "--no-report", "--quiet", "--overwrite", "--results-dir", str(results_dir),
         "--concurrency", str(setting.concurrency), "--parallel-models", str(setting.parallel),
@@ -188,30 +212,34 @@ def main(argv: list[str] | None = None) -> int:
     threads = os.environ.get("OMP_NUM_THREADS", "unset")
     print(f"reader {reader.name}; {args.docs} documents x lengths {lengths} x {args.policies} policies = {docs} "
           f"documents, {turns} turns; OMP_NUM_THREADS={threads}", flush=True)  # fmt: skip
-    header = f"{'setting':10} {'conc':>4} {'par':>3} {'wall s':>7} {'docs/s':>7} {'turns/s':>7} {'CPU s':>6} "
-    header += f"{'server':>6} {'harness':>7}  load before -> after"
+    header = f"{'setting':10} {'conc':>4} {'par':>3} {'dtype':>8} {'wall s':>7} {'docs/s':>7} {'turns/s':>7} "
+    header += f"{'CPU s':>6} {'server':>6} {'harness':>7} {'strict%':>7}  load before -> after"
     print(header, flush=True)
     runs: list[tuple[Setting, Measure]] = []
     for _ in range(args.repeat):
         for s in args.settings:
             m = run_setting(s, table, data, args, out)
             runs.append((s, m))
+            strict = 100 * sum(v[-1] for v in m.results.values()) / max(len(m.results), 1)
             print(
-                f"{s.name:10} {s.concurrency:4d} {s.parallel:3d} {m.wall:7.1f} {docs / m.wall:7.3f} "
-                f"{turns / m.wall:7.1f} {m.cpu:6.1f} {m.server_cpu:6.1f} {m.cpu - m.server_cpu:7.1f}  "
-                f"{m.load_before} -> {m.load_after}" + (f"  (exit {m.rc}: see {out / s.name}.log)" if m.rc else ""),
+                f"{s.name:10} {s.concurrency:4d} {s.parallel:3d} {s.dtype or 'default':>8} {m.wall:7.1f} "
+                f"{docs / m.wall:7.3f} {turns / m.wall:7.1f} {m.cpu:6.1f} {m.server_cpu:6.1f} "
+                f"{m.cpu - m.server_cpu:7.1f} {strict:7.1f}  {m.load_before} -> {m.load_after}"
+                + (f"  (exit {m.rc}: see {out / s.name}.log)" if m.rc else ""),
                 flush=True,
             )
-    reference = runs[0][1].results
     ok = True
+    firsts: dict[str | None, tuple[Setting, Measure]] = {}
     for s, m in runs:
-        same = sum(m.results.get(k) == v for k, v in reference.items())
+        ref_setting, ref = firsts.setdefault(s.dtype, (s, m))
+        same = sum(m.results.get(k) == v for k, v in ref.results.items())
         errors = sum(v[0] is not None for v in m.results.values())
         complete = len(m.results) == docs
-        print(f"{s.name}: {same}/{len(reference)} items identical to {runs[0][0].name}, {len(m.results)} results "
+        print(f"{s.name}: {same}/{len(ref.results)} items identical to {ref_setting.name}, {len(m.results)} results "
               f"(expected {docs}), {errors} failed")  # fmt: skip
-        ok &= same == len(reference) == len(m.results) and complete and errors == 0 and m.rc == 0
-    print("answers identical across settings" if ok else "DIFFERENT answers or incomplete runs", flush=True)
+        ok &= same == len(ref.results) == len(m.results) and complete and errors == 0 and m.rc == 0
+    verdict = "answers identical across settings of one dtype" if ok else "DIFFERENT answers or incomplete runs"
+    print(verdict, flush=True)
     return 0 if ok else 1
 
 
