@@ -14,7 +14,9 @@ the needle's number through each document's memories:
   ``dropped`` (no number of 3 or more digits left: the needle sentence replaced by filler or words),
   ``miscopied`` (a number one digit off or a near copy of it, :func:`experiments.needle.misses.miss_kind`:
   the number drifted as the memory was rewritten) or ``replaced`` (another number);
-- ``final_intact``: the last memory holds it (the answer turn reads only that).
+- ``final_intact``: the last memory holds it (the answer turn reads only that);
+- ``before``: what the memory held when the needle's chunk came (:func:`prior_kind`): a policy that writes a
+  needle sentence with a made-up number over the filler must overwrite it there.
 
 Every chunk read after ``written`` while the number is intact is one *keep decision*. Over a policy's documents
 (every length, every seed), the survival curve S(k) = P(the number is still intact k chunks after it was written)
@@ -50,6 +52,7 @@ LOSS_KINDS = ("dropped", "miscopied", "replaced")
 # point past a run's longest length is "–").
 TABLE_K = (1, 3, 7, 15, 31, 63, 127, 255)
 _NUMBER = re.compile(r"\d{3,}")
+PRIOR_KINDS = ("first chunk", "no number", "part of a number", "a whole number")
 
 
 def holds(memory: str, number: str) -> bool:
@@ -68,6 +71,19 @@ def memory_kind(memory: str, number: str) -> str:
     return "replaced" if runs else "dropped"
 
 
+def prior_kind(memories: list[str], needle_chunk: int, number: str) -> str:
+    """What the memory held when the needle's chunk came (one of :data:`PRIOR_KINDS`): ``first chunk`` (the needle
+    is in it: no memory written yet), ``no number`` (no digits), ``part of a number`` (digits, fewer than the
+    needle has), ``a whole number`` (a run of as many digits as the needle or more: a number the policy made up
+    before it read the needle, or, in the choosing task, another needle's)."""
+    if needle_chunk == 0:
+        return "first chunk"
+    runs = re.findall(r"\d+", memories[needle_chunk - 1] or "")
+    if not runs:
+        return "no number"
+    return "a whole number" if max(map(len, runs)) >= len(number) else "part of a number"
+
+
 @dataclass(frozen=True)
 class Event:
     """One document's needle through the memories of one model (chunks are 0-based)."""
@@ -83,6 +99,7 @@ class Event:
     loss: str  # the kind of that loss (LOSS_KINDS), "" when not lost
     final_intact: bool
     right: bool  # the answer was right (strict)
+    before: str = ""  # what the memory held when the needle's chunk came (prior_kind); "" in older events files
 
     @property
     def decisions(self) -> int:
@@ -118,6 +135,7 @@ def event(model: str, method: str, length: int, record: dict, needle_chunk: int)
         loss=loss or "",
         final_intact=holds(memories[-1], number),
         right=bool(record.get("strict")),
+        before=prior_kind(memories, needle_chunk, number),
     )
 
 
@@ -269,6 +287,27 @@ def by_length(events: Iterable[Event]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def by_prior(events: Iterable[Event]) -> str:
+    """The needle's write taken apart by what the memory held when its chunk came (:func:`prior_kind`): per policy
+    and kind, the documents, the share written at the needle's own chunk and the share answered right (%)."""
+    cells: dict[str, dict[str, list[Event]]] = defaultdict(lambda: defaultdict(list))
+    for e in events:
+        cells[policy_name(policy_of_model(e.model, e.method))][e.before].append(e)
+    lines = ["| policy | " + " | ".join(PRIOR_KINDS) + " |", "|---|" + "---|" * len(PRIOR_KINDS)]
+    order = [policy_name(p) for p in POLICY_NAMES]
+    for name in sorted(cells, key=lambda n: (order.index(n) if n in order else len(order), n)):
+        cols = []
+        for kind in PRIOR_KINDS:
+            docs = cells[name].get(kind, [])
+            written = sum(e.write == "written" for e in docs)
+            right = sum(e.right for e in docs)
+            cols.append(
+                f"{len(docs)}: {100 * written / len(docs):.0f} / {100 * right / len(docs):.0f}" if docs else "–"
+            )
+        lines.append(f"| {name} | " + " | ".join(cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def write_events(events: list[Event], path: Path) -> None:
     names = [f.name for f in fields(Event)]
     with path.open("w", newline="") as f:
@@ -299,6 +338,7 @@ def read_events(path: Path) -> list[Event]:
                 loss=r["loss"],
                 final_intact=r["final_intact"] == "True",
                 right=r["right"] == "True",
+                before=r.get("before", ""),
             )
             for r in csv.DictReader(f)
         ]
@@ -364,7 +404,10 @@ def write(
     paths["md"].write_text(
         markdown(table)
         + "\nBy length (% of documents): the needle written, still intact in the last memory (what the answer reads), "
-        "the answer right.\n\n" + by_length(events)
+        "the answer right.\n\n"
+        + by_length(events)
+        + "\nBy what the memory held when the needle's chunk came (documents: the needle written at its own chunk % / "
+        "the answer right %).\n\n" + by_prior(events)
     )
     write_csv(table, paths["csv"])
     write_events(events, paths["events"])

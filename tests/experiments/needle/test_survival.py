@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from experiments.needle.survival import (
+    by_prior,
     collect,
     curves,
     main,
@@ -115,6 +116,32 @@ def test_the_files_and_the_cli(tmp_path, capsys):
     assert lines[0] == "policy,k,at_risk,lost,survival,fitted"
     assert lines[2] == f"RL,1,4,2,0.5,{round(4 / 7, 4)}"
     assert (tmp_path / "out" / "survival.png").stat().st_size > 1000
+
+
+def test_the_write_by_what_the_memory_held_before_the_needle(tmp_path):
+    """Each document's memory when the needle's chunk came, and the table of writes and answers by it, by hand."""
+    made_up = "The special magic number for brave-otter is 9945."
+    write_results(
+        tmp_path,
+        3,
+        "rl-seed0",
+        [
+            (0, [N, N, N], 1),  # G: the needle in the first chunk
+            (1, [F, N, N], 1),  # H: filler before it, written, right
+            (1, ["The special magic number for brave-otter is 45.", N, N], 1),  # I: two digits before it
+            (2, [made_up, made_up, made_up.replace("9945", "1245")], 0),  # J: a made-up needle, blended, wrong
+            (1, [made_up, N, N], 1),  # K: a made-up needle, overwritten, right
+        ],
+    )
+    events = collect(tmp_path / "results", tmp_path / "data")
+    assert [e.before for e in events] == ["first chunk", "no number", "part of a number"] + ["a whole number"] * 2
+    assert events[3].write == "miscopied"  # 1245: 1-2-4 of 1234 in order, a near copy
+    # first chunk 1 (written, right); no number 1 (written, right); part 1 (written, right); whole 2: K written and
+    # right, J neither: 50 / 50
+    assert by_prior(events).splitlines()[2] == "| RL | 1: 100 / 100 | 1: 100 / 100 | 1: 100 / 100 | 2: 50 / 50 |"
+    assert main([str(tmp_path / "results"), "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "out")]) == 0
+    assert by_prior(events) in (tmp_path / "out" / "survival.md").read_text()
+    assert read_events(tmp_path / "out" / "survival_events.csv") == events
 
 
 def test_events_round_trip(tmp_path):
