@@ -114,8 +114,8 @@ def results_of(folder: Path) -> dict:
             r = json.loads(line)
             turns = [{k: v for k, v in t.items() if k != "seconds"} for t in r.get("trace") or []]  # text, tokens
             key = (path.parent.name, r["model"], r["id"])
-            out[key] = (r.get("error"), r["response"], r["prompt_tokens"], r["completion_tokens"], r["memories"], turns)
-            out[key] += (r["strict"],)
+            out[key] = (r.get("error"), r["response"], r["prompt_tokens"], r["completion_tokens"], r["memories"], turns,
+                        r["strict"])  # fmt: skip
     return out
 
 

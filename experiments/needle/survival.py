@@ -38,9 +38,10 @@ import json
 import re
 import sys
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from experiments.needle.misses import miss_kind
 from experiments.needle.policies import POLICY_NAMES, policy_name, policy_of_model
@@ -258,22 +259,29 @@ def markdown(table: dict[str, Curve]) -> str:
     return "\n".join(lines) + "\n\n" + note + "\n"
 
 
+def policy_cells(events: Iterable[Event], column: Callable[[Event], Any]) -> list[tuple[str, dict[Any, list[Event]]]]:
+    """Each policy's events (a row of a table, in the report's display order) grouped by ``column``."""
+    cells: dict[str, dict[Any, list[Event]]] = defaultdict(lambda: defaultdict(list))
+    for e in events:
+        cells[policy_name(policy_of_model(e.model, e.method))][column(e)].append(e)
+    order = [policy_name(p) for p in POLICY_NAMES]
+    names = sorted(cells, key=lambda n: (order.index(n) if n in order else len(order), n))
+    return [(name, cells[name]) for name in names]
+
+
 def by_length(events: Iterable[Event]) -> str:
     """Accuracy at each length taken apart: the share of documents whose needle was written, whose last memory
     still holds it, and whose answer was right (%), per policy (a row) and length (a column)."""
-    cells: dict[str, dict[int, list[Event]]] = defaultdict(lambda: defaultdict(list))
-    for e in events:
-        cells[policy_name(policy_of_model(e.model, e.method))][e.length].append(e)
-    lengths = sorted({e.length for per in cells.values() for e in (x for v in per.values() for x in v)})
+    events = list(events)
+    lengths = sorted({e.length for e in events})
     lines = [
         "| policy | " + " | ".join(f"{n} chunks: written / kept / right" for n in lengths) + " |",
         "|---|" + "---|" * len(lengths),
     ]
-    order = [policy_name(p) for p in POLICY_NAMES]
-    for name in sorted(cells, key=lambda n: (order.index(n) if n in order else len(order), n)):
+    for name, cells in policy_cells(events, lambda e: e.length):
         cols = []
         for n in lengths:
-            docs = cells[name].get(n, [])
+            docs = cells.get(n, [])
             if not docs:
                 cols.append("–")
                 continue
@@ -290,15 +298,11 @@ def by_length(events: Iterable[Event]) -> str:
 def by_prior(events: Iterable[Event]) -> str:
     """The needle's write taken apart by what the memory held when its chunk came (:func:`prior_kind`): per policy
     and kind, the documents, the share written at the needle's own chunk and the share answered right (%)."""
-    cells: dict[str, dict[str, list[Event]]] = defaultdict(lambda: defaultdict(list))
-    for e in events:
-        cells[policy_name(policy_of_model(e.model, e.method))][e.before].append(e)
     lines = ["| policy | " + " | ".join(PRIOR_KINDS) + " |", "|---|" + "---|" * len(PRIOR_KINDS)]
-    order = [policy_name(p) for p in POLICY_NAMES]
-    for name in sorted(cells, key=lambda n: (order.index(n) if n in order else len(order), n)):
+    for name, cells in policy_cells(events, lambda e: e.before):
         cols = []
         for kind in PRIOR_KINDS:
-            docs = cells[name].get(kind, [])
+            docs = cells.get(kind, [])
             written = sum(e.write == "written" for e in docs)
             right = sum(e.right for e in docs)
             cols.append(
