@@ -27,7 +27,8 @@
 #   6. report       python -m experiments.needle.report: replication.md / .csv / .png (accuracy by length x policy;
 #                   the .md ends with the needle's survival in memory, experiments/needle/survival.py, and what
 #                   ran: commit, command line, stage times from timing.jsonl and run.jsonl); survival.{md,csv,png},
-#                   survival_events.csv
+#                   survival_events.csv; each run's memories.{csv,png} (experiments/needle/rollout_memories.py:
+#                   per step, the share of memories that are one whole needle, the asked one, and the reward)
 #
 # Environment (defaults in brackets; QUICK=1 changes the ones marked Q):
 #   TASK            needle (one needle a document) or choose (the asked needle among DISTRACTORS others of other
@@ -61,10 +62,11 @@
 #   PYTHON          interpreter [the repo's .venv]
 # Extra arguments go to every RL run as hydra overrides.
 #
-# Output: OUT_DIR/{data,eval_data}, OUT_DIR/runs/<policy>/ (train.log, metrics.jsonl, training.png, checkpoints),
-# OUT_DIR/policies.yaml (the evaluation's model table), OUT_DIR/results/ (the harness's per-item results and
-# summary), OUT_DIR/results/replication.{md,csv,png}, OUT_DIR/timing.jsonl (wall seconds of every stage run, and
-# a "total" line per invocation), OUT_DIR/run.jsonl (commit, command line, cores, start: one line per invocation).
+# Output: OUT_DIR/{data,eval_data}, OUT_DIR/runs/<policy>/ (train.log, metrics.jsonl, training.png,
+# memories.{csv,png}, checkpoints), OUT_DIR/policies.yaml (the evaluation's model table), OUT_DIR/results/ (the
+# harness's per-item results and summary), OUT_DIR/results/replication.{md,csv,png}, OUT_DIR/timing.jsonl (wall
+# seconds of every stage run, and a "total" line per invocation), OUT_DIR/run.jsonl (commit, command line, cores,
+# start: one line per invocation).
 # Exit status: 0 when every stage finished and every results file is complete; otherwise the failing stage's.
 set -euo pipefail
 
@@ -238,5 +240,9 @@ record_total
 "$PYTHON" -m taskutils.memory_eval.report "$OUT_DIR/results" > /dev/null
 "$PYTHON" -m experiments.needle.report "$OUT_DIR/results" --task "$TASK" --run-dir "$OUT_DIR" \
   --eval-data "$OUT_DIR/eval_data/eval/test"
-for run in "$OUT_DIR"/runs/*/; do say "training curve: ${run}training.png"; done
+for run in "$OUT_DIR"/runs/*/; do
+  # What each run wrote into memory, step by step (its rollout dumps): whole and asked needles, the sampled reward.
+  "$PYTHON" -m experiments.needle.rollout_memories "$run" > /dev/null
+  say "training curve: ${run}training.png; memories by step: ${run}memories.png"
+done
 say "done: $OUT_DIR/results/replication.md, replication.png; stage times: $OUT_DIR/timing.jsonl"

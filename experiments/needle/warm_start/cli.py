@@ -84,6 +84,18 @@ def parser() -> argparse.ArgumentParser:
         help="with --out --task choose: the choice stage's step budget (the recipe's: "
         f"{CHOOSE_RECIPES['choice'][0].choice}; it stops at exact 0.9)",
     )
+    parser.add_argument(
+        "--choice-fresh",
+        action="store_true",
+        help="with --out --task choose: the choice stage trains on new documents every step, not on its pool of "
+        f"{CHOOSE_RECIPES['choice'][0].choice_rows[0]} rows",
+    )
+    parser.add_argument(
+        "--naive-replay",
+        type=float,
+        help="with --out --task choose: the share of each naive-stage batch drawn from the choice stage's rows (the "
+        f"recipe's: {CHOOSE_RECIPES['choice'][0].naive_replay})",
+    )
     parser.add_argument("--docs", type=int, default=32, help="validation documents per length")
     parser.add_argument("--chunks", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--sample", action="store_true", help="sample (temperature 1) instead of greedy")
@@ -102,6 +114,12 @@ def checked(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse
         parser.error("--choice-steps is the choice stage's budget: give --task choose (its choice recipe)")
     if args.choice_steps is not None and args.choice_steps < 1:
         parser.error(f"--choice-steps {args.choice_steps}: a step budget is a whole number >= 1")
+    if args.choice_fresh and (args.task, args.recipe) != ("choose", "choice"):
+        parser.error("--choice-fresh is the choice stage's: give --task choose (its choice recipe)")
+    if args.naive_replay is not None and (args.task, args.recipe) != ("choose", "choice"):
+        parser.error("--naive-replay replays the choice stage's rows: give --task choose (its choice recipe)")
+    if args.naive_replay is not None and not 0 <= args.naive_replay <= 1:
+        parser.error(f"--naive-replay {args.naive_replay}: a share of each batch, from 0 to 1")
     if args.recipe != "choice" and args.task != "choose":
         parser.error(f"--recipe {args.recipe} is a recipe of the choosing task: give --task choose")
     if args.cache and (
@@ -112,11 +130,14 @@ def checked(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse
         or args.p_needle is not None
         or args.answer_steps is not None
         or args.choice_steps is not None
+        or args.naive_replay is not None
+        or args.choice_fresh
         or (args.p_keep, args.seed, args.threads, args.stop_at) != (0.9, 0, 1, 0.9)
     ):
         parser.error(
             "--cache builds the recipe as it is: --steps, --p-needle, --p-keep, --seed, --threads, --stop-at, "
-            "--copy-stages, --tokenizer-corpus, --miss, --answer-steps, --choice-steps go with --out"
+            "--copy-stages, --tokenizer-corpus, --miss, --answer-steps, --choice-steps, --choice-fresh, "
+            "--naive-replay go with --out"
         )
     return args
 
@@ -136,6 +157,10 @@ def main(argv: list[str] | None = None) -> None:
             scale = replace(scale, steps=tuple(args.steps))
         if args.choice_steps is not None:
             scale = replace(scale, choice=args.choice_steps)
+        if args.naive_replay is not None:
+            scale = replace(scale, naive_replay=args.naive_replay)
+        if args.choice_fresh:
+            scale = replace(scale, choice_fresh=True)
         if args.answer_steps is not None:
             scale = replace(scale, answer=args.answer_steps)
         recipe = build(

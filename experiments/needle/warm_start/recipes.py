@@ -29,8 +29,10 @@ class ChooseScale(Scale):
     """The choosing task's build, with two stages between the copy stages and the naive one: ``recall``, the step
     budget of question answering over several needles (:func:`recall_rows`, stopped at exact ``recall_stop``;
     ``recall_held`` held-out rows) and ``choice``, that of copying one needle of several (:func:`choice_rows`;
-    ``choice_rows``: its pool and held-out rows); 0: no such stage. ``form``: what the naive teacher writes of a
-    needle (:data:`FORMS`)."""
+    ``choice_rows``: its pool and held-out rows; ``choice_fresh``: new rows every step instead of the pool); 0: no
+    such stage. ``form``: what the naive teacher writes of a
+    needle (:data:`FORMS`). ``naive_replay``: the share of each naive-stage batch drawn from the choice stage's rows
+    (its copy of one whole needle, replayed so that the teacher's transcripts do not train it away; 0: none)."""
 
     choice: int = 0
     choice_rows: tuple[int, int] = (3000, 200)
@@ -38,6 +40,8 @@ class ChooseScale(Scale):
     recall_held: int = 300
     recall_stop: float = 0.95
     form: str = "sentence"
+    choice_fresh: bool = False
+    naive_replay: float = 0.0
 
 
 # The warm start: the budgets are the steps of the measured build (docs/replication_cpu_notebook.md, "Warm start"),

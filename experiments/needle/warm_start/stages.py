@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -178,8 +179,24 @@ def answer_stage(build: Build) -> None:
         build.stage("answer", lambda n: build.rng.sample(pool, n), held, 1e-3, 20, "exact")
 
 
-def choose_stages(build: Build) -> None:
-    """The choosing task's stages between the copy stages and the naive one, those its recipe has: recall, choice."""
+def replaying(
+    rng: random.Random, pool: list[Row], replay: Callable[[int], list[Row]] | None, share: float
+) -> Callable[[int], list[Row]]:
+    """A stage's draw of ``n`` rows: ``round(n * share)`` drawn by ``replay``, an earlier stage's draw (so that its
+    skill is not trained away), the rest from ``pool``; share 0 draws from ``pool`` alone, as a stage without
+    replay does."""
+
+    def sample(n: int) -> list[Row]:
+        k = round(n * share)
+        return (replay(k) if k else []) + rng.sample(pool, n - k)
+
+    return sample
+
+
+def choose_stages(build: Build) -> Callable[[int], list[Row]] | None:
+    """The choosing task's stages between the copy stages and the naive one, those its recipe has: recall, choice.
+    Returns the choice stage's draw of training rows (None without a choice stage), which the naive stage may
+    replay: from its pool, or fresh rows every step (``choice_fresh``)."""
     tokenizer, rng, held_rng, scale = build.tokenizer, build.rng, build.held_rng, build.scale
     if build.budgets.get("recall"):
         recall_held = recall_rows(tokenizer, held_rng, scale.recall_held)[0]
@@ -187,11 +204,15 @@ def choose_stages(build: Build) -> None:
         build.stage("recall", recall_sample, recall_held, 1e-3, 50, "exact", every=250)
     if build.budgets.get("choice"):
         pool, held = scale.choice_rows
-        choice_pool, choice_held = (
-            choice_rows(build.workflow, rng, pool),
-            choice_rows(build.workflow, held_rng, held, True),
-        )
-        build.stage("choice", lambda n: rng.sample(choice_pool, n), choice_held, 1e-3, 20, "exact")
+        if scale.choice_fresh:  # new documents every step: nothing to memorise, only the copy to learn
+            choice_sample = partial(choice_rows, build.workflow, rng)
+        else:
+            choice_pool = choice_rows(build.workflow, rng, pool)
+            choice_sample = partial(rng.sample, choice_pool)
+        choice_held = choice_rows(build.workflow, held_rng, held, True)
+        build.stage("choice", choice_sample, choice_held, 1e-3, 20, "exact")
+        return choice_sample
+    return None
 
 
 def train(
@@ -219,6 +240,9 @@ def train(
     :data:`~experiments.needle.warm_start.teachers.P_NEEDLE` unless given. The answer stage's budget is the scale's
     (:attr:`Scale.answer`, :func:`answer_stage`)."""
     p_needle = share_of_needles(task, p_needle)
+    replay = getattr(scale, "naive_replay", 0.0)
+    if replay and not (task == "choose" and getattr(scale, "choice", 0)):
+        raise ValueError(f"naive_replay {replay}: the naive stage replays the choice stage's rows; this build has none")
     t_build = time.perf_counter()
     pin_numerics()  # before the first kernel of this build's process (the same weights on one machine)
     with torch_threads(threads):
@@ -229,13 +253,14 @@ def train(
             if copy_dir:
                 keep_copy_stages(build, copy_dir, key)
         answer_stage(build)
-        choose_stages(build)
+        choice_sample = choose_stages(build)
         form = getattr(scale, "form", "sentence")
         teacher = partial(
             teacher_rows, build.workflow, p_needle=p_needle, p_keep=p_keep, task=task, form=form, miss=miss
         )
         naive_pool, naive_held = teacher(build.rng, scale.pools[2]), teacher(build.held_rng, scale.held[3])
-        build.stage("naive", lambda n: build.rng.sample(naive_pool, n), naive_held, 1e-3, 20, None, every=50)
+        naive_sample = replaying(build.rng, naive_pool, choice_sample, replay)
+        build.stage("naive", naive_sample, naive_held, 1e-3, 20, None, every=50)
         ran_with = numerics()  # inside the block: the threads the stages ran on, not the process's default
     model, tokenizer = build.model, build.tokenizer
     recipe = {

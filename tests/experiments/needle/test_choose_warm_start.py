@@ -271,3 +271,69 @@ def test_the_command_refuses_a_recall_recipe_for_the_needle_task(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--cache", "--recipe", "recall"])
     assert exit_.value.code == 2 and "--recipe recall is a recipe of the choosing task" in capsys.readouterr().err
+
+
+def test_the_naive_stage_replays_the_given_share_of_choice_rows_and_none_by_default():
+    from experiments.needle.warm_start.stages import replaying
+
+    naive = [([i], [i]) for i in range(100)]
+    choice = [([1000 + i], [1000 + i]) for i in range(100)]
+    asked: list[int] = []
+
+    def replay(n):  # an earlier stage's draw: records how many rows it was asked for
+        asked.append(n)
+        return random.Random(n).sample(choice, n)
+
+    # a quarter of 8 is 2: the first two rows drawn are choice rows, the other six naive rows, all distinct
+    rows = replaying(random.Random(7), naive, replay, 0.25)(8)
+    assert asked == [2] and [r[0][0] >= 1000 for r in rows] == [True, True] + [False] * 6
+    assert len({r[0][0] for r in rows}) == 8
+    # share 0 is the stage without replay: the replay is never drawn from, and the naive draws are those of the pool
+    # alone with the same stream
+    assert replaying(random.Random(7), naive, replay, 0.0)(8) == random.Random(7).sample(naive, 8)
+    assert replaying(random.Random(7), naive, None, 0.0)(8) == random.Random(7).sample(naive, 8)
+    assert asked == [2]
+    assert (CHOOSE.naive_replay, CHOOSE.choice_fresh) == (0.0, False)  # the recipe's defaults: a pool, no replay
+
+
+def test_fresh_choice_rows_are_new_documents_every_draw(workflow):
+    from dataclasses import replace
+
+    from experiments.needle.warm_start.stages import Build, choose_stages
+
+    lines: list[str] = []
+    for fresh in (False, True):
+        build = Build(replace(MICRO_CHOOSE, recall=0, choice_fresh=fresh), 0, 0.9, "choose", "keys", lines.append)
+        sample = choose_stages(build)
+        draws = [tuple(map(tuple, row)) for _ in range(6) for row in sample(4)]
+        # the pool has 8 rows (MICRO_CHOOSE.choice_rows): 24 draws repeat rows; fresh documents do not repeat
+        assert (len(set(draws)) <= 8) == (not fresh)
+        assert fresh is False or len(set(draws)) == 24
+
+
+def test_a_build_refuses_replay_without_a_choice_stage(tmp_path):
+    from dataclasses import replace
+
+    from experiments.needle.warm_start import train
+
+    micro = replace(MICRO_CHOOSE, choice=0, recall=0, naive_replay=0.5)
+    with pytest.raises(ValueError, match="naive_replay 0.5: the naive stage replays the choice stage's rows"):
+        train(micro, task="choose", log=lambda _: None)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--out", "x", "--naive-replay", "0.5"], "--naive-replay replays the choice stage's rows"),
+        (["--out", "x", "--task", "choose", "--naive-replay", "1.5"], "--naive-replay 1.5: a share of each batch"),
+        (["--cache", "--task", "choose", "--naive-replay", "0.5"], "--naive-replay go with --out"),
+        (["--out", "x", "--choice-fresh"], "--choice-fresh is the choice stage's: give --task choose"),
+        (["--cache", "--task", "choose", "--choice-fresh"], "--choice-fresh"),
+    ],
+)
+def test_the_command_refuses_a_replay_it_cannot_make(capsys, argv, message):
+    from experiments.needle.warm_start import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err

@@ -74,6 +74,11 @@ def test_the_choosing_task_runs_through_every_stage(pipeline):
             item = json.loads(line)
             chunks[(n, str(item["index"]))] = item["needle_chunk"]
     assert all(int(e["needle_chunk"]) == chunks[(int(e["length"]), e["id"])] for e in events)
+    # each RL run's memories by step, from its rollout dumps: one line per dumped step
+    with (pipeline / "runs/rl-seed0/memories.csv").open() as f:
+        steps = [int(r["step"]) for r in csv.DictReader(f)]
+    dumped = sorted(int(p.stem) for p in (pipeline / "runs/rl-seed0/rollout").glob("*.jsonl"))
+    assert steps == dumped and steps and (pipeline / "runs/rl-seed0/memories.png").is_file()
 
 
 @pytest.mark.parametrize(
