@@ -7,15 +7,16 @@ Each setting runs the harness as the replication's stage 5 does (``python -m tas
 reader table from ``experiments.needle.eval_models``, ``transformers serve`` with continuous batching, method
 ``memory-boxed``, greedy) with ``--concurrency C --parallel-models P`` (a setting ``NAME=CxP``), the servers
 computing in the harness's dtype (fp32 on CPU) or in the one a setting names (``NAME=CxP:DTYPE``, ``--dtype`` of
-``transformers serve``: ``auto`` is the checkpoint config's, bf16 for verl's exports). The policies are
-the same reader listed ``--policies`` times under different names, so every setting does the work of that many
-policies. Printed per setting: wall time, documents and turns per second, the CPU time of the servers and of the
-harness (sampled from /proc every 0.2 s over the harness's process tree), and the load average before and after
-(the machine may be shared: compare settings of the same run, and ``--repeat`` interleaves them). Then every
-setting's results are compared with the first's, item by item: the answer, the token counts and every turn's
-text (``--trace``) must be identical, since greedy decoding does not depend on how requests are scheduled; settings
-of another dtype compute other numbers, so their answers are compared with the first of their dtype, and every
-setting's strict accuracy is printed.
+``transformers serve``: ``auto`` is the checkpoint config's, bf16 for verl's exports), with the harness's
+``--cb-max-batch-tokens`` or the one a setting names (``NAME=CxP/TOKENS``: the query tokens of one batched step).
+The policies are the same reader listed ``--policies`` times under different names, so every setting does the
+work of that many policies. Printed per setting: wall time, documents and turns per second, the CPU time of the
+servers and of the harness (sampled from /proc every 0.2 s over the harness's process tree), and the load average
+before and after (the machine may be shared: compare settings of the same run, and ``--repeat`` interleaves them).
+Then every setting's results are compared with the first's, item by item: the answer, the token counts and every
+turn's text (``--trace``) must be identical, since greedy decoding does not depend on how requests are scheduled;
+settings of another dtype compute other numbers, so their answers are compared with the first of their dtype, and
+every setting's strict accuracy is printed.
 
 The reader: ``--reader`` or the warm start in the model cache (``replication-reader``), else the quick untrained
 one (built in seconds, ``python -m experiments.needle.warm_start --cache --quick``). The data: ``--data-dir``
@@ -54,6 +55,7 @@ class Setting:
     concurrency: int
     parallel: int
     dtype: str | None = None  # transformers serve's --dtype; None: the harness's (recurrent.local_server.CPU_DTYPE)
+    batch_tokens: int | None = None  # --cb-max-batch-tokens; None: the harness's (experiments.needle.eval_models)
 
 
 @dataclass
@@ -69,14 +71,16 @@ class Measure:
 
 def parse_setting(text: str) -> Setting:
     name, sep, spec = text.partition("=")
+    spec, slash, tokens = spec.partition("/")
     spec, colon, dtype = spec.partition(":")
     conc, x, par = spec.partition("x")
     ok = sep and name and x and conc.isdigit() and par.isdigit() and int(conc) > 0 and int(par) > 0
-    if not ok or (colon and not dtype):
+    if not ok or (colon and not dtype) or (slash and not (tokens.isdigit() and int(tokens) > 0)):
         raise argparse.ArgumentTypeError(
-            f"expected NAME=CxP[:DTYPE] (concurrency x models side by side, the servers' dtype), got {text!r}"
+            "expected NAME=CxP[:DTYPE][/TOKENS] (concurrency x models side by side, the servers' dtype, their "
+            f"--cb-max-batch-tokens), got {text!r}"
         )
-    return Setting(name, int(conc), int(par), dtype or None)
+    return Setting(name, int(conc), int(par), dtype or None, int(tokens) if slash else None)
 
 
 def loadavg() -> str:
@@ -120,11 +124,17 @@ def results_of(folder: Path) -> dict:
 
 
 def setting_table(setting: Setting, table: Path, out: Path) -> Path:
-    """The reader table of a setting: ``table``, its servers' ``--dtype`` set when the setting names one."""
-    if setting.dtype is None:
+    """The reader table of a setting: ``table``, its servers' ``--dtype`` and ``--cb-max-batch-tokens`` set when the
+    setting names them."""
+    if setting.dtype is None and setting.batch_tokens is None:
         return table
     data = yaml.safe_load(table.read_text())
-    data["defaults"]["transformers_args"] = [*data["defaults"]["transformers_args"], "--dtype", setting.dtype]
+    args = list(data["defaults"]["transformers_args"])
+    if setting.dtype is not None:
+        args += ["--dtype", setting.dtype]
+    if setting.batch_tokens is not None:
+        args[args.index("--cb-max-batch-tokens") + 1] = str(setting.batch_tokens)
+    data["defaults"]["transformers_args"] = args
     path = out / f"policies-{setting.name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -212,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     threads = os.environ.get("OMP_NUM_THREADS", "unset")
     print(f"reader {reader.name}; {args.docs} documents x lengths {lengths} x {args.policies} policies = {docs} "
           f"documents, {turns} turns; OMP_NUM_THREADS={threads}", flush=True)  # fmt: skip
-    header = f"{'setting':10} {'conc':>4} {'par':>3} {'dtype':>8} {'wall s':>7} {'docs/s':>7} {'turns/s':>7} "
-    header += f"{'CPU s':>6} {'server':>6} {'harness':>7} {'strict%':>7}  load before -> after"
+    header = f"{'setting':10} {'conc':>4} {'par':>3} {'dtype':>8} {'tokens':>6} {'wall s':>7} {'docs/s':>7} "
+    header += f"{'turns/s':>7} {'CPU s':>6} {'server':>6} {'harness':>7} {'strict%':>7}  load before -> after"
     print(header, flush=True)
     runs: list[tuple[Setting, Measure]] = []
     for _ in range(args.repeat):
@@ -222,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
             runs.append((s, m))
             strict = 100 * sum(v[-1] for v in m.results.values()) / max(len(m.results), 1)
             print(
-                f"{s.name:10} {s.concurrency:4d} {s.parallel:3d} {s.dtype or 'default':>8} {m.wall:7.1f} "
+                f"{s.name:10} {s.concurrency:4d} {s.parallel:3d} {s.dtype or 'default':>8} "
+                f"{s.batch_tokens or 'default':>6} {m.wall:7.1f} "
                 f"{docs / m.wall:7.3f} {turns / m.wall:7.1f} {m.cpu:6.1f} {m.server_cpu:6.1f} "
                 f"{m.cpu - m.server_cpu:7.1f} {strict:7.1f}  {m.load_before} -> {m.load_after}"
                 + (f"  (exit {m.rc}: see {out / s.name}.log)" if m.rc else ""),
