@@ -12,7 +12,10 @@ trajectories of that step:
 - ``whole``: the share of those that are exactly one needle of the trajectory's document (a needle sentence the
   trajectory's chunks showed, or its bare number), not a blend of several;
 - ``asked``: the share of those that are the asked needle (the question's key with the answer's number);
-- ``final_asked``: the share of trajectories whose last memory is the asked needle (what the answer turn reads).
+- ``final_asked``: the share of trajectories whose last memory is the asked needle (what the answer turn reads);
+- ``turns_before``, ``numbers_before``: the memory turns before the chunk that shows the asked needle's number, and
+  how many of them wrote a 4-digit number (a needle made up before the needle came; with distractors, also another
+  needle's number).
 
 The needles of a trajectory are the needle sentences in the ``<section>`` of its memory turns (together its whole
 document); the asked key is the question's. Writes ``DIR/memories.csv`` (one line per step) and ``memories.png``
@@ -32,7 +35,17 @@ from typing import Any
 from experiments.needle.needle import NEEDLE, NEEDLE_RE
 from recurrent.resume import read_jsonl
 
-COLUMNS = ("step", "trajectories", "reward", "needle_memories", "whole", "asked", "final_asked")
+COLUMNS = (
+    "step",
+    "trajectories",
+    "reward",
+    "needle_memories",
+    "whole",
+    "asked",
+    "final_asked",
+    "turns_before",
+    "numbers_before",
+)
 _ASKED_KEY = re.compile(r"special magic number for (\S+) mentioned in the provided text\?")
 _SECTION = re.compile(r"<section>(.*?)</section>", re.S)
 _NUMBER = re.compile(r"\d{4}")
@@ -65,12 +78,16 @@ def trajectory_shares(rows: list[dict[str, Any]]) -> dict[str, Any]:
     asked = {NEEDLE.format(key=found.group(1), value=gold), gold}
     written = [r["output"].strip() for r in memories]
     naming = [m for m in written if names_a_needle(m)]
+    shown = [gold in "".join(_SECTION.findall(r["input"])) for r in memories]
+    before = written[: shown.index(True)] if True in shown else written
     return {
         "score": float(final[0]["score"]),
         "naming": len(naming),
         "whole": sum(m in needles for m in naming),
         "asked": sum(m in asked for m in naming),
         "final_asked": bool(written) and written[-1] in asked,
+        "turns_before": len(before),
+        "numbers_before": sum(bool(_NUMBER.search(m)) for m in before),
     }
 
 
@@ -92,6 +109,8 @@ def step_row(step: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "whole": share(sum(s["whole"] for s in shares)),
         "asked": share(sum(s["asked"] for s in shares)),
         "final_asked": round(sum(s["final_asked"] for s in shares) / count, 4) if count else 0.0,
+        "turns_before": sum(s["turns_before"] for s in shares),
+        "numbers_before": sum(s["numbers_before"] for s in shares),
     }
 
 

@@ -77,6 +77,9 @@ def test_each_steps_shares_are_counted_over_the_memories_that_name_a_needle(tmp_
         "whole": round(2 / 3, 4),
         "asked": round(1 / 3, 4),
         "final_asked": 0.5,
+        # before the chunk showing 4821: t1's needle (A) is in its first chunk, none before; t2's too
+        "turns_before": 0,
+        "numbers_before": 0,
     }
     assert table[1] == {
         "step": 2,
@@ -86,11 +89,13 @@ def test_each_steps_shares_are_counted_over_the_memories_that_name_a_needle(tmp_
         "whole": 1.0,
         "asked": 1.0,
         "final_asked": 1.0,
+        "turns_before": 0,
+        "numbers_before": 0,
     }
     assert main([str(run)]) == 0
     lines = (run / "memories.csv").read_text().splitlines()
-    assert lines[0] == "step,trajectories,reward,needle_memories,whole,asked,final_asked"
-    assert lines[1] == "1,2,0.5,3,0.6667,0.3333,0.5" and len(lines) == 3
+    assert lines[0] == "step,trajectories,reward,needle_memories,whole,asked,final_asked,turns_before,numbers_before"
+    assert lines[1] == "1,2,0.5,3,0.6667,0.3333,0.5,0,0" and len(lines) == 3
     assert (run / "memories.png").stat().st_size > 0
 
 
@@ -101,3 +106,23 @@ def test_a_folder_without_dumps_or_with_a_row_missing_its_answer_is_refused(tmp_
     assert main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "3.jsonl" in err and "trajectory t1: 0 answer rows, expected 1" in err
+
+
+def test_the_memories_before_the_needles_chunk_count_the_numbers_written_there(tmp_path):
+    run = tmp_path / "run"
+    # 4 chunks, the needle (A, number 4821) in the third: two turns before it, the second writes a made-up needle
+    made_up = "The special magic number for brave-otter is 9999."
+    rows = [
+        memory_row("t", 0, "Filler one.", "Filler one."),
+        memory_row("t", 1, f"Filler two. {B}", made_up),
+        memory_row("t", 2, f"Filler three. {A}", A),
+        memory_row("t", 3, "Filler four, 1234 apples.", A),
+        final_row("t", 4, 1.0),
+    ]
+    write_dump(run / "rollout", 5, rows)
+    (line,) = run_table(run)
+    assert (line["turns_before"], line["numbers_before"]) == (2, 1)
+    # a document whose needle is never shown (cut by a chunk edge): every turn is before it
+    write_dump(run / "rollout", 5, [memory_row("u", 0, "Filler.", "7777"), final_row("u", 1, 0.0)])
+    (line,) = run_table(run)
+    assert (line["turns_before"], line["numbers_before"]) == (1, 1)
