@@ -242,7 +242,7 @@ record_total
   --eval-data "$OUT_DIR/eval_data/eval/test"
 for run in "$OUT_DIR"/runs/*/; do
   # What each run wrote into memory, step by step (its rollout dumps): whole and asked needles, the sampled reward.
-  "$PYTHON" -m experiments.needle.rollout_memories "$run" > /dev/null
+  "$PYTHON" -m experiments.needle.rollout_memories "$run" > /dev/null || say "   $run: no memories by step (no dumps)"
   say "training curve: ${run}training.png; memories by step: ${run}memories.png"
 done
 say "done: $OUT_DIR/results/replication.md, replication.png; stage times: $OUT_DIR/timing.jsonl"
