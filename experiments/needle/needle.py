@@ -71,7 +71,13 @@ TAIL = (
 NEEDLE = "The special magic number for {key} is {value}."
 QUESTION = "What is the special magic number for {key} mentioned in the provided text?"
 NEEDLE_RE = re.compile(r"The special magic number for (\S+) is (\d{4})\.")
+NUMBER_RE = re.compile(r"\d{4}")  # a needle's number, in a sentence or bare
 SENTENCE_RE = re.compile(r"[A-Z][^.]*\.")
+
+
+def names_a_needle(memory: str) -> bool:
+    """A memory names a needle: it mentions a magic number or holds a 4-digit number (whole or blended)."""
+    return "magic number" in memory or bool(NUMBER_RE.search(memory))
 
 
 def split_id(split: str) -> int:

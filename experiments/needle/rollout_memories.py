@@ -32,7 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from experiments.needle.needle import NEEDLE, NEEDLE_RE
+from experiments.needle.needle import NEEDLE, NEEDLE_RE, NUMBER_RE, names_a_needle
 from recurrent.resume import read_jsonl
 
 COLUMNS = (
@@ -48,16 +48,10 @@ COLUMNS = (
 )
 _ASKED_KEY = re.compile(r"special magic number for (\S+) mentioned in the provided text\?")
 _SECTION = re.compile(r"<section>(.*?)</section>", re.S)
-_NUMBER = re.compile(r"\d{4}")
 
 
 class DumpError(ValueError):
     """A run folder whose dumps cannot be read; the message names the file."""
-
-
-def names_a_needle(memory: str) -> bool:
-    """The memory names a needle: it mentions a magic number or holds a 4-digit number."""
-    return "magic number" in memory or bool(_NUMBER.search(memory))
 
 
 def trajectory_shares(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -87,7 +81,7 @@ def trajectory_shares(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "asked": sum(m in asked for m in naming),
         "final_asked": bool(written) and written[-1] in asked,
         "turns_before": len(before),
-        "numbers_before": sum(bool(_NUMBER.search(m)) for m in before),
+        "numbers_before": sum(bool(NUMBER_RE.search(m)) for m in before),
     }
 
 

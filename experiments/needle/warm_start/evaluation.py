@@ -12,10 +12,9 @@ from typing import Any
 
 import torch
 
-from experiments.needle.needle import NEEDLE, NEEDLE_RE, make_choice_document, make_document
+from experiments.needle.needle import NEEDLE, NEEDLE_RE, make_choice_document, make_document, names_a_needle
 from experiments.needle.survival import event
 from experiments.needle.warm_start.rows import agent_config, sample_of
-from experiments.needle.warm_start.teachers import NUMBER_RE
 from recurrent.generation_manager import run_lockstep
 from recurrent.impls.memory import MemoryWorkflow
 from recurrent.interface import Reply, Turn
@@ -68,7 +67,7 @@ def whole_needles(sessions: list[Any], documents: list[dict[str, Any]]) -> dict[
         pairs = [NEEDLE_RE.fullmatch(doc["needle"]).groups(), *((d["key"], d["value"]) for d in doc["distractors"])]
         needles = {NEEDLE.format(key=k, value=v) for k, v in pairs} | {v for _, v in pairs}
         for memory in session.memory_trace:
-            if "magic number" in memory or NUMBER_RE.search(memory):
+            if names_a_needle(memory):
                 mentions += 1
                 whole += memory.strip() in needles
                 asked += memory.strip() in (doc["needle"], pairs[0][1])

@@ -10,7 +10,14 @@ import re
 from functools import partial
 from typing import Any
 
-from experiments.needle.needle import NEEDLE_RE, filler_sentence, make_choice_document, make_document, split_numbers
+from experiments.needle.needle import (
+    NEEDLE_RE,
+    NUMBER_RE,
+    filler_sentence,
+    make_choice_document,
+    make_document,
+    split_numbers,
+)
 from experiments.needle.warm_start.rows import CHOOSE_DISTRACTORS, CHUNK_SIZE, sample_of
 from experiments.sft import Row
 from recurrent.async_manager import run_session
@@ -19,7 +26,6 @@ from recurrent.interface import Reply, Turn
 
 # What the choosing task's teacher writes of the needle it picks: its whole sentence (the default) or its number.
 FORMS = ("number", "sentence")
-NUMBER_RE = re.compile(r"\d{4}")
 # What the needle task's teacher writes when it does not write the needle: the chunk's first complete filler sentence,
 # or the memory as it was (nothing new: an empty memory stays "No previous memory", a needle in memory is kept);
 # docs/replication_cpu_notebook.md, "The cause, measured".
