@@ -50,7 +50,9 @@
 #   EVAL_DOCS       test documents per length up to 64 chunks [64; Q: 2]
 #   LONG_DOCS       test documents per length over 64 chunks (a 256-chunk document costs 257 turns); those lengths
 #                   are evaluated for the warm start and the RL seeds, not the ablations [32]
-#   NGPUS           FSDP ranks of each RL run (fake Ray GPUs) [2]
+#   NGPUS           FSDP ranks of each RL run (fake Ray GPUs) [1]
+#   RL_PARALLEL     RL and ablation runs side by side (each with NGPUS ranks; a machine with more cores can take
+#                   more) [2]
 #   PARALLEL_MODELS policies evaluated side by side [3; Q: 2]
 #   LATE_START      share of training documents that start late: the needle already in memory, filler chunks only
 #                   (docs/replication_cpu_notebook.md, "Episodes that start late"); the RL runs then read each row's
@@ -108,7 +110,11 @@ else
   PARALLEL_MODELS="${PARALLEL_MODELS:-3}"
   quick_overrides=()
 fi
-NGPUS="${NGPUS:-2}"
+# Each RL run's FSDP ranks, and the runs side by side: on 2 cores two one-rank runs side by side take 13% less wall
+# time than one two-rank run after another (docs/replication_cpu.md, "What it costs").
+NGPUS="${NGPUS:-1}"
+RL_PARALLEL="${RL_PARALLEL:-2}"
+if [[ ! "$RL_PARALLEL" =~ ^[1-9][0-9]*$ ]]; then echo "RL_PARALLEL=$RL_PARALLEL: a whole number >= 1" >&2; exit 2; fi
 LONG_DOCS="${LONG_DOCS:-32}"
 # The lengths up to 64 chunks get EVAL_DOCS test documents, the longer ones LONG_DOCS.
 short_lengths=() long_lengths=()
@@ -134,7 +140,7 @@ source "$REPO/scripts/lib/stages.sh"  # say, timed, last_step, record_run, recor
 
 # What ran, for the report (docs/replication_cpu.md): the settings that shape the experiment and the command line.
 record_run "TASK=$TASK CHOOSE_RECIPE=$CHOOSE_RECIPE DISTRACTORS=$DISTRACTORS QUICK=$QUICK STEPS=$STEPS SEEDS='$SEEDS' ABLATIONS='$ABLATIONS'" \
-  "ABLATION_SEEDS='$ABLATION_SEEDS' ABLATION_STEPS=$ABLATION_STEPS LENGTHS='$LENGTHS' EVAL_DOCS=$EVAL_DOCS LONG_DOCS=$LONG_DOCS NGPUS=$NGPUS" \
+  "ABLATION_SEEDS='$ABLATION_SEEDS' ABLATION_STEPS=$ABLATION_STEPS LENGTHS='$LENGTHS' EVAL_DOCS=$EVAL_DOCS LONG_DOCS=$LONG_DOCS NGPUS=$NGPUS RL_PARALLEL=$RL_PARALLEL" \
   "PARALLEL_MODELS=$PARALLEL_MODELS LATE_START=$LATE_START DECOY_START=$DECOY_START${WARM_START:+ WARM_START=$WARM_START} bash scripts/replicate_cpu.sh $*"
 
 say "task=$TASK distractors=$DISTRACTORS out=$OUT_DIR steps=$STEPS seeds=[$SEEDS] ablations=[$ABLATIONS] seeds [$ABLATION_SEEDS] x $ABLATION_STEPS steps" \
@@ -190,14 +196,44 @@ rl_run() {
 late_overrides=()
 [[ "$LATE_START" == 0 && "$DECOY_START" == 0 ]] || late_overrides=(recurrent.config.memory_key=memory)
 EXTRA=("${quick_overrides[@]}" "${late_overrides[@]}" "$@")
-say "3/6 RL: seeds [$SEEDS], $STEPS steps each"
-for seed in $SEEDS; do rl_run "rl-seed$seed" "$STEPS" "actor_rollout_ref.rollout.seed=$seed"; done
-say "4/6 ablations (recurrent.credit in [$ABLATIONS]): seeds [$ABLATION_SEEDS], $ABLATION_STEPS steps each"
+# Every run, one line each: NAME STEPS OVERRIDES... (the RL seeds first, then the ablations).
+rl_jobs=()
+for seed in $SEEDS; do rl_jobs+=("rl-seed$seed $STEPS actor_rollout_ref.rollout.seed=$seed"); done
 for mode in $ABLATIONS; do
   for seed in $ABLATION_SEEDS; do
-    rl_run "$(ablation_name "$mode")-seed$seed" "$ABLATION_STEPS" "actor_rollout_ref.rollout.seed=$seed" "recurrent.credit=$mode"
+    rl_jobs+=("$(ablation_name "$mode")-seed$seed $ABLATION_STEPS actor_rollout_ref.rollout.seed=$seed recurrent.credit=$mode")
   done
 done
+# run_rl_jobs: the runs, RL_PARALLEL at a time (docs/replication_cpu.md, "What it costs"). Each runs in a process
+# group of its own (set -m), so that a signal to this script reaches it through on_signal (scripts/lib/stages.sh)
+# rather than being ignored, as it is by background jobs without job control. After a failed run no new run
+# starts; the ones running finish (each resumes on the next invocation), and the first failure's status is returned.
+run_rl_jobs() {
+  local job words rc=0 running=0
+  set -m
+  for job in "${rl_jobs[@]}"; do
+    while ((running >= RL_PARALLEL)); do reap_one; done
+    ((rc == 0)) || break
+    read -r -a words <<< "$job"
+    rl_run "${words[@]}" &
+    POOL_PIDS+=("$!")
+    running=$((running + 1))
+  done
+  while ((running > 0)); do reap_one; done
+  set +m
+  POOL_PIDS=()
+  return "$rc"
+}
+# reap_one: wait for one of run_rl_jobs' runs to end; the first failure's status becomes its rc.
+reap_one() {
+  local status=0
+  wait -n || status=$?
+  running=$((running - 1))
+  ((rc)) || rc=$status
+}
+say "3-4/6 RL: seeds [$SEEDS], $STEPS steps each; ablations (recurrent.credit in [$ABLATIONS]): seeds" \
+  "[$ABLATION_SEEDS], $ABLATION_STEPS steps each; $RL_PARALLEL run(s) at a time, $NGPUS FSDP rank(s) each"
+((${#rl_jobs[@]} == 0)) || timed rl_runs run_rl_jobs
 
 # ---- 5. evaluation through the harness -----------------------------------------------------------------------------
 say "5/6 evaluation: test split, lengths [$LENGTHS], $EVAL_DOCS documents each ($LONG_DOCS over 64 chunks), greedy"

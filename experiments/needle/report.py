@@ -170,6 +170,12 @@ def run_section(run_dir: Path) -> str:
         lines.append(f"- {inv['started']}, commit `{inv['commit']}`, {on}: `{inv['command']}`")
     lines += ["", "| stage | wall (s) | wall (min) | exit |", "|---|---|---|---|"]
     lines += [f"| {s['stage']} | {s['seconds']} | {s['seconds'] / 60:.1f} | {s['rc']} |" for s in stages]
+    if any(s["stage"] == "rl_runs" for s in stages):
+        lines += [
+            "",
+            "The `rl:` stages ran side by side within `rl_runs` (`RL_PARALLEL` at a time): their times overlap, and "
+            "`rl_runs` is their wall time.",
+        ]
     groups = invocation_stages(stages)
     ended = [group for group in groups if group[-1]["stage"] == "total"]
     stopped = [group for group in groups if group[-1]["stage"] != "total"]

@@ -27,8 +27,12 @@ timed() {
 # on it once the stage's command has exited) records the stage it stopped with the signal's exit status, and the
 # invocation's total, so that the stage times of a resumed run add up to its wall time.
 on_signal() {
-  local rc="$1"
+  local rc="$1" pid
   trap - INT TERM
+  # Runs started side by side, each in a process group of its own (POOL_PIDS), get the signal too; waited for, so
+  # that each ends its trainer before the pipeline's last lines.
+  for pid in "${POOL_PIDS[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+  ((${#POOL_PIDS[@]} == 0)) || wait "${POOL_PIDS[@]}" 2>/dev/null || true
   if [[ -n "${STAGE_NAME:-}" ]]; then
     stage_line "$STAGE_NAME" $(($(date +%s) - STAGE_START)) "$rc"
     say "stage '$STAGE_NAME' stopped by a signal (exit $rc); run the same command again to resume"
@@ -36,6 +40,7 @@ on_signal() {
   [[ -z "${RUN_START:-}" ]] || record_total "$rc"
   exit "$rc"
 }
+POOL_PIDS=()  # the process groups of stages run side by side (scripts/replicate_cpu.sh, run_rl_jobs)
 trap 'on_signal 130' INT
 trap 'on_signal 143' TERM
 

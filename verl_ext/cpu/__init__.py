@@ -1,15 +1,17 @@
 """verl 0.9.1's V1 trainer on CPU, with the trainer code users run on GPU clusters.
 
-Six adaptations (see ``README.md`` here, "The adaptations", for the verl code each one answers):
+Seven adaptations (see ``README.md`` here, "The adaptations", for the verl code each one answers):
 
 1. :mod:`.platform`: a ``cpu`` platform in verl's ``PlatformRegistry``, chosen only with ``VERL_PLATFORM=cpu``;
 2. fake Ray GPUs (config: ``+ray_kwargs.ray_init.num_gpus=N``; the platform names Ray's ``GPU`` resource);
-3. :mod:`.dist_patch`: the one monkeypatch, the default process-group backend ``cpu:gloo``;
+3. :mod:`.dist_patch`: a monkeypatch, the default process-group backend ``cpu:gloo``;
 4. :mod:`.engine`: verl's FSDP engines registered for device ``cpu``;
 5. :mod:`.rollout`: a transformers rollout (server, replica, adapter) registered as ``hf_cpu``;
-6. TransferQueue storage sized for a small Ray (config only).
+6. TransferQueue storage sized for a small Ray (config only);
+7. :mod:`.logprobs`: for speed, the other monkeypatch: fp32 log-probabilities a block of tokens at a time, where
+   verl loops over tokens when flash-attn is absent.
 
-:func:`register` installs 1, 3, 4 and 5, idempotently. It must run in **every** process of a run (driver,
+:func:`register` installs 1, 3, 4, 5 and 7, idempotently. It must run in **every** process of a run (driver,
 task runner, FSDP workers, rollout servers, agent-loop and reward workers), before verl first resolves its
 platform; the launcher does that with ``VERL_USE_EXTERNAL_MODULES=verl_ext.cpu.load`` (imported by
 ``verl/__init__.py`` in every process) plus ``VERL_PLATFORM=cpu``, also passed to Ray's runtime env.
@@ -68,7 +70,7 @@ def register() -> None:
         return
     import wrapt
 
-    from verl_ext.cpu import dist_patch
+    from verl_ext.cpu import dist_patch, logprobs
     from verl_ext.cpu.engine import ENGINE_MODULE
     from verl_ext.cpu.platform import register_platform
 
@@ -77,4 +79,5 @@ def register() -> None:
     wrapt.register_post_import_hook(_register_engines, ENGINE_MODULE)
     wrapt.register_post_import_hook(_register_replica, "verl.workers.rollout.replica")
     wrapt.register_post_import_hook(_register_adapter, "verl.workers.rollout.base")
+    wrapt.register_post_import_hook(logprobs.apply, logprobs.TARGET_MODULE)
     _registered = True

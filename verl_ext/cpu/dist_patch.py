@@ -1,4 +1,4 @@
-"""Adaptation 3, the only monkeypatch: the default process-group backend on the CPU platform.
+"""Adaptation 3, a monkeypatch (adaptation 7 is the other): the default process-group backend on device cpu.
 
 ``utils/distributed.py:89`` builds ``backend = backend or f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"``;
 on device ``cpu`` that is ``"cpu:gloo,cpu:gloo"`` and torch refuses it (``ValueError: Duplicate device type

@@ -39,7 +39,7 @@ def pipeline(tmp_path_factory):
 @pytest.mark.timeout(1500)
 def test_the_choosing_task_runs_through_every_stage(pipeline):
     stages = [json.loads(line)["stage"] for line in (pipeline / "timing.jsonl").read_text().splitlines()]
-    assert stages == ["warm_start", "data_train", "data_test", "rl:rl-seed0", "evaluation", "total"]
+    assert stages == ["warm_start", "data_train", "data_test", "rl:rl-seed0", "rl_runs", "evaluation", "total"]
     # the eval sets are the choosing task's: four needles a document (DISTRACTORS=3), the asked one's chunk named
     for n in LENGTHS:
         items = [

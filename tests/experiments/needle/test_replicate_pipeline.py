@@ -1,6 +1,7 @@
 """The replication pipeline at toy size (``QUICK=1 bash scripts/replicate_cpu.sh``): every stage runs for real
-(warm start, needle data, 2 RL steps of our trainer, evaluation through `transformers serve` at 2 lengths, the
-report), and the table's numbers are those of the results files. Accuracy is not asserted: the full run is the
+(warm start, needle data, 2 RL steps of our trainer for each of two seeds, side by side as the full run's are,
+evaluation through `transformers serve` at 2 lengths, the report), and the table's numbers are those of the results
+files. Accuracy is not asserted: the full run is the
 script (docs/replication_cpu.md)."""
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "scripts" / "replicate_cpu.sh"
-MODELS = ("warm-start", "rl-seed0")
+RUNS = ("rl-seed0", "rl-seed1")
+MODELS = ("warm-start", *RUNS)
 METHODS = ("memory-boxed", "direct-boxed")
 LENGTHS = (1, 2)
 DOCS = 2
@@ -24,8 +26,10 @@ pytestmark = [pytest.mark.trainer, pytest.mark.slow(seconds=200), pytest.mark.ti
 
 
 def run_pipeline(out: Path, models_dir: Path) -> subprocess.CompletedProcess:
-    # NGPUS=1: one FSDP rank and one rollout server (the pipeline's artefacts; two ranks: test_cpu_memory_trainer.py)
-    env = {**os.environ, "QUICK": "1", "NGPUS": "1", "OUT_DIR": str(out), "MEMAGENT_MODELS_DIR": str(models_dir)}
+    # NGPUS=1: one FSDP rank and one rollout server a run (two ranks: test_cpu_memory_trainer.py); two seeds, two
+    # runs side by side (RL_PARALLEL, the full run's default).
+    env = {**os.environ, "QUICK": "1", "NGPUS": "1", "SEEDS": "0 1", "RL_PARALLEL": "2", "OUT_DIR": str(out)}
+    env["MEMAGENT_MODELS_DIR"] = str(models_dir)
     env.pop("VERL_PLATFORM", None)
     return subprocess.run(
         ["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=1200, start_new_session=True
@@ -49,12 +53,16 @@ def pipeline(tmp_path_factory):
 
 def test_every_stage_ran_once_and_succeeded(pipeline):
     names = [s["stage"] for s in pipeline["first_stages"]]
-    assert names == ["warm_start", "data_train", "data_test", "rl:rl-seed0", "evaluation", "total"]
+    # the two runs' own lines in the order they ended, then the wall time of both
+    assert names[:3] == ["warm_start", "data_train", "data_test"]
+    assert sorted(names[3:5]) == ["rl:rl-seed0", "rl:rl-seed1"]
+    assert names[5:] == ["rl_runs", "evaluation", "total"]
     assert all(s["rc"] == 0 for s in pipeline["first_stages"])
 
 
-def test_the_rl_run_trained_two_steps_from_the_warm_start(pipeline):
-    run = pipeline["out"] / "runs" / "rl-seed0"
+@pytest.mark.parametrize("name", RUNS)
+def test_each_rl_run_trained_two_steps_from_the_warm_start(pipeline, name):
+    run = pipeline["out"] / "runs" / name
     assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     steps = {}
     for line in (run / "metrics.jsonl").read_text().splitlines():
@@ -79,6 +87,9 @@ def test_the_table_is_the_results_files(pipeline):
                 records = [json.loads(line) for line in lines]
                 assert len(records) == DOCS and not any(r.get("error") for r in records)
                 expected[(model, method, n)] = 100 * sum(r["strict"] for r in records) / DOCS
+    for method in METHODS:  # the RL row of the table: the mean of the two seeds
+        for n in LENGTHS:
+            expected[("mean", method, n)] = sum(expected[(run, method, n)] for run in RUNS) / len(RUNS)
     with (results / "replication.csv").open() as f:
         table = {(r["model"], r["method"], int(r["length"])): float(r["strict"]) for r in csv.DictReader(f)}
     assert table == pytest.approx(expected)
@@ -109,9 +120,9 @@ def test_the_needles_survival_is_read_from_the_traced_results(pipeline):
 def test_a_rerun_redoes_nothing(pipeline):
     second = pipeline["second"]
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    assert "rl-seed0: done (2 steps)" in second.stdout
+    assert "rl-seed0: done (2 steps)" in second.stdout and "rl-seed1: done (2 steps)" in second.stdout
     new = stages(pipeline["out"])[len(pipeline["first_stages"]) :]
-    assert [s["stage"] for s in new] == ["warm_start", "evaluation", "total"]  # cached, resumed, redrawn
+    assert [s["stage"] for s in new] == ["warm_start", "rl_runs", "evaluation", "total"]  # cached, done, resumed
     for model in MODELS:  # no item evaluated twice
         lines = (pipeline["out"] / "results" / "needle_1" / f"{model}__memory-boxed.jsonl").read_text().splitlines()
         assert len(lines) == DOCS
@@ -132,6 +143,7 @@ def test_the_table_says_what_ran(pipeline):
     assert len(totals) == 2
     assert f"Wall time, stages 1-5 of every invocation: {sum(totals)} s" in markdown
     assert f"commit `{invocations[0]['commit']}`" in markdown
+    assert "The `rl:` stages ran side by side within `rl_runs`" in markdown
 
 
 def test_a_warm_start_folder_without_a_model_is_refused_before_any_work(tmp_path):

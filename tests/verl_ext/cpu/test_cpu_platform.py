@@ -131,7 +131,7 @@ def test_register_is_idempotent_and_the_platform_registry_keeps_one_class():
 
 
 # ------------------------------------------------------------------------------------------------------------
-# the backend patch (the only monkeypatch)
+# the backend patch (adaptation 3)
 
 
 def test_backend_patch_defaults_to_cpu_gloo_only_on_the_cpu_device(monkeypatch):
