@@ -81,3 +81,24 @@ def test_the_cpu_platform_loader_installs_it():
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result == {"patched": True, "fp32": True, "bf16": True}
+
+
+def test_the_bench_prints_both_routes_and_their_agreement():
+    """scripts/bench_logprobs.py at a toy size: one line per size and pass, the two routes' values and gradients
+    agreeing (its last column)."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "bench_logprobs.py"), "--vocab", "50", "--tokens", "64", "1500"],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line.split() for line in done.stdout.splitlines()[2:]]
+    assert [(row[0], row[1]) for row in rows] == [
+        ("64", "forward+backward"),
+        ("64", "forward"),
+        ("1500", "forward+backward"),
+        ("1500", "forward"),
+    ]
+    assert all(float(row[-1]) <= 1e-6 and float(row[-2]) > 0 for row in rows)
