@@ -13,7 +13,8 @@
 #                   needle sentence) on the needle task's copy stages, kept beside it in the cache
 #   2. data         needle documents: training (1-4 chunks), validation (1, 2, 4 chunks), test (every eval length)
 #   3. RL           for each seed of SEEDS: scripts/train_tiny_cpu.sh TASK=needle (configs/replicate_cpu.yaml:
-#                   our trainer, the memory agent, strict reward, GRPO n=4, KL loss, 16 updates per step)
+#                   our trainer, the memory agent, strict reward, GRPO n=4, KL loss, 16 updates per step); the RL
+#                   and ablation runs go RL_PARALLEL at a time
 #   4. ablations    the same run with the answers' credit only, each variant of ABLATIONS (docs/fidelity.md,
 #                   "Credit on every turn"): recurrent.credit=final_same_step (memory turns carry no advantage, the
 #                   answers' step as in RL) and final_token_mean (the answers' loss averaged over their own tokens),

@@ -23,10 +23,14 @@ RECIPE5 = RUN / "recipe5"  # the notebook's "Recipe 5's default run": the commit
 # The notebook's "Recipe 6's first default run": the committed run before today's, its policies served in bf16.
 RECIPE6_BF16 = RUN / "recipe6_bf16"
 RECIPE6_BF16_SECTION = "Recipe 6's first default run: the policies served in bf16"
+# The notebook's "Recipe 6's second default run": the committed run before today's, its RL runs one after another.
+RECIPE6_FP32 = RUN / "recipe6_fp32"
+RECIPE6_FP32_SECTION = "Recipe 6's second default run: the runs one after another"
 # The default run, the runs it replaced (recipe 5's, recipe 4's; recipe 2's, the notebook's first part), the choosing
 # task's, the cause's runs.
 RUNS = [
     RUN,
+    RECIPE6_FP32,
     RECIPE6_BF16,
     RECIPE5,
     RECIPE4,
@@ -117,7 +121,7 @@ def stage_seconds(run: Path) -> dict[str, int]:
 
 # Each run's invocations, True where it ended with its "total" line: recipe 4's first was stopped in its evaluation
 # before the pipeline recorded stopped stages (the notebook says so); the default runs are one invocation each.
-ENDED = {RUN: [True], RECIPE6_BF16: [True], RECIPE5: [True], RECIPE4: [False, True, True]}
+ENDED = {RUN: [True], RECIPE6_FP32: [True], RECIPE6_BF16: [True], RECIPE5: [True], RECIPE4: [False, True, True]}
 
 
 @pytest.mark.parametrize("run", ENDED, ids=lambda run: run.relative_to(RUN.parent).as_posix())
@@ -129,7 +133,12 @@ def test_the_stage_times_add_up_to_the_stated_wall_time(run):
     assert [group[-1]["stage"] == "total" for group in groups] == ENDED[run]
     ended = [group for group in groups if group[-1]["stage"] == "total"]
     for group in ended:  # an invocation's stages run one after another inside its total
-        assert sum(s["seconds"] for s in group[:-1]) <= group[-1]["seconds"]
+        stages = group[:-1]
+        if any(s["stage"] == "rl_runs" for s in stages):  # but its RL runs side by side, each inside rl_runs
+            (together,) = [s["seconds"] for s in stages if s["stage"] == "rl_runs"]
+            assert all(s["seconds"] <= together for s in stages if s["stage"].startswith("rl:"))
+            stages = [s for s in stages if not s["stage"].startswith("rl:")]
+        assert sum(s["seconds"] for s in stages) <= group[-1]["seconds"]
     wall = sum(group[-1]["seconds"] for group in ended)
     assert f"stages 1-5 of every invocation: {wall} s" in (run / "replication.md").read_text()
     assert all(not r["commit"].endswith("+changes") for r in runs)  # a committed tree ran
@@ -159,6 +168,10 @@ def recipe6_bf16_section() -> str:
     return section(NOTEBOOK, RECIPE6_BF16_SECTION)
 
 
+def recipe6_fp32_section() -> str:
+    return section(NOTEBOOK, RECIPE6_FP32_SECTION)
+
+
 def page_table(text: str, title: str = "Strict accuracy (%)") -> tuple[list[int], dict[str, list[float | None]]]:
     """The lengths and rows of the first table under ``**title**`` (None: not evaluated at that length)."""
     lines = text[text.index(f"**{title}**") :].splitlines()
@@ -181,6 +194,7 @@ def rl_seeds(run: Path) -> list[str]:
 # Where each run's table is quoted: the default run on docs/replication_cpu.md, recipes 5's and 4's in the notebook.
 QUOTED_TABLES = {
     RUN: (lambda: PAGE.read_text(), "Strict accuracy (%)"),
+    RECIPE6_FP32: (recipe6_fp32_section, "Recipe 6 in fp32, strict accuracy (%)"),
     RECIPE6_BF16: (recipe6_bf16_section, "Recipe 6 in bf16, strict accuracy (%)"),
     RECIPE5: (recipe5_section, "Recipe 5, strict accuracy (%)"),
     RECIPE4: (recipe4_section, "Recipe 4, strict accuracy (%)"),
@@ -291,8 +305,18 @@ def closest_ablation_gap(run: Path) -> float:
 
 # Where each default run's targets and cost are written: today's on docs/replication_cpu.md ("Against the targets",
 # "What it costs"), recipe 5's in the notebook's "Recipe 5's default run".
-TARGETS = {RUN: lambda: PAGE.read_text(), RECIPE6_BF16: recipe6_bf16_section, RECIPE5: recipe5_section}
-COSTS = {RUN: lambda: section(PAGE, "What it costs"), RECIPE6_BF16: recipe6_bf16_section, RECIPE5: recipe5_section}
+TARGETS = {
+    RUN: lambda: PAGE.read_text(),
+    RECIPE6_FP32: recipe6_fp32_section,
+    RECIPE6_BF16: recipe6_bf16_section,
+    RECIPE5: recipe5_section,
+}
+COSTS = {
+    RUN: lambda: section(PAGE, "What it costs"),
+    RECIPE6_FP32: recipe6_fp32_section,
+    RECIPE6_BF16: recipe6_bf16_section,
+    RECIPE5: recipe5_section,
+}
 
 
 @pytest.mark.parametrize("run", TARGETS, ids=lambda run: run.relative_to(RUN.parent).as_posix())
@@ -337,12 +361,16 @@ def stage_minutes(group: list[dict]) -> dict[str, float]:
     return {s["stage"]: s["seconds"] / 60 for s in group}
 
 
+RL_RUNS = ("rl-seed0", "rl-seed1", "ablation-same-step-seed0", "ablation-token-mean-seed0")
+
+
 def before_evaluation(stages: dict[str, float]) -> list[float]:
-    """The minutes the page lists before the evaluation: warm start, data (its three stages), RL seeds 0 and 1, the
-    two ablations."""
+    """The minutes the page lists before the evaluation: warm start, data (its three stages), then RL seeds 0 and 1
+    and the two ablations one after another, or, run side by side, their wall time together (rl_runs) and each
+    run's."""
     data = stages["data_train"] + stages["data_test_long"] + stages["data_test"]
-    runs = ("rl-seed0", "rl-seed1", "ablation-same-step-seed0", "ablation-token-mean-seed0")
-    return [stages["warm_start"], data, *(stages[f"rl:{run}"] for run in runs)]
+    together = [stages["rl_runs"]] if "rl_runs" in stages else []
+    return [stages["warm_start"], data, *together, *(stages[f"rl:{run}"] for run in RL_RUNS)]
 
 
 def memory_turns(run: Path, skip: tuple[str, ...] = ()) -> int:
@@ -359,11 +387,17 @@ def test_the_cost_figures_are_the_committed_runs(run):
     cost = " ".join(COSTS[run]().split())
     (group,) = invocations(run)
     stages = stage_minutes(group)
-    quoted = re.search(
-        r"warm start ([\d.]+) minutes .*?data ([\d.]+), RL ([\d.]+) \+ ([\d.]+), ablations ([\d.]+) \+ ([\d.]+), "
-        r"evaluation ([\d.]+): ([\d.]+) minutes in all",
-        cost,
-    ).groups()
+    if "rl_runs" in stages:  # the runs side by side (RL_PARALLEL): their wall time, then each run's
+        pattern = (
+            r"warm start ([\d.]+) minutes .*?data ([\d.]+), RL and ablations ([\d.]+) \(two runs at a time: RL "
+            r"([\d.]+) \+ ([\d.]+), ablations ([\d.]+) \+ ([\d.]+)\), evaluation ([\d.]+): ([\d.]+) minutes in all"
+        )
+    else:
+        pattern = (
+            r"warm start ([\d.]+) minutes .*?data ([\d.]+), RL ([\d.]+) \+ ([\d.]+), ablations ([\d.]+) \+ ([\d.]+), "
+            r"evaluation ([\d.]+): ([\d.]+) minutes in all"
+        )
+    quoted = re.search(pattern, cost).groups()
     want = [*before_evaluation(stages), stages["evaluation"], stages["total"]]
     assert [float(v) for v in quoted] == pytest.approx(want, abs=0.051)
     turns = memory_turns(run)
@@ -762,7 +796,8 @@ def test_the_default_runs_warm_start_reads_as_the_answer_stages_build_did():
     assert f"the same figures at 1 / 2 / 4 / 16 / 64 chunks ({quoted}%;" in text
 
 
-THIRD_SEED = RUN / "third_seed"  # docs/replication_cpu.md, "Against the targets": seed 2 of recipe 6
+# docs/replication_cpu.md, "Against the targets": seed 2 of recipe 6, evaluated beside recipe 6's second run
+THIRD_SEED = RECIPE6_FP32 / "third_seed"
 
 
 def test_the_third_seed_is_quoted_from_its_summary():
@@ -782,7 +817,7 @@ def test_the_third_seed_is_quoted_from_its_summary():
     ).groups()
     want = [seed2[1], seed2[2], seed2[4], sum(seed2[n] for n in (1, 2, 4)) / 3, seed2[64], seed2[128], seed2[256]]
     assert [float(v) for v in quoted] == pytest.approx(want, abs=0.051)
-    seeds = per_seed(RUN)
+    seeds = per_seed(RECIPE6_FP32)
     means = [sum(seeds[(f"rl-seed{s}", n)] for n in (1, 2, 4)) / 3 for s in (0, 1)] + [want[3]]
     quoted = re.search(r"1-4-chunk means ([\d.]+) / ([\d.]+) / ([\d.]+)", text).groups()
     assert [float(v) for v in quoted] == pytest.approx(means, abs=0.051)
