@@ -26,13 +26,14 @@ import argparse
 import json
 import random
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from experiments.needle.reader import build_tokenizer
-from experiments.needle.warm_start import CHOOSE, copy_stages_dir, recall_rows, train_stage
+from experiments.needle.warm_start import CHOOSE, CHOOSE_DISTRACTORS, copy_stages_dir, recall_rows, train_stage
 from experiments.sft import new_reader, sft_steps, teacher_forced, torch_threads
 from experiments.small_reader import copy_rows, reader_config
 
@@ -80,13 +81,16 @@ def probe(
     lr: float = 1e-3,
     eval_every: int = 250,
     held_docs: int = 300,
+    distractors: int = CHOOSE_DISTRACTORS,
     log: Any = print,
 ) -> list[dict[str, Any]]:
     """Train ``model`` on oracle rows of the train split for ``steps`` steps (batch 32, 50 warm-up steps); score
     the held-out validation rows at step 0 and every ``eval_every`` steps, each point a line of ``out`` (JSON)."""
-    held, needles = recall_rows(tokenizer, random.Random("probe-held"), held_docs, "validation", target, prompt)
+    rows = partial(recall_rows, tokenizer, target=target, prompt=prompt, distractors=distractors)
+    held, needles = rows(random.Random("probe-held"), held_docs, "validation")
     rng, pad, t0 = random.Random("probe-train"), tokenizer.pad_token_id, time.perf_counter()
-    base = {"target": target, "prompt": prompt, "chance": round(chance(needles), 3), "held_docs": held_docs}
+    base = {"target": target, "prompt": prompt, "distractors": distractors, "chance": round(chance(needles), 3)}
+    base["held_docs"] = held_docs
     curve: list[dict[str, Any]] = []
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("")
@@ -101,7 +105,7 @@ def probe(
         return res["exact"] >= 0.95
 
     record(0, None)
-    sample = lambda n: recall_rows(tokenizer, rng, n, "train", target, prompt)[0]  # noqa: E731
+    sample = lambda n: rows(rng, n, "train")[0]  # noqa: E731
     sft_steps(model, sample, pad, lr, 50, steps, 32, eval_every, lambda at: record(at.step, round(at.loss, 3)))
     return curve
 
@@ -123,7 +127,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--synth-steps", type=int, default=1500, help="with --fresh: synthetic copy steps at most")
     parser.add_argument("--save", type=Path, help="save the trained reader (and its tokenizer) into this folder")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--distractors", type=int, default=CHOOSE_DISTRACTORS, help="documents hold 1 to this many other needles"
+    )
     args = parser.parse_args(argv)
+    if args.distractors < 1:
+        parser.error(f"--distractors {args.distractors}: a choice needs at least one other needle")
     if args.fresh and args.start:
         parser.error("--fresh and --start exclude each other")
     log = lambda text: print(text, flush=True)  # noqa: E731
@@ -141,7 +150,18 @@ def main(argv: list[str] | None = None) -> None:
                     f"{start}: no reader there; build it: python -m experiments.needle.warm_start --cache --task choose"
                 )
             model = AutoModelForCausalLM.from_pretrained(start)
-        probe(model, tokenizer, args.steps, args.out, args.target, args.prompt, args.lr, args.eval_every, log=log)
+        probe(
+            model,
+            tokenizer,
+            args.steps,
+            args.out,
+            args.target,
+            args.prompt,
+            args.lr,
+            args.eval_every,
+            distractors=args.distractors,
+            log=log,
+        )
     if args.save:
         model.save_pretrained(args.save)
         tokenizer.save_pretrained(args.save)

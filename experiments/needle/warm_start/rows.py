@@ -105,15 +105,16 @@ def recall_rows(
     split: str = "train",
     target: str = "number",
     prompt: str = "bare",
+    distractors: int = CHOOSE_DISTRACTORS,
 ) -> tuple[list[Row], list[int]]:
-    """The recall stage's rows: ``count`` 1-chunk choosing documents of ``split`` (1 to :data:`CHOOSE_DISTRACTORS`
-    other needles in turn) whose target is the *asked* needle's number (``target`` sentence: its whole sentence), +
+    """The recall stage's rows: ``count`` 1-chunk choosing documents of ``split`` (1 to ``distractors`` other
+    needles in turn) whose target is the *asked* needle's number (``target`` sentence: its whole sentence), +
     eos; also each row's number of needles. ``prompt`` bare: the document, the question and ``"\\nanswer:"`` (the
     stage's rows: question answering, not a memory turn); paper: the memory agent's first prompt (what RL sees)."""
     workflow = MemoryWorkflow(agent_config(), tokenizer) if prompt == "paper" else None
     rows, needles = [], []
     for i in range(count):
-        doc = make_choice_document(rng, tokenizer, 1, split, 1 + i % CHOOSE_DISTRACTORS)
+        doc = make_choice_document(rng, tokenizer, 1, split, 1 + i % distractors)
         if workflow is None:
             ids = tokenizer.encode(f"{doc['context']}\n{doc['question']}\nanswer:", add_special_tokens=False)
             text = " " + (doc["value"] if target == "number" else doc["needle"])

@@ -90,3 +90,29 @@ def test_the_probe_scores_validation_documents_and_trains_on_train_documents(tok
 
     assert len(scored) == 5 and len(trained) == 4
     assert keys(scored) <= set(split_keys("validation")) and keys(trained) <= set(split_keys("train"))
+
+
+def test_distractors_bounds_the_other_needles_of_every_row(tokenizer) -> None:
+    """``distractors`` 1: every document holds the asked needle and one other, counted in the text itself."""
+    rows, needles = recall_rows(tokenizer, random.Random(5), 4, "validation", distractors=1)
+    assert needles == [2, 2, 2, 2]
+    assert [len(NEEDLE_RE.findall(tokenizer.decode(prompt))) for prompt, _ in rows] == [2, 2, 2, 2]
+    _, needles = recall_rows(tokenizer, random.Random(5), 4, "validation", distractors=2)
+    assert needles == [2, 3, 2, 3]
+
+
+def test_the_probe_records_its_distractors_and_their_chance(tokenizer, tmp_path, monkeypatch) -> None:
+    from experiments.needle import recall_probe
+
+    monkeypatch.setattr(recall_probe, "teacher_forced", lambda model, rows, pad: {"exact": 0.0})
+    monkeypatch.setattr(recall_probe, "sft_steps", lambda *args: None)
+    curve = recall_probe.probe(None, tokenizer, 1, tmp_path / "curve.jsonl", held_docs=6, distractors=1)
+    assert curve[0]["distractors"] == 1 and curve[0]["chance"] == 0.5  # two needles: one in two
+
+
+def test_the_probe_refuses_a_choice_without_another_needle(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--out", str(tmp_path / "c.jsonl"), "--distractors", "0"])
+    assert exit_info.value.code == 2
+    assert "--distractors 0" in capsys.readouterr().err
+    assert not (tmp_path / "c.jsonl").exists()
