@@ -47,7 +47,8 @@
 #   ABLATIONS       credit variants of the ablation ["final_same_step final_token_mean"]
 #   ABLATION_SEEDS  seeds of each ablation variant ["0"; Q: none]
 #   ABLATION_STEPS  steps of the ablation [STEPS; Q: 1]
-#   LENGTHS         evaluation lengths in chunks of 64 tokens ["1 2 4 8 16 32 64 128 256"; Q: "1 2"]
+#   LENGTHS         evaluation lengths in chunks of 64 tokens ["1 2 4 8 16 32 64 128 256"; choose: "1 2 4 8 16
+#                   32 64", its issue's lengths; Q: "1 2"]
 #   EVAL_DOCS       test documents per length up to 64 chunks [64; Q: 2]
 #   LONG_DOCS       test documents per length over 64 chunks (a 256-chunk document costs 257 turns); those lengths
 #                   are evaluated for the warm start and the RL seeds, not the ablations [32]
@@ -78,8 +79,8 @@ PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
 QUICK="${QUICK:-0}"
 TASK="${TASK:-needle}"
 case "$TASK" in
-  needle) DISTRACTORS="${DISTRACTORS:-0}" out_name=replicate_cpu ;;
-  choose) DISTRACTORS="${DISTRACTORS:-3}" out_name=replicate_cpu_choose ;;
+  needle) DISTRACTORS="${DISTRACTORS:-0}" out_name=replicate_cpu all_lengths="1 2 4 8 16 32 64 128 256" ;;
+  choose) DISTRACTORS="${DISTRACTORS:-3}" out_name=replicate_cpu_choose all_lengths="1 2 4 8 16 32 64" ;;
   *) echo "TASK=$TASK: one of needle, choose" >&2; exit 2 ;;
 esac
 CHOOSE_RECIPE="${CHOOSE_RECIPE:-choice}"
@@ -105,7 +106,7 @@ if [[ "$QUICK" == 1 ]]; then
 else
   OUT_DIR="${OUT_DIR:-$REPO/.cache/$out_name}"
   STEPS="${STEPS:-30}" SEEDS="${SEEDS:-0 1}" ABLATION_SEEDS="${ABLATION_SEEDS-0}" ABLATION_STEPS="${ABLATION_STEPS:-$STEPS}"
-  LENGTHS="${LENGTHS:-1 2 4 8 16 32 64 128 256}" EVAL_DOCS="${EVAL_DOCS:-64}" TRAIN_DOCS=2000 VAL_DOCS=8 warm_args=(--cache --task "$TASK" --recipe "$CHOOSE_RECIPE")
+  LENGTHS="${LENGTHS:-$all_lengths}" EVAL_DOCS="${EVAL_DOCS:-64}" TRAIN_DOCS=2000 VAL_DOCS=8 warm_args=(--cache --task "$TASK" --recipe "$CHOOSE_RECIPE")
   # Two policies side by side ran 1.8 times as fast as one after another on 2 idle cores, three a little faster
   # still (the server's forward pass is the cost; more documents in flight per server slowed each turn).
   PARALLEL_MODELS="${PARALLEL_MODELS:-3}"
