@@ -718,6 +718,21 @@ def test_the_longer_choice_stage_is_quoted_from_its_records():
         assert f"{words} {quoted}%" in flat, metric
 
 
+def test_the_oracle_choice_on_the_memory_prompt_is_quoted_from_its_record():
+    """The notebook's "The choosing task: the choice told on the memory prompt": each row's chance and held-out exact
+    by step are the probe's curve (docs/replication_cpu/choose/probes/oracle_memory_prompt.json)."""
+    record = json.loads((RUN / "choose" / "probes" / "oracle_memory_prompt.json").read_text())
+    text = section(NOTEBOOK, "The choosing task: the choice told on the memory prompt")
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    steps = [int(cell.split()[-1].replace(",", "")) for cell in lines[0].strip("|").split("|")[1:]]
+    for line, distractors in zip(lines[2:], (3, 1), strict=True):
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        curve = {point["step"]: point for point in record["curves"][f"distractors_{distractors}"]}
+        assert f"({curve[0]['chance']:.3f})" in cells[0]
+        quoted = {step: float(cell) for step, cell in zip(steps, cells[1:], strict=True) if cell}
+        assert quoted == {step: curve[step]["exact"] for step in curve if step > 0}, distractors
+
+
 def test_the_default_runs_warm_start_is_the_answer_stages_build():
     """docs/replication_cpu.md, "The run from one command": the run's warm start (its cache's build record and
     manifest, committed beside the run) is recipe 6's, with the stop steps the page quotes, and its stages' held-out
