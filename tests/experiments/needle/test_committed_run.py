@@ -1,7 +1,7 @@
 """The replication runs committed in docs/replication_cpu/ (docs/replication_cpu.md, "The run from one command":
-the needle task; "The choosing task": docs/replication_cpu/choose/): each table is the harness's results summary it
-was made from, recomputed here by an independent route (the summary's CSV read with the csv module, seeds averaged
-by hand), and the needle run's stage times add up to the wall time it states."""
+the needle task; "The choosing task: not reached": docs/replication_cpu/choose/): each table is the harness's results
+summary it was made from, recomputed here by an independent route (the summary's CSV read with the csv module, seeds
+averaged by hand), and the runs' stage times add up to the wall time they state."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ RUNS = [
     RECIPE4,
     RUN / "recipe2",
     RUN / "choose",
+    RUN / "choose" / "first_run",
     CAUSE / "default",
     CAUSE / "try",
     CAUSE / "keys0",
@@ -121,7 +122,14 @@ def stage_seconds(run: Path) -> dict[str, int]:
 
 # Each run's invocations, True where it ended with its "total" line: recipe 4's first was stopped in its evaluation
 # before the pipeline recorded stopped stages (the notebook says so); the default runs are one invocation each.
-ENDED = {RUN: [True], RECIPE6_FP32: [True], RECIPE6_BF16: [True], RECIPE5: [True], RECIPE4: [False, True, True]}
+ENDED = {
+    RUN: [True],
+    RECIPE6_FP32: [True],
+    RECIPE6_BF16: [True],
+    RECIPE5: [True],
+    RECIPE4: [False, True, True],
+    RUN / "choose": [True],
+}
 
 
 @pytest.mark.parametrize("run", ENDED, ids=lambda run: run.relative_to(RUN.parent).as_posix())
@@ -731,6 +739,28 @@ def test_the_oracle_choice_on_the_memory_prompt_is_quoted_from_its_record():
         assert f"({curve[0]['chance']:.3f})" in cells[0]
         quoted = {step: float(cell) for step, cell in zip(steps, cells[1:], strict=True) if cell}
         assert quoted == {step: curve[step]["exact"] for step in curve if step > 0}, distractors
+
+
+def test_the_choosing_tasks_section_quotes_its_run():
+    """docs/replication_cpu.md, "The choosing task: not reached": each RL seed's accuracy at every length and its
+    1-4-chunk mean, the warm start's whole-needle and strict shares, and the run's minutes, from the committed run's
+    summary, its warm start's evaluation and its timing.jsonl."""
+    choose = RUN / "choose"
+    text = " ".join(section(PAGE, "The choosing task: not reached").split())
+    with (choose / "summary.csv").open() as f:
+        rows = [row for row in csv.DictReader(f) if row["method"] == "memory-boxed"]
+    lengths = sorted({int(row["length"]) for row in rows})
+    for seed in (0, 1):
+        strict = {int(r["length"]): float(r["strict"]) for r in rows if r["model"] == f"rl-seed{seed}"}
+        assert f"seed {seed} " + " / ".join(f"{strict[n]:.1f}" for n in lengths) in text
+        assert f"{(strict[1] + strict[2] + strict[4]) / 3:.1f}%" in text
+    evaluation = json.loads((choose / "warm_start_evaluation.json").read_text())["lengths"]
+    for metric in ("whole_needle", "strict"):
+        quoted = " / ".join(f"{100 * evaluation[n][metric]:.1f}" for n in ("1", "2", "4"))
+        assert quoted in text, metric
+    stages = stage_seconds(choose)
+    assert f"in {stages['total'] / 60:.1f} minutes" in text
+    assert f"({(stages['total'] - stages['warm_start']) / 60:.1f} without it)" in text
 
 
 def test_the_default_runs_warm_start_is_the_answer_stages_build():
