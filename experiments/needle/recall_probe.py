@@ -1,7 +1,8 @@
 """The choosing task's ceiling without RL: can a reader learn to pick the asked needle at all, when told the answer?
 
     python -m experiments.needle.recall_probe --out curve.jsonl [--steps 2000] [--target number|sentence]
-        [--prompt bare|paper] [--start DIR | --fresh --hidden 256 --layers 4 --synth-steps 1500] [--save DIR]
+        [--prompt bare|paper] [--distractors 3] [--start DIR | --fresh --hidden 256 --layers 4 --synth-steps 1500]
+        [--save DIR]
 
 Supervised fine-tuning with an *oracle* target, the asked needle's number (or its whole sentence), on 1-chunk
 choosing documents of 2-4 needles (:func:`experiments.needle.needle.make_choice_document`), scored teacher-forced
@@ -89,8 +90,13 @@ def probe(
     rows = partial(recall_rows, tokenizer, target=target, prompt=prompt, distractors=distractors)
     held, needles = rows(random.Random("probe-held"), held_docs, "validation")
     rng, pad, t0 = random.Random("probe-train"), tokenizer.pad_token_id, time.perf_counter()
-    base = {"target": target, "prompt": prompt, "distractors": distractors, "chance": round(chance(needles), 3)}
-    base["held_docs"] = held_docs
+    base = {
+        "target": target,
+        "prompt": prompt,
+        "distractors": distractors,
+        "chance": round(chance(needles), 3),
+        "held_docs": held_docs,
+    }
     curve: list[dict[str, Any]] = []
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("")
