@@ -30,6 +30,7 @@ Exit status: 0 when every item's two answers are equal, 1 when one differs or is
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shlex
@@ -148,17 +149,24 @@ def run_logged(cmd: list[str], work: Path, log: list[str], **kwargs: Any) -> sub
 
 def lm_eval_python(venv: Path) -> Path:
     """The lm-eval environment's interpreter; the environment is built (uv, hashed requirements, no other
-    resolution) if lm-eval is not there at the pinned version."""
+    resolution) if lm-eval is not there at the pinned version, and synced again whenever the requirements file
+    changed since it was installed (its hash is kept in the environment)."""
     python = venv / "bin" / "python"
+    stamp = venv / "requirements.sha256"
+    wanted = hashlib.sha256(LM_EVAL_REQUIREMENTS.read_bytes()).hexdigest()
     probe = [str(python), "-c", "import importlib.metadata as m; print(m.version('lm-eval'))"]
-    if python.exists() and subprocess.run(probe, capture_output=True, text=True).stdout.strip() == LM_EVAL_VERSION:
+    installed = python.exists() and stamp.is_file() and stamp.read_text().strip() == wanted
+    if installed and subprocess.run(probe, capture_output=True, text=True).stdout.strip() == LM_EVAL_VERSION:
         return python
     uv = Path(sys.executable).with_name("uv")
     uv_cmd = [str(uv)] if uv.exists() else [sys.executable, "-m", "uv"]
     print(f"building the lm-eval environment in {venv} from {LM_EVAL_REQUIREMENTS.relative_to(REPO)} ...", flush=True)
-    subprocess.run([*uv_cmd, "venv", "--quiet", "--python", sys.executable, str(venv)], check=True)
-    install = ["pip", "install", "--quiet", "--python", str(python), "--require-hashes", "--no-deps"]
-    subprocess.run([*uv_cmd, *install, "-r", str(LM_EVAL_REQUIREMENTS)], check=True)
+    if not python.exists():
+        subprocess.run([*uv_cmd, "venv", "--quiet", "--python", sys.executable, str(venv)], check=True)
+    # sync, not install: a package the requirements no longer name is removed, so the environment is the file's
+    sync = ["pip", "sync", "--quiet", "--python", str(python), "--require-hashes"]
+    subprocess.run([*uv_cmd, *sync, str(LM_EVAL_REQUIREMENTS)], check=True)
+    stamp.write_text(wanted + "\n")
     return python
 
 
