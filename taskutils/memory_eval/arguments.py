@@ -55,7 +55,7 @@ def parse_list(text: str) -> list[str]:
 
 
 def parse_lengths(text: str) -> list[int]:
-    return [positive_int(part) for part in parse_list(text)]
+    return [non_negative_int(part) for part in parse_list(text)]  # 0: BABILong's 0k, LongBench as published
 
 
 def _methods_help() -> str:  # the registered agents, as they are when the parser is built
@@ -88,8 +88,9 @@ class Selection:
     )
     lengths: list[int] | None = flag(
         None,
-        "comma list applied to every task: documents for hotpotqa, tokens for RULER, 64-token chunks for needle "
-        "(default: the paper's; needle 1,2,4,...,64)",
+        "comma list applied to every task: documents for hotpotqa, tokens for RULER, 64-token chunks for needle, "
+        "thousands of tokens for BABILong (0 ... 512, 1000: its configs 0k ... 1M), 0 for LongBench (as published) "
+        "(default: the paper's; needle 1,2,4,...,64; BABILong every config)",
         type=parse_lengths,
     )
     method: list[str] | None = flag(None, _methods_help, type=parse_list)

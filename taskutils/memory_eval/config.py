@@ -115,8 +115,23 @@ PAPER_SKIPS = frozenset({("qa_1", 524288)})  # SQuAD's dev pool is too small for
 # eval_needle_{N}.jsonl; not part of the paper's evaluation, so not in "all" (run it by name).
 NEEDLE = "needle"
 NEEDLE_CHUNKS = (1, 2, 4, 8, 16, 32, 64)
-TASK_GROUPS = {"ruler": RULER_TASKS, "all": (HOTPOTQA, *RULER_TASKS)}
-KNOWN_TASKS = (HOTPOTQA, *RULER_TASKS, *RULER_EXTRA_TASKS, NEEDLE)
+# LongBench's six English QA subsets (THUDM/LongBench, files data/{subset}.jsonl), one task each, length 0: the items
+# as published, whatever their length (LongBench has no length grid). The paper's LongBench-QA column averages them.
+LONGBENCH_QA_SUBSETS = ("narrativeqa", "qasper", "multifieldqa_en", "hotpotqa", "2wikimqa", "musique")
+LONGBENCH_QA = tuple(f"longbench_{subset}" for subset in LONGBENCH_QA_SUBSETS)
+LONGBENCH_LENGTH = 0
+# BABILong qa1-qa5 (RMT-team/babilong, files data/qa{N}/{config}.json): lengths are the configs' sizes in thousands of
+# tokens as named, 0k ... 512k, and 1M as 1000.
+BABILONG_QA = tuple(f"babilong_qa{n}" for n in range(1, 6))
+BABILONG_CONFIGS = {0: "0k", 1: "1k", 2: "2k", 4: "4k", 8: "8k", 16: "16k", 32: "32k", 64: "64k", 128: "128k"}
+BABILONG_CONFIGS |= {256: "256k", 512: "512k", 1000: "1M"}
+TASK_GROUPS = {
+    "ruler": RULER_TASKS,
+    "all": (HOTPOTQA, *RULER_TASKS),
+    "longbench_qa": LONGBENCH_QA,
+    "babilong": BABILONG_QA,
+}
+KNOWN_TASKS = (HOTPOTQA, *RULER_TASKS, *RULER_EXTRA_TASKS, NEEDLE, *LONGBENCH_QA, *BABILONG_QA)
 SERVE_KINDS = ("auto", "vllm", "transformers")
 
 
@@ -318,16 +333,17 @@ CUSTOM_TASK = re.compile(r"[a-z0-9][a-z0-9_]*")  # another agent's task: files e
 
 
 def expand_tasks(names: list[str] | None, lengths: list[int] | None = None) -> list[str]:
-    """Task names with groups expanded (``ruler``, ``all``); default: HotpotQA and the paper's RULER tasks. A name
-    that is not one of these is a custom task (another agent's eval set, ``eval_{task}_{length}.jsonl``, scored on
-    its \\boxed{} answer), allowed with explicit ``lengths`` only (it has no paper lengths)."""
+    """Task names with groups expanded (``ruler``, ``all``, ``longbench_qa``, ``babilong``); default: HotpotQA and
+    the paper's RULER tasks. A name that is not one of these is a custom task (another agent's eval set,
+    ``eval_{task}_{length}.jsonl``, scored on its \\boxed{} answer), allowed with explicit ``lengths`` only (it
+    has no paper lengths)."""
     out: list[str] = []
     for name in names or ["all"]:
         for task in TASK_GROUPS.get(name, (name,)):
             if task not in KNOWN_TASKS and not (lengths and CUSTOM_TASK.fullmatch(task)):
                 raise ValueError(
-                    f"unknown task {task!r}; known: {', '.join(KNOWN_TASKS)} (groups: ruler, all); another agent's "
-                    "task needs --lengths (files eval_{task}_{length}.jsonl)"
+                    f"unknown task {task!r}; known: {', '.join(KNOWN_TASKS)} (groups: {', '.join(TASK_GROUPS)}); "
+                    "another agent's task needs --lengths (files eval_{task}_{length}.jsonl)"
                 )
             if task not in out:
                 out.append(task)
@@ -337,7 +353,8 @@ def expand_tasks(names: list[str] | None, lengths: list[int] | None = None) -> l
 def plan(entry: ModelEntry, tasks: list[str], lengths: list[int] | None) -> list[tuple[str, int]]:
     """The (task, length) pairs one model runs, as a new list. Explicit ``lengths`` apply to every task;
     otherwise each task gets the paper's lengths (HotpotQA at 12800/25600 documents only for ``over_1m`` models;
-    the replication's needle task at 1 ... 64 chunks)."""
+    the replication's needle task at 1 ... 64 chunks), LongBench its one length (0: as published) and BABILong
+    every published config (0k ... 1M)."""
     pairs: list[tuple[str, int]] = []
     for task in tasks:
         if lengths:
@@ -347,6 +364,10 @@ def plan(entry: ModelEntry, tasks: list[str], lengths: list[int] | None) -> list
             pairs.extend((task, n) for n in (*HOTPOTQA_DOCS, *extra))
         elif task == NEEDLE:
             pairs.extend((task, n) for n in NEEDLE_CHUNKS)
+        elif task in LONGBENCH_QA:
+            pairs.append((task, LONGBENCH_LENGTH))
+        elif task in BABILONG_QA:
+            pairs.extend((task, n) for n in BABILONG_CONFIGS)
         else:
             pairs.extend((task, n) for n in RULER_LENGTHS if (task, n) not in PAPER_SKIPS)
     return pairs

@@ -1,5 +1,6 @@
-"""Answer verifiers shared by training rewards (strict) and evaluation (lenient, RULER)."""
+"""Answer verifiers shared by training rewards (strict) and evaluation (lenient, RULER, the benchmarks' own)."""
 
+from taskutils.verifiers.benchmarks import babilong_match, longbench_qa_f1, token_f1
 from taskutils.verifiers.lenient import (
     boxed_scores,
     exact_match,
@@ -16,6 +17,7 @@ from taskutils.verifiers.ruler import match_all, match_part, ruler_scores, strin
 from taskutils.verifiers.strict import compute_score, is_equiv, last_boxed_answer, strict_score, strip_string
 
 __all__ = [
+    "babilong_match",
     "boxed_scores",
     "compute_score",
     "exact_match",
@@ -26,6 +28,7 @@ __all__ = [
     "is_equiv",
     "last_boxed_answer",
     "lenient_scores",
+    "longbench_qa_f1",
     "match_all",
     "match_part",
     "normalize_answer",
@@ -36,4 +39,5 @@ __all__ = [
     "string_match_part",
     "strip_string",
     "sub_exact_match",
+    "token_f1",
 ]
