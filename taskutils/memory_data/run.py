@@ -41,7 +41,7 @@ def _timing(report: stages.StageReport) -> str:
 def download(args: argparse.Namespace) -> int:
     from taskutils.memory_data.download import download as fetch
 
-    fetch(_sources_dir(args), args.only, args.force, args.essay_urls)
+    fetch(_sources_dir(args), args.only, args.force, args.essay_urls, babilong_configs=args.babilong_configs)
     return 0
 
 
@@ -154,6 +154,18 @@ def custom_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def longbench(args: argparse.Namespace) -> int:
+    from taskutils.memory_data.benchmark_stages import run_longbench
+
+    return run_longbench(args, stages.data_dir(args.out), _sources_dir(args))
+
+
+def babilong(args: argparse.Namespace) -> int:
+    from taskutils.memory_data.benchmark_stages import run_babilong
+
+    return run_babilong(args, stages.data_dir(args.out), _sources_dir(args))
+
+
 STAGES: dict[str, Callable[[argparse.Namespace], int]] = {
     "download": download,
     "hotpotqa-process": hotpotqa_process,
@@ -162,6 +174,8 @@ STAGES: dict[str, Callable[[argparse.Namespace], int]] = {
     "ruler": ruler,
     "qwen-tokenizer": qwen_tokenizer,
     "custom": custom_data,
+    "longbench": longbench,
+    "babilong": babilong,
 }
 
 
