@@ -17,6 +17,11 @@ one panel per task family (HotpotQA; RULER niah_*, vt, fwe, cwe, qa_* averaged o
 ``table2.md`` (written when there are HotpotQA results; ``--table2`` also prints it) is RULER-HotpotQA in the layout
 of the paper's Table 2: one row per model, one column per context length (7K ... 3.5M tokens), sub_em in %, with
 the paper's two RL-MemAgent rows underneath for comparison.
+
+``benchmarks.md`` (written when there are LongBench-QA or BABILong results) puts them in the same layout: LongBench-QA a
+row per model, a column per subset and the average (the paper's LongBench-QA column, with the paper's three rows as a
+secondary source reports them), BABILong a row per model and task, a column per config; every cell the benchmark's own
+metric (LongBench F1, BABILong accuracy), then the lenient sub_em and the strict score, in %.
 """
 
 from __future__ import annotations
@@ -57,9 +62,16 @@ PAPER_TABLE2 = {
     "RL-MemAgent-14B (paper)": (83.59, 82.03, 84.38, 80.47, 76.56, 81.25, 75.00, 77.34, 76.56, 78.12),
     "RL-MemAgent-7B (paper)": (82.03, 79.69, 78.91, 77.34, 79.69, 72.66, 74.22, 76.56, 75.78, 71.09),
 }
-TASK_ORDER = (cfg.HOTPOTQA, *cfg.RULER_TASKS, *cfg.RULER_EXTRA_TASKS, cfg.NEEDLE)
+TASK_ORDER = (cfg.HOTPOTQA, *cfg.RULER_TASKS, *cfg.RULER_EXTRA_TASKS, cfg.NEEDLE, *cfg.LONGBENCH_QA, *cfg.BABILONG_QA)
+# The ICLR version's LongBench-QA average (%), as a secondary source reports it; which subsets and metric it averaged
+# is not known here (docs/third_party_eval.md, "LongBench-QA and BABILong").
+PAPER_LONGBENCH_QA = {
+    "MemAgent-14B (paper)": 51.0,
+    "QwenLong-L1-32B (paper)": 50.7,
+    "Qwen2.5-14B-Instruct (paper)": 42.0,
+}
 NEEDLE_CHUNK_TOKENS = 64  # the replication's needle lengths are chunks of 64 reader tokens
-METRIC_COLUMNS = ("strict", "sub_em", "em", "f1")
+METRIC_COLUMNS = ("strict", "sub_em", "em", "f1", "bench")
 
 
 @dataclass
@@ -76,6 +88,7 @@ class Row:
     sub_em: float | None
     em: float | None
     f1: float | None
+    bench: float | None  # the benchmark's own metric (LongBench F1, BABILong accuracy); None for the other tasks
     prompt_tokens: int
     completion_tokens: int
     seconds_per_item: float | None
@@ -86,7 +99,9 @@ class Row:
 
 
 def family(task: str) -> str:
-    """The plot panel of a task: hotpotqa, niah, vt, fwe, cwe or qa."""
+    """The plot panel of a task: hotpotqa, niah, vt, fwe, cwe, qa, longbench or babilong."""
+    if task.startswith(("longbench_", "babilong_")):
+        return task.split("_", 1)[0]
     if task.startswith("niah_"):
         return "niah"
     if task.startswith("qa_"):
@@ -101,7 +116,21 @@ def context_tokens(task: str, length: int) -> int:
         return HOTPOTQA_TOKENS.get(length, length * TOKENS_PER_DOC)
     if task == cfg.NEEDLE:
         return length * NEEDLE_CHUNK_TOKENS
+    if task in cfg.BABILONG_QA:
+        return length * 1000
+    if task in cfg.LONGBENCH_QA:
+        return 0  # as published: no one length
     return length
+
+
+def column_label(task: str, length: int) -> str:
+    """A length as a table's column names it: BABILong's config, LongBench as published, else the length and its
+    tokens."""
+    if task in cfg.BABILONG_QA:
+        return cfg.BABILONG_CONFIGS.get(length, f"{length}k")
+    if task in cfg.LONGBENCH_QA:
+        return "as published"
+    return f"{length} ({length_label(context_tokens(task, length))})"
 
 
 def length_label(tokens: float) -> str:
@@ -166,6 +195,7 @@ def collect(results_dir: str | Path, data_dir: str | Path | None = None) -> list
                 sub_em=_mean_pct(records, "sub_em"),
                 em=_mean_pct(records, "em"),
                 f1=_mean_pct(records, "f1"),
+                bench=_mean_pct(records, "bench"),
                 prompt_tokens=sum(r.get("prompt_tokens", 0) for r in records),
                 completion_tokens=sum(r.get("completion_tokens", 0) for r in records),
                 seconds_per_item=round(sum(seconds) / len(seconds), 3) if seconds else None,
@@ -206,7 +236,8 @@ def markdown(rows: list[Row]) -> str:
         "headline. `strict`: the training verifier (boxed answer); ~0 for the `memory` and `direct` methods, "
         "whose 'the answer is' format has no box. `em`/`f1` do not apply to RULER non-QA tasks. "
         "`no answer`: items answered without an extractable answer (no 'the answer is', no box): they score 0 "
-        "for their format, not for their content.",
+        "for their format, not for their content. `bench`: the benchmark's own metric of the whole answer "
+        "(LongBench-QA token F1, BABILong accuracy), for those benchmarks only.",
         "",
     ]
     by_task: dict[str, list[Row]] = defaultdict(list)
@@ -216,7 +247,7 @@ def markdown(rows: list[Row]) -> str:
         lengths = sorted({r.length for r in task_rows})
         unit = {cfg.HOTPOTQA: " (documents)", cfg.NEEDLE: " (chunks of 64 tokens)"}.get(task, "")
         lines += [f"## {task}: sub_em by length{unit}", ""]
-        header = ["model", "method", *(f"{n} ({length_label(context_tokens(task, n))})" for n in lengths)]
+        header = ["model", "method", *(column_label(task, n) for n in lengths)]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         cells: dict[tuple[str, str], dict[int, Row]] = defaultdict(dict)
         for r in task_rows:
@@ -258,6 +289,7 @@ def markdown(rows: list[Row]) -> str:
             r.sub_em,
             r.em,
             r.f1,
+            r.bench,
             r.prompt_tokens,
             r.completion_tokens,
             r.seconds_per_item,
@@ -307,6 +339,66 @@ def table2(rows: list[Row]) -> str | None:
     return "\n".join([*lines, ""])
 
 
+def _cell(rows: list[Row]) -> str:
+    """``bench · sub_em · strict`` of one or more files (their mean), in %; ``*`` marks an incomplete one."""
+    if not rows:
+        return "N/A"
+    means = [sum(getattr(r, m) or 0 for r in rows) / len(rows) for m in ("bench", "sub_em", "strict")]
+    return " · ".join(f"{v:.2f}" for v in means) + ("*" if any(_mark(r) for r in rows) else "")
+
+
+def _label(model: str, method: str, methods: dict[str, set[str]]) -> str:
+    return model if len(methods[model]) == 1 else f"{model} ({method})"
+
+
+def benchmarks_table(rows: list[Row]) -> str | None:
+    """LongBench-QA and BABILong in the layout of the paper's Table 2 (see the module docstring); None when there are
+    no results of either."""
+    longbench = [r for r in rows if r.task in cfg.LONGBENCH_QA]
+    babilong = [r for r in rows if r.task in cfg.BABILONG_QA]
+    if not longbench and not babilong:
+        return None
+    lines = [
+        "# LongBench-QA and BABILong",
+        "",
+        "Every cell: the benchmark's own metric of the whole answer (LongBench: token F1, the best over the gold "
+        "answers; BABILong: accuracy, the target in the answer) · the lenient sub_em · the strict score, in %, over "
+        "every item of a file (failed items count 0); `*`: an incomplete file or failed items; N/A: not run.",
+        "",
+    ]
+    methods: dict[str, set[str]] = defaultdict(set)
+    for r in longbench + babilong:
+        methods[r.model].add(r.method)
+    if longbench:
+        subsets = [t for t in cfg.LONGBENCH_QA if any(r.task == t for r in longbench)]
+        header = ["Model", *(t.removeprefix("longbench_") for t in subsets), "LongBench-QA (average)"]
+        lines += ["## LongBench-QA", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        cells: dict[tuple[str, str], dict[str, Row]] = defaultdict(dict)
+        for r in longbench:
+            cells[(r.model, r.method)][r.task] = r
+        for (model, method), by_task in cells.items():
+            values = [_cell([by_task[t]] if t in by_task else []) for t in subsets]
+            average = _cell(list(by_task.values())) if len(by_task) == len(subsets) else "N/A"
+            lines.append("| " + " | ".join([_label(model, method, methods), *values, average]) + " |")
+        for name, value in PAPER_LONGBENCH_QA.items():
+            lines.append("| " + " | ".join([name, *([""] * len(subsets)), f"{value:.1f}"]) + " |")
+        lines.append("")
+    if babilong:
+        lengths = sorted({r.length for r in babilong})
+        header = ["Model", "task", *(column_label(cfg.BABILONG_QA[0], n) for n in lengths)]
+        lines += ["## BABILong", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        by_row: dict[tuple[str, str, str], dict[int, Row]] = defaultdict(dict)
+        for r in babilong:
+            by_row[(r.model, r.method, r.task)][r.length] = r
+        for (model, method, task), by_length in sorted(by_row.items()):
+            values = [_cell([by_length[n]] if n in by_length else []) for n in lengths]
+            lines.append(
+                "| " + " | ".join([_label(model, method, methods), task.removeprefix("babilong_"), *values]) + " |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
 def warn_lines(rows: list[Row]) -> list[str]:
     out = []
     for r in rows:
@@ -335,7 +427,7 @@ def plot(rows: list[Row], path: Path, metric: str = "sub_em") -> list[tuple[str,
     series: dict[str, dict[tuple[str, str], dict[int, list[float]]]] = defaultdict(lambda: defaultdict(dict))
     for r in rows:
         value = getattr(r, metric)
-        if value is None:
+        if value is None or context_tokens(r.task, r.length) <= 0:  # a log axis has no 0 (BABILong 0k, LongBench)
             continue
         series[family(r.task)][(r.model, r.method)].setdefault(context_tokens(r.task, r.length), []).append(value)
     families = sorted(series, key=lambda f: (f != cfg.HOTPOTQA, f))
@@ -358,7 +450,8 @@ def plot(rows: list[Row], path: Path, metric: str = "sub_em") -> list[tuple[str,
         ax.set_ylim(-2, 102)
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel(f"{metric} (%)")
-        title = {cfg.HOTPOTQA: "RULER-HotpotQA", cfg.NEEDLE: "needle (CPU replication)"}.get(fam, f"RULER {fam}")
+        names = {cfg.HOTPOTQA: "RULER-HotpotQA", cfg.NEEDLE: "needle (CPU replication)", "babilong": "BABILong"}
+        title = names.get(fam, f"RULER {fam}")
         ax.set_title(f"{title}: {metric}")
         ax.grid(True, alpha=0.3)
         if series[fam]:
@@ -390,6 +483,10 @@ def write_report(
     if hotpotqa_table is not None:
         paths.append(out_dir / "table2.md")
         paths[-1].write_text(hotpotqa_table)
+    benchmark_tables = benchmarks_table(rows)
+    if benchmark_tables is not None:
+        paths.append(out_dir / "benchmarks.md")
+        paths[-1].write_text(benchmark_tables)
     for warning in warn_lines(rows):
         print(f"warning: {warning}", file=sys.stderr)
     return paths
