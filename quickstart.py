@@ -7,8 +7,10 @@
     URL=https://{endpoint} API_KEY=... python quickstart.py --model gpt-4o-2024-11-20 --tokenizer PATH
     URL=https://{endpoint}/openai/deployments/{name}?api-version=... API_KEY=... python quickstart.py --model NAME
 
-Without ``URL`` the model must be available offline (a local folder, ``tiny``, ``smollm2-135m-instruct``, or a
-hub id already in the Hugging Face cache): a local ``transformers serve`` is started for it and stopped at the
+Without ``URL`` (an empty one counts as unset), a ``--model`` that ``http://localhost:8000/v1`` serves is used
+there, as the original quickstart's default URL (so ``vllm serve MODEL`` then ``python quickstart.py --model MODEL``
+runs as typed); any other model must be available offline (a local folder, ``tiny``, ``smollm2-135m-instruct``, or
+a hub id already in the Hugging Face cache): a local ``transformers serve`` is started for it and stopped at the
 end. With ``URL`` (and ``API_KEY``) the endpoint is used as is: a local vLLM server, an online service or an
 Azure deployment. The API key is never printed.
 
@@ -61,6 +63,7 @@ PAPER_CHUNK, PAPER_MAX_NEW = 5000, 1024
 MAX_CONTEXT = 120000  # the original quickstart keeps the first and last 60K tokens of longer documents
 SHOWN_CHARS = 200  # of a reply's first sentence, shown when no answer can be extracted
 DEFAULT_SERVER_LOG = HERE / ".cache" / "logs" / "quickstart-transformers-serve.log"
+ORIGINAL_URL = "http://localhost:8000/v1"  # the original quickstart's default, where `vllm serve` listens
 
 
 @dataclass(frozen=True)
@@ -86,8 +89,9 @@ class QuickstartOptions:
     max_new: int | None = flag(
         None,
         f"max new tokens of every memory update and of the answer (default: {CPU_MAX_NEW} for the embedded CPU "
-        f"models, else {PAPER_MAX_NEW})",
+        f"models, else {PAPER_MAX_NEW}; --max_new, the original's spelling, is the same flag)",
         type=positive_int,
+        aliases=("--max_new",),
     )
     context_file: Path = flag(DEFAULT_DOCUMENT, "the document (a text file)", type=Path)
     question: str = flag(DEFAULT_QUESTION, "the question (default: %(default)r)")
@@ -133,6 +137,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(requests, ClientOptions)
     add_flags(requests, QuickstartOptions, only=["server_log"])
     return parser
+
+
+def original_default_url(model: str, url: str | None = None) -> str | None:
+    """``url`` (default :data:`ORIGINAL_URL`, the original quickstart's default URL) when a server there lists
+    ``model`` (the original's ``vllm serve MODEL`` then ``python quickstart.py --model MODEL``), else None."""
+    from taskutils.memory_eval.model_servers import served_models
+
+    url = url or ORIGINAL_URL
+    if model not in (served_models(url, timeout=2.0) or []):
+        return None
+    print(f"URL is not set: {url}, the original quickstart's default, serves {model}", file=sys.stderr)
+    return url
 
 
 def endpoint_tokenizer(args: argparse.Namespace, model: str) -> Any:
@@ -323,10 +339,12 @@ def run(args: argparse.Namespace) -> int:
     from recurrent.client import OpenAIChatClient
     from recurrent.models import KNOWN_MODELS, ModelNotAvailableError, resolve_model_path
 
-    url = os.environ.get("URL")
+    url = os.environ.get("URL") or None  # an empty URL= is unset
     if url and not args.model:
         print("error: URL is set: pass --model, the model name the endpoint serves", file=sys.stderr)
         return 2
+    if not url and args.model and args.model not in KNOWN_MODELS:
+        url = original_default_url(args.model)
     try:
         register, memory = load_agent(args)
     except ValueError as err:
@@ -340,7 +358,11 @@ def run(args: argparse.Namespace) -> int:
         try:
             model_dir = None if url else resolve_model_path(model)
         except ModelNotAvailableError as err:
-            print(f"error: {err}\nOr serve it yourself (vllm serve {model}) and set URL.", file=sys.stderr)
+            print(
+                f"error: {err}\nOr serve it at {ORIGINAL_URL} (the original's default URL: vllm serve {model}), "
+                "or set URL (and API_KEY) to the endpoint that serves it.",
+                file=sys.stderr,
+            )
             return 2
         tokenizer, base_url, served = open_endpoint(stack, args, url, model, model_dir)
         session, on_turn, final_prompt = make_session(args, register, memory, tokenizer, budgets, document)

@@ -44,6 +44,7 @@ class Flag:
     nargs: int | str | None = None
     action: str | None = None  # "append": a flag given several times
     positional: bool = False  # an argument without a dash (its name, the field's)
+    aliases: tuple[str, ...] = ()  # other spellings of the flag (the original's, e.g. --max_new)
 
 
 def flag(
@@ -57,11 +58,14 @@ def flag(
     nargs: int | str | None = None,
     action: str | None = None,
     positional: bool = False,
+    aliases: Iterable[str] = (),
 ) -> Any:
     """A dataclass field with its flag: ``default`` (or ``factory``, called when the parser is built, for a list or
     an environment variable's value), the flag's help and argparse's ``type``, ``choices``, ``metavar``, ``nargs``,
-    ``action``. A field whose default is False and that has no type is a switch (``store_true``)."""
-    spec = Flag(help, type, tuple(choices) if choices is not None else None, metavar, nargs, action, positional)
+    ``action``, other spellings (``aliases``). A field whose default is False and that has no type is a switch
+    (``store_true``)."""
+    choices = tuple(choices) if choices is not None else None
+    spec = Flag(help, type, choices, metavar, nargs, action, positional, tuple(aliases))
     return field(default=default, default_factory=factory, metadata={FLAG: spec})
 
 
@@ -113,7 +117,7 @@ def add_flags(
         if spec.positional:
             target.add_argument(field_.name, **options)
         else:
-            target.add_argument(option_string(field_), dest=field_.name, default=default, **options)
+            target.add_argument(option_string(field_), *spec.aliases, dest=field_.name, default=default, **options)
 
 
 def from_args(cls: type[T], args: argparse.Namespace, **changes: Any) -> T:

@@ -3,16 +3,22 @@
 # Called by run_memory_7B.sh / run_memory_14B.sh:  launch_memory.sh CONFIG DEFAULT_MODEL DEFAULT_NNODES [overrides]
 #
 # Environment (all optional):
-#   PROJ_ROOT       where runs go: $PROJ_ROOT/memory_agent/<size>/ holds checkpoints (global_step_N/), rollout
+#   PROJ_ROOT       where runs go: $PROJ_ROOT/memory_agent/<size>/ (<size>_async with MODE=async) holds checkpoints (global_step_N/), rollout
 #                   dumps and Hydra logs (default: <repository>/checkpoints, git-ignored)
 #   DATASET_ROOT    holds hotpotqa/hotpotqa_train_32k.parquet and hotpotqa/hotpotqa_dev.parquet
-#                   (columns prompt, context, data_source, reward_model.ground_truth; default: <repository>/data)
+#                   (columns prompt, context, data_source, reward_model.ground_truth; default: <repository>/data):
+#                   the folder the data stages write (python -m taskutils.memory_data hotpotqa-filter) and the
+#                   released files go (hf download BytedTsinghua-SIA/hotpotqa --repo-type dataset --local-dir
+#                   data/hotpotqa). The original's DATAROOT (that hotpotqa folder itself) or MEMAGENT_DATA_DIR
+#                   choose it too (taskutils/data_root.py); a hotpotqa_train.parquet (the original filter2.py's
+#                   name) is read when hotpotqa_train_32k.parquet is absent
 #   MODEL_PATH      a local model folder, or a hub id already in the local Hugging Face cache (nothing is
 #                   downloaded at run time; on a cluster, a folder every node can read)
 #   NNODES, NGPUS_PER_NODE   cluster shape (defaults: the paper's)
 #   RAY_ADDRESS     join an existing Ray cluster ("auto" on its head node); unset: start Ray on this node
 #   MODE            sync (default: the released runs' mode, lockstep rounds: recurrent/generation_manager.py) |
-#                   async (one coroutine per trajectory; same rows: docs/fidelity.md, "Sync and async mode")
+#                   async (one coroutine per trajectory; same rows: docs/fidelity.md, "Sync and async mode"), in
+#                   its own run folder memory_agent/<size>_async, as the original's run_memory_7B_async.sh
 #   RESUME          auto (default: the latest checkpoint of the run folder) | disable | a global_step_N folder
 #   LOGGER          console,wandb (default; the paper's) | console | console,file | console,tensorboard
 #   WANDB_OFFLINE   1: wandb logs locally (upload later with `wandb sync`)
@@ -54,6 +60,7 @@ absolute() { if [[ "$1" == /* ]]; then echo "$1"; else echo "$PWD/$1"; fi; }
 PROJ_ROOT_SET=${PROJ_ROOT:-}
 PROJ_ROOT=$(absolute "${PROJ_ROOT:-$REPO/checkpoints}")
 DATASET_ROOT=$(absolute "${DATASET_ROOT:-$REPO/data}")
+export DATASET_ROOT  # the data folder below is $DATASET_ROOT/hotpotqa unless DATAROOT or MEMAGENT_DATA_DIR says
 MODEL_PATH=${MODEL_PATH:-$DEFAULT_MODEL}
 if [ -d "$MODEL_PATH" ]; then MODEL_PATH=$(cd "$MODEL_PATH" && pwd); fi  # a folder; else a hub id
 NNODES=${NNODES:-$DEFAULT_NNODES}
@@ -69,17 +76,23 @@ if [ -z "${PYTHON:-}" ]; then
   if [ -x "$REPO/.venv/bin/python" ]; then PYTHON=$REPO/.venv/bin/python; else PYTHON=python3; fi
 fi
 SIZE=${CONFIG#memagent_}; SIZE=${SIZE^^}
-RUN_DIR=$PROJ_ROOT/memory_agent/$SIZE
-export PROJ_ROOT DATASET_ROOT
+EXPERIMENT=memory_agent/$SIZE
+if [ "$MODE" = async ]; then EXPERIMENT=${EXPERIMENT}_async; fi  # its own checkpoints: a resume never mixes modes
+RUN_DIR=$PROJ_ROOT/$EXPERIMENT
+export PROJ_ROOT
+# One data folder for the data stages, the harness and this launcher (taskutils/data_root.py).
+TRAIN_FILE=$("$PYTHON" -m taskutils.data_root --train)
+DEV_FILE=$("$PYTHON" -m taskutils.data_root --dev)
 
 ARGS=(
   --config-name "$CONFIG"
   "actor_rollout_ref.model.path=$MODEL_PATH"
-  "data.train_files=$DATASET_ROOT/hotpotqa/hotpotqa_train_32k.parquet"
-  "data.val_files=$DATASET_ROOT/hotpotqa/hotpotqa_dev.parquet"
+  "data.train_files=$TRAIN_FILE"
+  "data.val_files=$DEV_FILE"
   "trainer.nnodes=$NNODES"
   "trainer.n_gpus_per_node=$NGPUS_PER_NODE"
   "trainer.default_local_dir=$RUN_DIR"
+  "trainer.experiment_name=$EXPERIMENT"
   "trainer.logger=[$LOGGER]"
   "recurrent.mode=$MODE"
   "hydra.run.dir=$RUN_DIR/hydra/\${now:%Y-%m-%d_%H-%M-%S}"
@@ -98,6 +111,7 @@ fi
 ARGS+=("$@")
 
 echo "[memagent] ${RAY_ADDRESS:+Ray cluster $RAY_ADDRESS, }$NNODES node(s) x $NGPUS_PER_NODE GPU(s), run folder $RUN_DIR"
+echo "[memagent] data: $TRAIN_FILE, $DEV_FILE ($("$PYTHON" -m taskutils.data_root | sed 's/.* (/from /; s/)$//'))"
 if [ "$MODE" = sync ]; then
   echo "[memagent] rollout mode: sync (lockstep rounds, answers last: the released runs' schedule; MODE=async for one coroutine per trajectory)"
 else

@@ -27,11 +27,15 @@ def table_rows() -> list[tuple[str, str]]:
 
 
 def our_paths(cell: str) -> list[str]:
-    """The repository paths a cell names (a file or folder of ours, by its extension or trailing slash)."""
+    """The repository paths a cell names (a file or folder of ours, by its extension or trailing slash; not a URL, a
+    pattern, a variable or a folder that a run makes)."""
     return [
         code
         for code in re.findall(r"`([^`]+)`", cell)
-        if " " not in code and ("/" in code or code.endswith((".py", ".sh"))) and not code.startswith("-")
+        if " " not in code
+        and ("/" in code or code.endswith((".py", ".sh")))
+        and not code.startswith(("-", "data/", "results/", "memory_agent/"))  # folders that runs make
+        and not any(mark in code for mark in ("://", "$", "{"))
     ]
 
 

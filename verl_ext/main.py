@@ -158,6 +158,22 @@ def first_override(argv: list[str]) -> int:
     return len(argv)
 
 
+def original_keys_argv(argv: list[str]) -> list[str]:
+    """``argv`` with the original MemAgent's Hydra keys on ours (:mod:`verl_ext.original_keys`), a note printed for
+    each one rewritten; one that has no counterpart here stops with one line and exit status 2."""
+    from verl_ext.original_keys import OriginalKeyError, translate_overrides
+
+    at = first_override(argv)
+    try:
+        overrides, notes = translate_overrides(argv[at:])
+    except OriginalKeyError as err:
+        print(f"[memagent] {err}", file=sys.stderr)
+        sys.exit(2)
+    for note in notes:
+        print(f"[memagent] {note}", file=sys.stderr)
+    return [*argv[:at], *overrides]
+
+
 if __name__ == "__main__":
-    sys.argv[1:] = local_search_path_argv(sys.argv[1:])
+    sys.argv[1:] = local_search_path_argv(original_keys_argv(sys.argv[1:]))
     main()

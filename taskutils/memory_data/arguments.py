@@ -63,7 +63,12 @@ class Download:
 class Stage:
     """The options of every stage that writes with worker processes."""
 
-    out: Path | None = flag(None, "data folder for outputs (default: $MEMAGENT_DATA_DIR or ./data)", type=Path)
+    out: Path | None = flag(
+        None,
+        "data folder for outputs (default: $MEMAGENT_DATA_DIR, $DATAROOT, $DATASET_ROOT/hotpotqa, else the "
+        "repository's data/hotpotqa, from any working directory: taskutils/data_root.py)",
+        type=Path,
+    )
     workers: int = flag(1, "worker processes (results do not depend on it)", type=positive_int)
     sources: Path | None = flag(None, SOURCES_HELP, type=Path)
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from recurrent.flags import from_args
+from taskutils.data_root import data_dir
 from taskutils.memory_data import stages
 from taskutils.memory_data.arguments import build_parser
 
@@ -31,7 +32,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def _sources_dir(args: argparse.Namespace) -> Path:
-    return args.sources or stages.data_dir(args.out) / "sources"
+    return args.sources or data_dir(args.out) / "sources"
 
 
 def _timing(report: stages.StageReport) -> str:
@@ -46,7 +47,7 @@ def download(args: argparse.Namespace) -> int:
 
 
 def hotpotqa_process(args: argparse.Namespace) -> int:
-    out = stages.data_dir(args.out)
+    out = data_dir(args.out)
     for split in args.splits:
         n = args.train_samples if split == "train" else args.dev_samples
         src = _sources_dir(args) / f"hotpotqa_{split}.json"
@@ -60,7 +61,7 @@ def hotpotqa_process(args: argparse.Namespace) -> int:
 def hotpotqa_filter(args: argparse.Namespace) -> int:
     from taskutils.memory_data.filtering import DEFAULT_MODELS, FilterSettings
 
-    out = stages.data_dir(args.out)
+    out = data_dir(args.out)
     models = [tuple(m) for m in args.model] if args.model else list(DEFAULT_MODELS)
     settings = from_args(FilterSettings, args)
     for split in args.splits:
@@ -73,7 +74,7 @@ def hotpotqa_filter(args: argparse.Namespace) -> int:
 def hotpotqa_eval(args: argparse.Namespace) -> int:
     from taskutils.memory_data.hotpotqa import question_indices_from_parquet
 
-    out = stages.data_dir(args.out)
+    out = data_dir(args.out)
     if args.first is not None:
         indices = list(range(args.first))
     else:
@@ -95,7 +96,7 @@ def ruler(args: argparse.Namespace) -> int:
     if unknown:
         print(f"error: unknown tasks {unknown}; known: {', '.join(TASKS)}", file=sys.stderr)
         return 2
-    out = stages.data_dir(args.out)
+    out = data_dir(args.out)
     src = _sources_dir(args)
     sources = Sources(
         essay=args.essay_file or src / "PaulGrahamEssays.json",
@@ -157,13 +158,13 @@ def custom_data(args: argparse.Namespace) -> int:
 def longbench(args: argparse.Namespace) -> int:
     from taskutils.memory_data.benchmark_stages import run_longbench
 
-    return run_longbench(args, stages.data_dir(args.out), _sources_dir(args))
+    return run_longbench(args, data_dir(args.out), _sources_dir(args))
 
 
 def babilong(args: argparse.Namespace) -> int:
     from taskutils.memory_data.benchmark_stages import run_babilong
 
-    return run_babilong(args, stages.data_dir(args.out), _sources_dir(args))
+    return run_babilong(args, data_dir(args.out), _sources_dir(args))
 
 
 STAGES: dict[str, Callable[[argparse.Namespace], int]] = {

@@ -1,7 +1,8 @@
 """The pipeline stages behind the CLI: each reads local files only and writes resumable outputs.
 
 1. ``hotpotqa_process``: training/dev rows of 200 documents -> ``hotpotqa_{split}_process.parquet``.
-2. ``hotpotqa_filter``: drop questions answered without context -> ``hotpotqa_{split}.parquet``.
+2. ``hotpotqa_filter``: drop questions answered without context -> ``hotpotqa_train_32k.parquet`` (the name the
+   training launchers read) and ``hotpotqa_dev.parquet``.
 3. ``hotpotqa_eval``: the dev questions at 50 ... 25600 documents -> ``eval_{N}.jsonl``.
 4. ``ruler``: the 13 RULER tasks at any lengths -> ``eval_{task}_{length}.jsonl``.
 """
@@ -9,7 +10,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -18,16 +18,15 @@ from pathlib import Path
 from tqdm import tqdm
 
 from recurrent.models import file_sha256 as full_sha256
+from taskutils.data_root import TRAIN_FILE
 from taskutils.memory_data import hotpotqa
 from taskutils.memory_data.output import ResumableJsonl, register
 from taskutils.memory_data.sources import SourceError, read_hotpotqa
 
-DATA_DIR_ENV = "MEMAGENT_DATA_DIR"
 
-
-def data_dir(path: str | Path | None = None) -> Path:
-    """The data folder: ``path``, else ``$MEMAGENT_DATA_DIR``, else ``./data``."""
-    return Path(path or os.environ.get(DATA_DIR_ENV) or "data").expanduser()
+def filtered_file(split: str) -> str:
+    """The name of the filter stage's output for ``split``: the files the training launchers read."""
+    return TRAIN_FILE if split == "train" else f"hotpotqa_{split}.parquet"
 
 
 def file_sha256(path: Path) -> str:
@@ -156,7 +155,7 @@ def hotpotqa_filter(
     settings=None,
     api_key: str | None = None,
 ) -> dict:
-    """Filter ``hotpotqa_{split}_process.parquet`` into ``hotpotqa_{split}.parquet`` (first ``keep`` survivors)."""
+    """Filter ``hotpotqa_{split}_process.parquet`` into :func:`filtered_file` (first ``keep`` survivors)."""
     from taskutils.memory_data import filtering
 
     settings = settings or filtering.FilterSettings()
@@ -170,17 +169,18 @@ def hotpotqa_filter(
         "source": file_sha256(src),
         **{k: v for k, v in asdict(settings).items() if k != "concurrency"},
     }
-    register(out, f"hotpotqa_{split}.parquet", config, ())
+    output = out / filtered_file(split)
+    register(out, output.name, config, ())
     cache = out / f"filter_{split}.responses.jsonl"
     with tqdm(total=len(rows) * len(models), desc=f"filter {split}", unit="q") as bar:
         done = filtering.load_cache(cache)
         bar.update(sum(1 for r in rows for _, m in models if (r["index"], m) in done))
         responses = filtering.collect_responses(rows, models, settings, cache, api_key, progress=bar.update)
     kept, counts = filtering.decide(rows, models, responses)
-    written = filtering.copy_rows(src, out / f"hotpotqa_{split}.parquet", kept, keep)
+    written = filtering.copy_rows(src, output, kept, keep)
     if written < keep:
         print(f"warning: only {written} {split} questions survive the filter ({keep} requested)")
-    return {**counts, "kept": written, "output": str(out / f"hotpotqa_{split}.parquet")}
+    return {**counts, "kept": written, "output": str(output)}
 
 
 # -- RULER ------------------------------------------------------------------------------------------------

@@ -5,7 +5,6 @@ checks of ``--method`` after parsing. ``--config FILE`` sets the defaults of eve
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +20,8 @@ from recurrent.options import (
     seconds,
 )
 from recurrent.sampling import argument as sampling_argument
+from taskutils import original_names
+from taskutils.data_root import data_dir
 from taskutils.memory_eval import config as cfg
 from taskutils.memory_eval import evalsets
 
@@ -109,9 +110,10 @@ class Storage:
     """Where the eval sets are read and the results written."""
 
     data_dir: Path = flag(
-        help="eval sets: eval_{N}.jsonl, eval_{task}_{L}.jsonl, or the released .json arrays (default: "
-        "$MEMAGENT_DATA_DIR or ./data, where python -m taskutils.memory_data writes them)",
-        factory=lambda: Path(os.environ.get("MEMAGENT_DATA_DIR", "data")),
+        help="eval sets: eval_{N}.jsonl, eval_{task}_{L}.jsonl, or the released .json arrays (default: where "
+        "python -m taskutils.memory_data writes them: $MEMAGENT_DATA_DIR, $DATAROOT, $DATASET_ROOT/hotpotqa, else "
+        "the repository's data/hotpotqa, from any working directory)",
+        factory=data_dir,
         type=Path,
     )
     hotpotqa_dev: Path | None = flag(
@@ -192,8 +194,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     that registers nothing, or two methods that would write the same files stop with exit 2."""
     parser = build_parser()
     args = parse_with_config(parser, argv)  # a config file sets defaults; flags on the command line still win
+    refused = original_names.env_problem(original_names.EVAL_ENV) or next(
+        filter(None, map(original_names.model_problem, args.models or [])), None
+    )
     known = cfg.known_methods()
     unknown = [m for m in args.method or [] if m not in known and not is_agent_file(m)]
+    refused = refused or next(filter(None, map(original_names.method_problem, unknown)), None)
+    if refused:  # one line, without the usage: the line says what to type instead
+        parser.exit(2, f"{parser.prog}: error: {refused}\n")
     if unknown:
         parser.error(f"unknown method(s) {unknown}; choose from {', '.join(known)}, or give the path of an agent file")
     if args.method:

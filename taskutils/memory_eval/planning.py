@@ -119,8 +119,9 @@ def check_data(entries: list[cfg.ModelEntry], args: argparse.Namespace) -> list[
         what = f"task(s) {', '.join(tasks)}" if tasks else f"length(s) {', '.join(map(str, lengths))}"
         raise evalsets.EvalDataError(
             f"no eval set for the selected {what}: looked for {', '.join(names)}; generate them "
-            "(python -m taskutils.memory_data; needle: python -m experiments.needle.data) or select what "
-            "exists with --tasks / --lengths"
+            "(python -m taskutils.memory_data, which writes where the harness reads by default; needle: python -m "
+            "experiments.needle.data), point at their folder (--data-dir DIR, or $MEMAGENT_DATA_DIR or the "
+            "original's $DATAROOT) or select what exists with --tasks / --lengths"
         )
     return [f"{t}_{n}" for t, n in sorted(absent)]
 

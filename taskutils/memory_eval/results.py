@@ -14,7 +14,7 @@ import json
 import os
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -36,29 +36,45 @@ LOCK_FILE = ".lock"
 @contextmanager
 def locked(results_dir: Path) -> Iterator[None]:
     """Hold the results folder for this run: a second run into it would redo every item the first one has in
-    flight and append duplicate lines. An OS lock (``flock``), so a run killed with SIGKILL leaves no stale lock."""
+    flight and append duplicate lines. An OS lock (``flock``), so a run killed with SIGKILL leaves no stale lock;
+    a run that ends, well or not, removes the lock file (and the folder, when it made it and left it empty)."""
     import fcntl
 
+    made = not results_dir.exists()
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / LOCK_FILE
-    with path.open("a+") as handle:
+    while True:
+        handle = path.open("a+")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
             owner = handle.read().strip() or "unknown"
+            handle.close()
             raise ResultsBusyError(
                 f"{results_dir} is in use by another run (pid {owner}); wait for it to finish, or pass another "
                 "--results-dir"
             ) from None
+        try:  # the file we locked is still the folder's (a run ending removes it, holding the lock)
+            same = os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        handle.close()
+    try:
         handle.seek(0)
         handle.truncate()
         handle.write(f"{os.getpid()}\n")
         handle.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # before the lock goes: a run that opened it meanwhile sees it gone, retries
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+        if made:
+            with suppress(OSError):  # not empty: the run wrote something
+                results_dir.rmdir()
 
 
 def safe_name(name: str) -> str:

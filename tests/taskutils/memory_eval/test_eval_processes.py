@@ -177,4 +177,20 @@ def test_a_refused_run_leaves_the_lock_naming_the_first_run(tmp_path):
         with pytest.raises(results.ResultsBusyError), results.locked(out):
             pass
         assert (out / results.LOCK_FILE).read_text().strip() == str(os.getpid())
-    assert json.dumps(sorted(p.name for p in out.iterdir())) == '[".lock"]'
+        assert json.dumps(sorted(p.name for p in out.iterdir())) == '[".lock"]'
+    # The first run, ended, leaves neither its lock nor the empty folder it made; a folder that was there stays.
+    assert not out.exists()
+    out.mkdir()
+    with results.locked(out):
+        pass
+    assert out.is_dir() and not list(out.iterdir())
+
+
+def test_a_run_that_fails_leaves_no_lock(tmp_path):
+    out = tmp_path / "results"
+    (out / "hotpotqa_50").mkdir(parents=True)
+    with pytest.raises(RuntimeError), results.locked(out):
+        raise RuntimeError("the run failed")
+    assert sorted(p.name for p in out.iterdir()) == ["hotpotqa_50"]
+    with results.locked(out):  # and the next run takes the folder
+        assert (out / results.LOCK_FILE).read_text().strip() == str(os.getpid())
