@@ -1,7 +1,7 @@
 """LongBench-QA and BABILong, from their published files into the harness's eval sets.
 
 The published formats (checked against the publishers' repositories: docs/third_party_eval.md, "LongBench-QA and
-BABILong: the published data"):
+BABILong"):
 
 - LongBench (``THUDM/LongBench``, ``data.zip``): ``data/{subset}.jsonl``, one JSON object a line with ``input`` (the
   question), ``context`` (the long document), ``answers`` (a list of every gold answer), ``length`` (words),
