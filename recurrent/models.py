@@ -272,10 +272,11 @@ def materialize(name: str, root: Path | None = None, force: bool = False) -> Pat
     return build_tiny(dest, name=name) if name in TINY_SHAPES else build_smollm2(dest)
 
 
-def resolve_model_path(name_or_path: str) -> str:
+def resolve_model_path(name_or_path: str, option: str = "--model") -> str:
     """Map a model name to a local folder: an existing folder, an offline alias (``tiny``,
     ``smollm2-135m-instruct``), or a hub id already in the local Hugging Face cache.
-    Anything else raises :class:`ModelNotAvailableError` that says how to point at a local folder."""
+    Anything else raises :class:`ModelNotAvailableError` that says how to point at a local folder (with
+    ``option``, the caller's way to name the model: ``--model``, ``MODEL_PATH=`` of the training launchers)."""
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return str(path)
@@ -293,7 +294,8 @@ def resolve_model_path(name_or_path: str) -> str:
     except Exception as err:  # not cached (or not a valid repo id): never download at run time
         raise ModelNotAvailableError(
             f"model {name_or_path!r} is neither a local folder nor in the local Hugging Face cache, and this "
-            "project never downloads at run time. Point at a local folder (e.g. --model /path/to/Qwen2.5-7B-Instruct), "
+            f"project never downloads at run time. Point at a local folder (e.g. {option.rstrip()}"
+            f"{'' if option.endswith('=') else ' '}/path/to/Qwen2.5-7B-Instruct), "
             f"use an offline model ({', '.join(KNOWN_MODELS)}), or download it beforehand "
             "(huggingface-cli download ...) on a machine with access."
         ) from err

@@ -16,6 +16,7 @@ the repository's configs, as the launcher composes it: :func:`compose_run_config
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -166,7 +167,9 @@ def preflight(config: DictConfig, load_tokenizer: bool = True) -> None:
     try:
         from recurrent.models import resolve_model_path
 
-        model_path = resolve_model_path(str(config.actor_rollout_ref.model.path))
+        # The launchers take the model as MODEL_PATH; verl_ext.main as the key itself.
+        option = "MODEL_PATH=" if os.environ.get("MEMAGENT_LAUNCHER") else "actor_rollout_ref.model.path="
+        model_path = resolve_model_path(str(config.actor_rollout_ref.model.path), option)
     except Exception as err:
         problems.append(f"actor_rollout_ref.model.path: {err}")
     if model_path is not None:

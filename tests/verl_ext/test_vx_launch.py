@@ -119,6 +119,20 @@ def test_on_a_cluster_an_unset_proj_root_is_pointed_out(tmp_path, proj_root):
     assert (note in result.stdout) == (proj_root is None)
 
 
+def test_a_launch_without_its_data_and_model_names_the_launchers_variables(tmp_path):
+    """Before Ray starts: the data files the data folder lacks, and a model that is not here, named as the launcher
+    takes it (MODEL_PATH, not a flag of another command)."""
+    env = {**os.environ, "PYTHON": sys.executable, "PROJ_ROOT": str(tmp_path / "runs"), "LOGGER": "console"}
+    env |= {"DATASET_ROOT": str(tmp_path / "data"), "MODEL_PATH": "no-such-org/no-such-model"}
+    env.pop("RAY_ADDRESS", None)
+    result = subprocess.run(
+        ["bash", str(REPO / "run_memory_7B.sh")], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert f"data file not found: {tmp_path}/data/hotpotqa/hotpotqa_train_32k.parquet" in result.stderr
+    assert "e.g. MODEL_PATH=/path/to/Qwen2.5-7B-Instruct" in result.stderr and "--model" not in result.stderr
+
+
 @pytest.mark.slow(seconds=60)
 def test_a_real_launch_without_gpus_stops_with_what_is_missing(tmp_path, tiny_model_dir):
     """`bash run_memory_7B.sh` on this GPU-less machine: real data files, a local model folder, a real local Ray.
