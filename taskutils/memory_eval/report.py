@@ -40,22 +40,9 @@ from typing import Any
 from recurrent.resume import read_jsonl
 from taskutils.memory_eval import config as cfg
 from taskutils.memory_eval import evalsets, results
+from taskutils.memory_eval.lengths import HOTPOTQA_TOKENS, column_label, context_tokens, family, length_label
+from taskutils.memory_eval.report_benchmarks import benchmarks_table
 
-# The paper's axis labels for the RULER-HotpotQA document counts (50 documents ~ 7K tokens, doubling with the
-# count); other counts use ~140 tokens a document.
-HOTPOTQA_TOKENS = {
-    50: 7_000,
-    100: 14_000,
-    200: 28_000,
-    400: 56_000,
-    800: 112_000,
-    1600: 224_000,
-    3200: 448_000,
-    6400: 896_000,
-    12800: 1_750_000,
-    25600: 3_500_000,
-}
-TOKENS_PER_DOC = 140
 # The paper's Table 2 (RULER-HotpotQA accuracy in %, at the document counts of HOTPOTQA_TOKENS, in order): the rows
 # of the two released memory agents, which a training run of configs/memagent_{7b,14b}.yaml reproduces.
 PAPER_TABLE2 = {
@@ -63,14 +50,6 @@ PAPER_TABLE2 = {
     "RL-MemAgent-7B (paper)": (82.03, 79.69, 78.91, 77.34, 79.69, 72.66, 74.22, 76.56, 75.78, 71.09),
 }
 TASK_ORDER = (cfg.HOTPOTQA, *cfg.RULER_TASKS, *cfg.RULER_EXTRA_TASKS, cfg.NEEDLE, *cfg.LONGBENCH_QA, *cfg.BABILONG_QA)
-# The ICLR version's LongBench-QA average (%), as a secondary source reports it; which subsets and metric it averaged
-# is not known here (docs/third_party_eval.md, "LongBench-QA and BABILong").
-PAPER_LONGBENCH_QA = {
-    "MemAgent-14B (paper)": 51.0,
-    "QwenLong-L1-32B (paper)": 50.7,
-    "Qwen2.5-14B-Instruct (paper)": 42.0,
-}
-NEEDLE_CHUNK_TOKENS = 64  # the replication's needle lengths are chunks of 64 reader tokens
 METRIC_COLUMNS = ("strict", "sub_em", "em", "f1", "bench")
 
 
@@ -96,49 +75,6 @@ class Row:
     @property
     def incomplete(self) -> bool:
         return self.expected is not None and self.n < self.expected
-
-
-def family(task: str) -> str:
-    """The plot panel of a task: hotpotqa, niah, vt, fwe, cwe, qa, longbench or babilong."""
-    if task.startswith(("longbench_", "babilong_")):
-        return task.split("_", 1)[0]
-    if task.startswith("niah_"):
-        return "niah"
-    if task.startswith("qa_"):
-        return "qa"
-    return task
-
-
-def context_tokens(task: str, length: int) -> int:
-    """The nominal context length of a set, in tokens (HotpotQA lengths are document counts, needle lengths
-    chunk counts)."""
-    if task == cfg.HOTPOTQA:
-        return HOTPOTQA_TOKENS.get(length, length * TOKENS_PER_DOC)
-    if task == cfg.NEEDLE:
-        return length * NEEDLE_CHUNK_TOKENS
-    if task in cfg.BABILONG_QA:
-        return length * 1000
-    if task in cfg.LONGBENCH_QA:
-        return 0  # as published: no one length
-    return length
-
-
-def column_label(task: str, length: int) -> str:
-    """A length as a table's column names it: BABILong's config, LongBench as published, else the length and its
-    tokens."""
-    if task in cfg.BABILONG_QA:
-        return cfg.BABILONG_CONFIGS.get(length, f"{length}k")
-    if task in cfg.LONGBENCH_QA:
-        return "as published"
-    return f"{length} ({length_label(context_tokens(task, length))})"
-
-
-def length_label(tokens: float) -> str:
-    if tokens >= 1_000_000:
-        return f"{tokens / 1_000_000:.3g}M"
-    if tokens >= 1_000:
-        return f"{tokens / 1_000:.3g}K"
-    return f"{tokens:.0f}"
 
 
 def _mean_pct(records: list[dict[str, Any]], key: str) -> float | None:
@@ -337,66 +273,6 @@ def table2(rows: list[Row]) -> str | None:
             row = [f"{values[paper_columns[n]]:.2f}" if n in paper_columns else "" for n in lengths]
             lines.append("| " + " | ".join([name, *row]) + " |")
     return "\n".join([*lines, ""])
-
-
-def _cell(rows: list[Row]) -> str:
-    """``bench · sub_em · strict`` of one or more files (their mean), in %; ``*`` marks an incomplete one."""
-    if not rows:
-        return "N/A"
-    means = [sum(getattr(r, m) or 0 for r in rows) / len(rows) for m in ("bench", "sub_em", "strict")]
-    return " · ".join(f"{v:.2f}" for v in means) + ("*" if any(_mark(r) for r in rows) else "")
-
-
-def _label(model: str, method: str, methods: dict[str, set[str]]) -> str:
-    return model if len(methods[model]) == 1 else f"{model} ({method})"
-
-
-def benchmarks_table(rows: list[Row]) -> str | None:
-    """LongBench-QA and BABILong in the layout of the paper's Table 2 (see the module docstring); None when there are
-    no results of either."""
-    longbench = [r for r in rows if r.task in cfg.LONGBENCH_QA]
-    babilong = [r for r in rows if r.task in cfg.BABILONG_QA]
-    if not longbench and not babilong:
-        return None
-    lines = [
-        "# LongBench-QA and BABILong",
-        "",
-        "Every cell: the benchmark's own metric of the whole answer (LongBench: token F1, the best over the gold "
-        "answers; BABILong: accuracy, the target in the answer) · the lenient sub_em · the strict score, in %, over "
-        "every item of a file (failed items count 0); `*`: an incomplete file or failed items; N/A: not run.",
-        "",
-    ]
-    methods: dict[str, set[str]] = defaultdict(set)
-    for r in longbench + babilong:
-        methods[r.model].add(r.method)
-    if longbench:
-        subsets = [t for t in cfg.LONGBENCH_QA if any(r.task == t for r in longbench)]
-        header = ["Model", *(t.removeprefix("longbench_") for t in subsets), "LongBench-QA (average)"]
-        lines += ["## LongBench-QA", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        cells: dict[tuple[str, str], dict[str, Row]] = defaultdict(dict)
-        for r in longbench:
-            cells[(r.model, r.method)][r.task] = r
-        for (model, method), by_task in cells.items():
-            values = [_cell([by_task[t]] if t in by_task else []) for t in subsets]
-            average = _cell(list(by_task.values())) if len(by_task) == len(subsets) else "N/A"
-            lines.append("| " + " | ".join([_label(model, method, methods), *values, average]) + " |")
-        for name, value in PAPER_LONGBENCH_QA.items():
-            lines.append("| " + " | ".join([name, *([""] * len(subsets)), f"{value:.1f}"]) + " |")
-        lines.append("")
-    if babilong:
-        lengths = sorted({r.length for r in babilong})
-        header = ["Model", "task", *(column_label(cfg.BABILONG_QA[0], n) for n in lengths)]
-        lines += ["## BABILong", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        by_row: dict[tuple[str, str, str], dict[int, Row]] = defaultdict(dict)
-        for r in babilong:
-            by_row[(r.model, r.method, r.task)][r.length] = r
-        for (model, method, task), by_length in sorted(by_row.items()):
-            values = [_cell([by_length[n]] if n in by_length else []) for n in lengths]
-            lines.append(
-                "| " + " | ".join([_label(model, method, methods), task.removeprefix("babilong_"), *values]) + " |"
-            )
-        lines.append("")
-    return "\n".join(lines)
 
 
 def warn_lines(rows: list[Row]) -> list[str]:
