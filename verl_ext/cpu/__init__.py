@@ -70,7 +70,7 @@ def register() -> None:
         return
     import wrapt
 
-    from verl_ext.cpu import dist_patch, logprobs
+    from verl_ext.cpu import dist_patch, logprobs, vllm_cpu
     from verl_ext.cpu.engine import ENGINE_MODULE
     from verl_ext.cpu.platform import register_platform
 
@@ -80,4 +80,5 @@ def register() -> None:
     wrapt.register_post_import_hook(_register_replica, "verl.workers.rollout.replica")
     wrapt.register_post_import_hook(_register_adapter, "verl.workers.rollout.base")
     wrapt.register_post_import_hook(logprobs.apply, logprobs.TARGET_MODULE)
+    wrapt.register_post_import_hook(vllm_cpu.apply, vllm_cpu.TARGET_MODULE)
     _registered = True
