@@ -48,7 +48,7 @@ def engine_lost_message(name: str, address: str, problem: str, checkpoint_dir: s
     resume = f"last complete checkpoint: {complete}" if complete else "no complete checkpoint: a rerun starts over"
     return (
         f"the rollout engine of {name} at {address} died ({problem}); the run stops now. {resume}; "
-        "rerun the same command to resume (its log names the engine's last words)"
+        "rerun the same command to resume (the engine's own error is in the run's log)"
     )
 
 
