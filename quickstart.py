@@ -89,7 +89,7 @@ class QuickstartOptions:
     max_new: int | None = flag(
         None,
         f"max new tokens of every memory update and of the answer (default: {CPU_MAX_NEW} for the embedded CPU "
-        f"models, else {PAPER_MAX_NEW}; --max_new, the original's spelling, is the same flag)",
+        f"models, else {PAPER_MAX_NEW}; also --max_new, the original's spelling)",
         type=positive_int,
         aliases=("--max_new",),
     )

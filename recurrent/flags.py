@@ -117,7 +117,10 @@ def add_flags(
         if spec.positional:
             target.add_argument(field_.name, **options)
         else:
-            target.add_argument(option_string(field_), *spec.aliases, dest=field_.name, default=default, **options)
+            target.add_argument(option_string(field_), dest=field_.name, default=default, **options)
+            for alias in spec.aliases:  # its own hidden flag: help and errors name the flag as documented
+                hidden = {**options, "help": argparse.SUPPRESS}
+                target.add_argument(alias, dest=field_.name, default=argparse.SUPPRESS, **hidden)
 
 
 def from_args(cls: type[T], args: argparse.Namespace, **changes: Any) -> T:
