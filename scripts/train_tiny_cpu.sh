@@ -141,7 +141,13 @@ if [[ "$TASK" == needle && -z "${MODEL:-}" ]]; then
 fi
 MODEL="${MODEL:-$("$PYTHON" -c 'from recurrent.models import TINY, materialize; print(materialize(TINY))')}"
 if [[ "$ROLLOUT" == vllm ]]; then  # before anything starts: vLLM's CPU attention has kernels for some head sizes only
-  "$PYTHON" -m verl_ext.cpu.vllm_cpu --check-model "$MODEL" || exit 2
+  if ! problem="$(VLLM_LOGGING_LEVEL=ERROR "$PYTHON" -m verl_ext.cpu.vllm_cpu --check-model "$MODEL" 2>&1)"; then
+    grep "^error:" <<<"$problem" >&2 || echo "$problem" >&2  # its one line, without vLLM's import chatter
+    exit 2
+  fi
+  # vLLM's sampler compiles a kernel with inductor on CPU (torch.compile, eager mode or not): each run its own
+  # cache, not the user's shared one that other runs write at the same time
+  export TORCHINDUCTOR_CACHE_DIR="$OUT_DIR/inductor_cache"
 fi
 DATA="${DATA_DIR:-$OUT_DIR/data}"
 case "$TASK" in

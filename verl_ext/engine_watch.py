@@ -123,8 +123,12 @@ def _vllm_servers(known: set[str]) -> dict[str, str]:
             continue
         namespace = entry.get("namespace") if isinstance(entry, dict) else None
         handle = ray.get_actor(name, namespace=namespace)
-        host, port = ray.get(handle.get_server_address.remote(), timeout=HEALTH_TIMEOUT_S)
-        servers[name] = f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+        # the attributes get_server_address returns, read without its assertion (it raises until the HTTP server is
+        # up, and Ray logs every such error); None until then
+        address = handle.__ray_call__.remote(lambda server: (server._server_address, server._server_port))
+        host, port = ray.get(address, timeout=HEALTH_TIMEOUT_S)
+        if port is not None:
+            servers[name] = f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
     return servers
 
 

@@ -1,6 +1,6 @@
 """verl 0.9.1's V1 trainer on CPU, with the trainer code users run on GPU clusters.
 
-Seven adaptations (see ``README.md`` here, "The adaptations", for the verl code each one answers):
+Nine adaptations (see ``README.md`` here, "The adaptations", for the verl code each one answers):
 
 1. :mod:`.platform`: a ``cpu`` platform in verl's ``PlatformRegistry``, chosen only with ``VERL_PLATFORM=cpu``;
 2. fake Ray GPUs (config: ``+ray_kwargs.ray_init.num_gpus=N``; the platform names Ray's ``GPU`` resource);
@@ -9,9 +9,12 @@ Seven adaptations (see ``README.md`` here, "The adaptations", for the verl code 
 5. :mod:`.rollout`: a transformers rollout (server, replica, adapter) registered as ``hf_cpu``;
 6. TransferQueue storage sized for a small Ray (config only);
 7. :mod:`.logprobs`: for speed, the other monkeypatch: fp32 log-probabilities a block of tokens at a time, where
-   verl loops over tokens when flash-attn is absent.
+   verl loops over tokens when flash-attn is absent;
+8. :mod:`.vllm_cpu`: a monkeypatch of vLLM, its CPU linear layers keep their weights so verl's weight sync reloads them
+   (a vLLM rollout only: the hook fires when vLLM's module is imported);
+9. vLLM's rollout values on CPU (config: ``configs/cpu_rollout/vllm.yaml``).
 
-:func:`register` installs 1, 3, 4, 5 and 7, idempotently. It must run in **every** process of a run (driver,
+:func:`register` installs 1, 3, 4, 5, 7 and 8, idempotently. It must run in **every** process of a run (driver,
 task runner, FSDP workers, rollout servers, agent-loop and reward workers), before verl first resolves its
 platform; the launcher does that with ``VERL_USE_EXTERNAL_MODULES=verl_ext.cpu.load`` (imported by
 ``verl/__init__.py`` in every process) plus ``VERL_PLATFORM=cpu``, also passed to Ray's runtime env.
