@@ -21,6 +21,7 @@ BOX = re.compile(r"\\boxed\{([^{}]*)\}")
 @dataclass
 class SelfConsistencyConfig:
     drafts: int = 3
+    draft_n: int = 1  # drafts per request (the API's n): drafts / draft_n requests made at once
     max_tokens: int = 16  # new tokens per call
     draft_temperature: float = 1.2
     vote_temperature: float = 0.5
@@ -35,16 +36,18 @@ def boxed(text: str) -> str | None:
 async def self_consistency(sample: dict, client: AsyncOpenAI, config: SelfConsistencyConfig) -> Answer:
     question = sample["input"]
 
-    async def draft() -> str:
+    async def draft() -> list[str]:
         completion = await client.chat.completions.create(
             model=config.model,
             messages=[{"role": "user", "content": DRAFT.format(question=question)}],
             max_tokens=config.max_tokens,
             temperature=config.draft_temperature,
+            **({"n": config.draft_n} if config.draft_n != 1 else {}),
         )
-        return completion.choices[0].message.content or ""
+        return [choice.message.content or "" for choice in completion.choices]
 
-    drafts = await asyncio.gather(*(draft() for _ in range(config.drafts)))
+    requests = await asyncio.gather(*(draft() for _ in range(config.drafts // config.draft_n)))
+    drafts = [text for choices in requests for text in choices]
     listed = "\n".join(f"{i + 1}. {text}" for i, text in enumerate(drafts))
     vote = await client.chat.completions.create(
         model=config.model,
