@@ -6,8 +6,9 @@ trajectory failed (verl_ext/agent_probe.py, verl_ext/failures.py); both say what
     my_agent.py:14: ZeroDivisionError: division by zero
 
 The place is the deepest line of the agent's own file in the error's traceback (a call the trainer refused is
-named at the agent's line that made it); an error raised after the agent returned (no call, an answer that is not
-the last reply, a call left running) is named at the agent function's ``def`` line.
+named at the agent's line that made it); a call left running when the agent returned is named at the line that made
+it (the error's ``call_sites``); another error raised after the agent returned (no call, an answer that is not the
+last reply) at the agent function's ``def`` line.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ def location(error: BaseException, source: Callable[..., Any] | None) -> str | N
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
+        for site in getattr(current, "call_sites", ()):  # calls left running: where the agent made them
+            lines = [line for name, line in site if os.path.realpath(name) == file]
+            if lines:
+                return f"{shown(file)}:{lines[0]}"
         frames = [f for f in traceback.extract_tb(current.__traceback__) if os.path.realpath(f.filename) == file]
         if frames:
             return f"{shown(file)}:{frames[-1].lineno}"

@@ -38,7 +38,9 @@ An agent whose samples need work before it runs (a long document tokenized once,
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import math
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +60,36 @@ from recurrent.interface import (
 )
 
 ANSWER_KIND = "final"  # the kind of a call flagged final, unless it names its own
+
+# A hold on each reply until the agent awaits its call, given the episode's task: set only by the preflight's trial
+# episode (verl_ext/agent_probe.py), so that a call left running is still running when the agent returns however
+# fast its model answered. Unset, replies go to the agent as they come.
+ReplyGate = Callable[["asyncio.Task[Any] | None"], Awaitable[None]]
+REPLY_GATE: contextvars.ContextVar[ReplyGate | None] = contextvars.ContextVar("reply_gate", default=None)
+
+CallSite = list[tuple[str, int]]  # (file, line) of the frames that made a call, the most recent first
+
+
+def call_site(depth: int = 64) -> CallSite:
+    """Where the running call was made: the frames of the current stack (an agent that awaits its call, or a helper
+    coroutine of its file), then where the running task's coroutine was created (a call the agent handed to
+    ``asyncio.ensure_future`` or ``gather``: known where ``sys.set_coroutine_origin_tracking_depth`` is on)."""
+    frames: CallSite = []
+    frame = sys._getframe(1)
+    while frame is not None and len(frames) < depth:
+        frames.append((frame.f_code.co_filename, frame.f_lineno))
+        frame = frame.f_back
+    task = asyncio.current_task()
+    origin = getattr(task.get_coro(), "cr_origin", None) if task is not None else None
+    return frames + [(file, line) for file, line, _ in origin or ()]
+
+
+class CallLeftRunningError(RuntimeError):
+    """An agent returned with calls it started still running; ``call_sites``: where each was made."""
+
+    def __init__(self, message: str, call_sites: list[CallSite]) -> None:
+        super().__init__(message)
+        self.call_sites = call_sites
 
 
 class AnswerNotLastReplyError(RuntimeError):
@@ -127,6 +159,12 @@ class CallRecorder:
         self._send_turn = getattr(client, "send_turn", None)  # a TurnClient (the lockstep barrier)
         self.history: list[TurnRecord] = []
         self.in_flight = 0  # calls made and not yet answered (an agent returns only once none is left)
+        self.sites: list[CallSite] = []  # where each call was made, in the order they were made
+        self.open: set[int] = set()  # the calls (indices into sites) not yet answered
+        try:
+            self._task = asyncio.current_task()  # the episode's: a call awaited elsewhere was handed to a task
+        except RuntimeError:
+            self._task = None
 
     async def chat(
         self,
@@ -150,6 +188,9 @@ class CallRecorder:
         meta = {"kind": kind, **(meta or {})}
         turn = Turn(messages, max_tokens, prompt_ids, final=final, meta=meta, sampling=dict(sampling))
         sampling = {**(self._final_sampling if final else self._sampling), **sampling}
+        index = len(self.sites)
+        self.sites.append(call_site())
+        self.open.add(index)
         self.in_flight += 1
         try:
             if self._send_turn is not None:
@@ -157,8 +198,12 @@ class CallRecorder:
             else:  # prompt_ids only when built: an OpenAI-style client that does not know the keyword never sees it
                 extra = {} if prompt_ids is None else {"prompt_ids": prompt_ids}
                 reply = await self._client.chat(messages, max_tokens, **extra, **sampling)
+            gate = REPLY_GATE.get()
+            if gate is not None:
+                await gate(self._task)
         finally:
             self.in_flight -= 1
+            self.open.discard(index)
         if stop_requested():  # a cancellation that arrived together with the reply: stop here, not at the next call
             raise asyncio.CancelledError("cancelled between calls")
         if prompt_ids is None:
@@ -226,14 +271,15 @@ class FunctionEpisode(Episode):
             raise TypeError(
                 f"agent {self.name!r} returned a {type(answer).__name__}, expected its answer as a str (or an Answer)"
             )
-        finished = len(recorder.history)
+        open_at_return, made = set(recorder.open), len(recorder.sites)
         await asyncio.sleep(0)  # one pass: calls it started just before returning begin, ones it cancelled end
-        late = recorder.in_flight + len(recorder.history) - finished
+        late = sorted(open_at_return | recorder.open | set(range(made, len(recorder.sites))))
         if late:
-            raise RuntimeError(
-                f"agent {self.name!r} returned with {late} model call(s) still running: every call is a row of its "
-                "episode, so an agent awaits (or cancels) each call it starts before it returns, e.g. with "
-                "asyncio.gather"
+            raise CallLeftRunningError(
+                f"agent {self.name!r} returned with {len(late)} model call(s) still running: every call is a row of "
+                "its episode, so an agent awaits (or cancels) each call it starts before it returns, e.g. with "
+                "asyncio.gather",
+                [recorder.sites[i] for i in late],
             )
         if not recorder.history:
             raise RuntimeError(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,9 @@ from verl.workers.rollout.replica import TokenOutput
 
 from recurrent.async_manager import run_session
 from recurrent.failures import describe_failure, shown
-from verl_ext.rollout import AgentRollout, Budgets, TokenClient
+from recurrent.functions import REPLY_GATE
+from verl_ext.held_replies import ReplyGate
+from verl_ext.rollout import AgentRollout, Budgets, RowOutput, TokenClient
 from verl_ext.settings import RecurrentSettings
 from verl_ext.sync_rollout import Trajectory, run_trajectories
 
@@ -85,17 +88,31 @@ def first_sample(path: str, prompt_key: str) -> dict[str, Any] | None:
     }
 
 
-async def run_episode(rollout: AgentRollout, mode: str, sample: dict[str, Any], params: dict[str, Any]) -> int:
-    """One episode of the agent in the run's mode, to its rows; returns the number of rows."""
+ORIGIN_DEPTH = 32  # frames kept of where each coroutine was made: a call handed to a task is named at its line
+
+
+async def run_episode(
+    rollout: AgentRollout, mode: str, sample: dict[str, Any], params: dict[str, Any]
+) -> list[RowOutput]:
+    """One episode of the agent in the run's mode, to its rows. Each reply is held until the agent awaits its call
+    (verl_ext/held_replies.py), and where each coroutine was made is tracked, so that a call left running fails
+    the episode at the line that made it."""
     server = ScriptedServer(rollout.tokenizer)
-    if mode == "sync":
-        (result,) = await run_trajectories(rollout, server, [Trajectory(sample, 0, params)], report=False)
-        if isinstance(result, Exception):
-            raise result
-        return len(result)
-    episode = await rollout.episode(sample)
-    await run_session(episode, TokenClient(rollout, server, "preflight", params))
-    return len(rollout.outputs(episode, want_logprobs=bool(params.get("logprobs"))))
+    depth = sys.get_coroutine_origin_tracking_depth()
+    sys.set_coroutine_origin_tracking_depth(ORIGIN_DEPTH)
+    gate = REPLY_GATE.set(ReplyGate())
+    try:
+        if mode == "sync":
+            (result,) = await run_trajectories(rollout, server, [Trajectory(sample, 0, params)], report=False)
+            if isinstance(result, Exception):
+                raise result
+            return result  # type: ignore[return-value]
+        episode = await rollout.episode(sample)
+        await run_session(episode, TokenClient(rollout, server, "preflight", params))
+        return rollout.outputs(episode, want_logprobs=bool(params.get("logprobs")))
+    finally:
+        REPLY_GATE.reset(gate)
+        sys.set_coroutine_origin_tracking_depth(depth)
 
 
 def run_in_own_loop(coroutine: Any) -> Any:

@@ -45,7 +45,26 @@ MISTAKES = {
         "    reply = await client.chat([{'role': 'user', 'content': sample['input']}], 8)\n"
         "    asyncio.ensure_future(client.chat([{'role': 'user', 'content': 'and?'}], 8))\n"
         "    return reply.text\n",
-        "def",
+        "ensure_future",
+        "returned with 1 model call(s) still running",
+    ),
+    # made before the calls the agent awaits: a model that answers at once has answered it by the time the agent
+    # returns; the trial's model holds its reply until the agent awaits it, so it is still running, whatever the
+    # timing (and with another max_tokens its reply is not the answer's either)
+    "call left running, made first": (
+        "    asyncio.ensure_future(client.chat([{'role': 'user', 'content': 'and?'}], 8))\n"
+        "    draft = await client.chat([{'role': 'user', 'content': sample['input']}], 8)\n"
+        "    reply = await client.chat([{'role': 'user', 'content': draft.text}], 8)\n"
+        "    return reply.text\n",
+        "ensure_future",
+        "returned with 1 model call(s) still running",
+    ),
+    "call left running, made first, another max_tokens": (
+        "    asyncio.ensure_future(client.chat([{'role': 'user', 'content': 'and?'}], 3))\n"
+        "    draft = await client.chat([{'role': 'user', 'content': sample['input']}], 8)\n"
+        "    reply = await client.chat([{'role': 'user', 'content': draft.text}], 8)\n"
+        "    return reply.text\n",
+        "ensure_future",
         "returned with 1 model call(s) still running",
     ),
     "raise": (
@@ -62,6 +81,33 @@ GATHER = (
     "temperature=0.3)\n"
     "    return reply.text\n"
 )
+# Calls handed to tasks and awaited later, each way asyncio offers: the held replies reach the agent.
+AWAITED_LATER = {
+    "await task": (
+        "    early = asyncio.ensure_future(client.chat([{'role': 'user', 'content': 'draft'}], 8))\n"
+        "    await client.chat([{'role': 'user', 'content': sample['input']}], 8)\n"
+        "    first = await early\n"
+        "    reply = await client.chat([{'role': 'user', 'content': first.text}], 8)\n"
+        "    return reply.text\n"
+    ),
+    "asyncio.wait": (
+        "    tasks = [asyncio.ensure_future(client.chat([{'role': 'user', 'content': 'd'}], 8)) for _ in range(2)]\n"
+        "    await asyncio.wait(tasks)\n"
+        "    reply = await client.chat([{'role': 'user', 'content': tasks[0].result().text}], 8)\n"
+        "    return reply.text\n"
+    ),
+    "TaskGroup": (
+        "    async with asyncio.TaskGroup() as group:\n"
+        "        draft = group.create_task(client.chat([{'role': 'user', 'content': 'draft'}], 8))\n"
+        "    reply = await client.chat([{'role': 'user', 'content': draft.result().text}], 8)\n"
+        "    return reply.text\n"
+    ),
+    "wait_for": (
+        "    draft = await asyncio.wait_for(client.chat([{'role': 'user', 'content': 'draft'}], 8), 600)\n"
+        "    reply = await client.chat([{'role': 'user', 'content': draft.text}], 8)\n"
+        "    return reply.text\n"
+    ),
+}
 
 
 def agent_file(body: str) -> str:
@@ -109,7 +155,8 @@ def checked(mode: str):
 @pytest.mark.parametrize(
     ("mistake", "mode"),
     # each in async mode; in sync mode too where the lockstep barrier carries the call (its sampling, a late call)
-    [(mistake, "async") for mistake in sorted(MISTAKES)] + [("sampling", "sync"), ("call left running", "sync")],
+    [(mistake, "async") for mistake in sorted(MISTAKES)]
+    + [("sampling", "sync"), ("call left running", "sync"), ("call left running, made first", "sync")],
 )
 def test_each_first_run_mistake_is_one_line_naming_the_agents_file_and_line(user, mistake, mode):
     body, marker, cause = MISTAKES[mistake]
@@ -130,6 +177,12 @@ def test_a_sound_agent_with_calls_made_at_once_passes(user, mode, capsys):
     checked(mode)
     # the trial episode is no batch of the run: no "[recurrent] lockstep: ..." line to be read as one
     assert "[recurrent] lockstep" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("how", sorted(AWAITED_LATER))
+def test_calls_handed_to_tasks_and_awaited_later_pass(user, how):
+    (user / "my_agent.py").write_text(agent_file(AWAITED_LATER[how]))
+    checked("async")
 
 
 def test_the_episode_can_be_switched_off(user):
