@@ -206,7 +206,8 @@ def sampling_overlay(model_dir: Path, folder: Path) -> Path:
 # What a model served on CPU computes in. `transformers serve --dtype auto` takes the config's dtype, and verl's
 # checkpoint export writes "bfloat16" there over fp32 weights: the policy would be evaluated in numbers it was not
 # trained or sampled in (the CPU twin does both in fp32: configs/cpu_platform.yaml), and bf16 is emulated on CPUs
-# without bf16 instructions (the replication's reader: a forward 1.8x slower). docs/replication_cpu.md, "What it costs".
+# without bf16 instructions (the replication's reader: a forward 1.8x slower). docs/replication_cpu_notebook.md, "The
+# evaluation's servers".
 CPU_DTYPE = "float32"
 
 

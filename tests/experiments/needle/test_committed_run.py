@@ -17,7 +17,8 @@ import pytest
 from experiments.needle.policies import POLICY_NAMES as NAMES
 
 RUN = Path(__file__).resolve().parents[3] / "docs" / "replication_cpu"
-CAUSE = RUN / "cause"  # docs/replication_cpu.md, "The cause": a warm start and RL seed 0 of each recipe
+# docs/replication_cpu_notebook.md, "The cause: the tokenizer's corpus": a warm start and RL seed 0 of each recipe
+CAUSE = RUN / "cause"
 RECIPE4 = RUN / "recipe4"  # the notebook's "Recipe 4's default run": the committed run before recipe 5's
 RECIPE5 = RUN / "recipe5"  # the notebook's "Recipe 5's default run": the committed run before recipe 6's
 # The notebook's "Recipe 6's first default run": the committed run before today's, its policies served in bf16.
@@ -154,6 +155,10 @@ def test_the_stage_times_add_up_to_the_stated_wall_time(run):
 
 PAGE = RUN.parent / "replication_cpu.md"
 NOTEBOOK = RUN.parent / "replication_cpu_notebook.md"
+# The notebook's sections that hold what the page said about its run's history (moved there to keep the page one page)
+CAUSE_SECTION = "The cause: the tokenizer's corpus"
+LINEAGE_SECTION = "The committed run's lineage: three builds, one reader, and why recipe 6"
+PAGE_WORDS = 1500  # the one-page result's bound, counted as `wc -w` counts
 
 
 def section(path: Path, heading: str) -> str:
@@ -240,11 +245,11 @@ def test_the_quoted_table_and_seeds_are_the_committed_summarys(run):
             assert value == pytest.approx(seeds[(f"rl-seed{seed}", length)], abs=0.051), (seed, length)
 
 
-def test_the_pages_cause_table_is_the_two_runs_summaries():
-    """docs/replication_cpu.md, "The cause": each row is a policy of docs/replication_cpu/cause/default or
+def test_the_cause_table_is_the_two_runs_summaries():
+    """The notebook's "The cause: the tokenizer's corpus": each row is a policy of docs/replication_cpu/cause/default or
     try, recomputed from that run's summary.csv; the warm starts' validation figures it quotes are their builds'
     own evaluations (docs/replication_cpu/cause/warm_starts/)."""
-    page = PAGE.read_text()
+    page = section(NOTEBOOK, CAUSE_SECTION)
     lines = page[page.index("**Cause, strict accuracy (%)**") :].splitlines()
     text = " ".join(page.split())
     start = next(i for i, line in enumerate(lines) if line.startswith("|"))
@@ -487,10 +492,10 @@ def survival_row(run: Path, policy: str) -> dict[str, str]:
     raise KeyError(policy)
 
 
-def test_the_pages_cause_survival_figures_are_the_runs():
+def test_the_cause_survival_figures_are_the_runs():
     """The cause's prose: the try's warm start lost none of its keep decisions (their count quoted), today's loses
     about 2% a chunk (its keep rate)."""
-    text = " ".join(PAGE.read_text().split())
+    text = " ".join(section(NOTEBOOK, CAUSE_SECTION).split())
     try_warm = survival_row(CAUSE / "try", "warm start (SFT)")
     assert try_warm["lost: dropped / miscopied / replaced"] == "0 / 0 / 0"
     decisions = re.search(r"never lost one it had written \(([\d,]+) keep decisions\)", text).group(1)
@@ -538,8 +543,8 @@ def build_record(name: str) -> dict:
 def test_the_other_machines_builds_are_quoted_from_their_records():
     """The notebook's "The build on another machine": its table (strict and needle-in-memory shares at 1 / 2 / 4
     chunks of the committed build, the other machine's, its 300-step variant and the answer stage's), the two builds'
-    stop steps and scores, and RL seed 2's validation and rewards, each from the committed records; the page quotes
-    the same strict figures."""
+    stop steps and scores, and RL seed 2's validation and rewards, each from the committed records; the notebook's
+    "The committed run's lineage" quotes the same strict figures."""
     text = " ".join(section(NOTEBOOK, "The build on another machine").split())
     lines = section(NOTEBOOK, "The build on another machine").splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("**The build on another machine (%)**"))
@@ -588,7 +593,7 @@ def test_the_other_machines_builds_are_quoted_from_their_records():
         "greedy validation 0.0 at steps 0, 5 and 10, sampled reward 0.016 at steps 1 and 10 and 0 at the other 11 of 13"
         in text
     )
-    page = " ".join(PAGE.read_text().split())
+    page = " ".join(section(NOTEBOOK, LINEAGE_SECTION).split())
     strict = {
         name: " / ".join(f"{100 * v['strict']:.1f}" for v in build_record(name)["evaluation"]["lengths"].values())
         for name in ("warm_start", "committed", "answer200")
@@ -866,3 +871,18 @@ def test_the_third_seed_is_quoted_from_its_summary():
     means = [sum(seeds[(f"rl-seed{s}", n)] for n in (1, 2, 4)) / 3 for s in (0, 1)] + [want[3]]
     quoted = re.search(r"1-4-chunk means ([\d.]+) / ([\d.]+) / ([\d.]+)", text).groups()
     assert [float(v) for v in quoted] == pytest.approx(means, abs=0.051)
+
+
+def test_the_page_is_one_page_that_opens_with_its_result():
+    """docs/replication_cpu.md is the one-page result: at most PAGE_WORDS words (runs of non-whitespace, as `wc -w`
+    counts them), its history in the notebook; its opening, before the first section, names no commit and states the
+    result, each figure of it recomputed here from the committed run (the lowest RL seed at any length, the minutes)."""
+    text = PAGE.read_text()
+    assert len(text.split()) <= PAGE_WORDS, len(text.split())
+    opening = " ".join(text[: text.index("\n## ")].split())
+    assert not re.search(r"`[0-9a-f]{7,40}`", opening)  # no chain of commits before the result
+    seeds = per_seed(RUN)
+    lowest = min(value for (model, _), value in seeds.items() if model.startswith("rl-seed"))
+    assert f"both seeds read at least {lowest:.1f}% of the documents at every length to 256 chunks" in opening
+    assert f"the run takes {stage_seconds(RUN)['total'] / 60:.1f} minutes" in opening
+    assert "RL goes from" in opening  # the lift, recomputed by test_the_targets_are_the_committed_runs
