@@ -14,6 +14,7 @@ last reply) at the agent function's ``def`` line.
 from __future__ import annotations
 
 import os
+import sysconfig
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -72,3 +73,39 @@ def describe_failure(error: BaseException, source: Callable[..., Any] | None) ->
     """``file:line: Type: message`` (``Type: message`` where the agent's file is unknown)."""
     where = location(error, source)
     return f"{where}: {reason(error)}" if where else reason(error)
+
+
+def _installed(filename: str) -> bool:
+    """Whether a traceback's file is Python's or an installed package's (or importlib's frozen code)."""
+    if filename.startswith("<"):
+        return True
+    roots = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    path = os.path.realpath(filename)
+    return any(path.startswith(os.path.realpath(root) + os.sep) for root in roots)
+
+
+def import_site(error: BaseException) -> str | None:
+    """``file:line`` where a module failed on import, through the errors it was raised from: a syntax error's own
+    line, else the deepest line of the user's code (a helper module's misspelt import, a raise at module level),
+    not Python's or an installed package's; None when there is none."""
+    chain: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and all(current is not seen for seen in chain):
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    for current in reversed(chain):  # the original error first
+        if isinstance(current, SyntaxError) and current.filename and current.lineno:
+            return f"{shown(os.path.realpath(current.filename))}:{current.lineno}"
+        frames = [f for f in traceback.extract_tb(current.__traceback__) if not _installed(f.filename)]
+        if frames:
+            return f"{shown(os.path.realpath(frames[-1].filename))}:{frames[-1].lineno}"
+    return None
+
+
+def describe_import_failure(error: BaseException) -> str:
+    """``file:line: Type: message`` of a module that failed on import, the original error's type and message."""
+    original = error
+    while original.__cause__ is not None:
+        original = original.__cause__
+    where = import_site(error)
+    return f"{where}: {reason(original)}" if where else reason(original)

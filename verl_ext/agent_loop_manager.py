@@ -36,7 +36,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWo
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ, apply_greedy_sampling_params
 
 from verl_ext.failures import TrajectoryFailed, log_once_filter, report_failure
-from verl_ext.rollout import AgentRollout, episode_stats
+from verl_ext.rollout import AgentRollout, episode_stats, reward_extra_info
 from verl_ext.sync_rollout import Trajectory, run_trajectories
 
 logger = logging.getLogger(__name__)
@@ -92,15 +92,8 @@ class RecurrentAgentLoopWorkerImpl(AgentLoopWorkerTQ.__ray_actor_class__):
         """The reward function's ``extra_info``: the row's own, plus the agent's score (``agent_score``) and, with
         ``recurrent.reward_trajectory``, every call (``trajectory``) and the sample (``sample``, its large columns
         left out)."""
-        extra = dict(kwargs.get("extra_info") or {})
-        final = outputs[-1]
-        if getattr(final, "agent_score", None) is not None:
-            extra["agent_score"] = final.agent_score
-        trajectory = getattr(final, "trajectory", None)
-        if trajectory is not None and AgentRollout.get(self.config, self.tokenizer).settings.reward_trajectory:
-            extra["trajectory"] = trajectory
-            extra["sample"] = {key: value for key, value in kwargs.items() if key != "extra_info"}
-        return extra
+        with_trajectory = AgentRollout.get(self.config, self.tokenizer).settings.reward_trajectory
+        return reward_extra_info(outputs, kwargs, with_trajectory)
 
 
 class LockstepAgentLoopWorkerImpl(RecurrentAgentLoopWorkerImpl):

@@ -126,7 +126,8 @@ def run_in_own_loop(coroutine: Any) -> Any:
 
 
 def probe_problem(config: DictConfig, settings: RecurrentSettings, tokenizer: Any, budgets: Budgets) -> str | None:
-    """The one-line problem of the agent's trial episode on the first training sample, or None when it ran."""
+    """The one-line problem of the agent's trial episode on the first training sample, then of the run's reward
+    function on its rows (verl_ext/trial_reward.py), or None when both ran."""
     files = config.data.get("train_files")
     first = files if isinstance(files, str) else (list(files)[0] if files else None)
     sample = first_sample(str(first), config.data.prompt_key) if first is not None else None
@@ -140,9 +141,12 @@ def probe_problem(config: DictConfig, settings: RecurrentSettings, tokenizer: An
     )
     episode = asyncio.wait_for(run_episode(rollout, settings.mode, sample, rollout_sampling(config)), TIMEOUT_S)
     try:
-        run_in_own_loop(episode)
+        outputs = run_in_own_loop(episode)
     except TimeoutError:
         return f"the episode did not finish in {TIMEOUT_S:.0f} s {trial}"
     except Exception as err:
         return f"{describe_failure(err, rollout.source)} {trial}"
-    return None
+    from verl_ext.trial_reward import trial_reward_problem
+
+    row = {key: value for key, value in sample.items() if key not in rollout.large_columns}  # as the reward gets it
+    return trial_reward_problem(config, outputs, row, tokenizer, settings.reward_trajectory)

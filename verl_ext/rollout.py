@@ -88,6 +88,22 @@ def call_view(record: TurnRecord) -> dict[str, Any]:
     }
 
 
+def reward_extra_info(outputs: list[AgentLoopOutput], row: dict[str, Any], with_trajectory: bool) -> dict[str, Any]:
+    """The reward function's ``extra_info`` for a trajectory's rows: the dataset row's own ``extra_info``, plus the
+    agent's score (``agent_score``) and, ``with_trajectory`` (``recurrent.reward_trajectory``), every call
+    (``trajectory``: :func:`call_view`) and the row (``sample``, without its ``extra_info``). Training
+    (verl_ext/agent_loop_manager.py) and the preflight's trial reward (verl_ext/agent_probe.py) both build it here."""
+    extra = dict(row.get("extra_info") or {})
+    final = outputs[-1]
+    if getattr(final, "agent_score", None) is not None:
+        extra["agent_score"] = final.agent_score
+    trajectory = getattr(final, "trajectory", None)
+    if trajectory is not None and with_trajectory:
+        extra["trajectory"] = trajectory
+        extra["sample"] = {key: value for key, value in row.items() if key != "extra_info"}
+    return extra
+
+
 @dataclass(frozen=True)
 class Budgets:
     """verl's per-row widths: every call's prompt and response must fit (``rollout.prompt_length`` is

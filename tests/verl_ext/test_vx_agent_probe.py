@@ -219,3 +219,75 @@ def test_the_launcher_stops_before_ray_starts_with_the_one_line(user):
     lines = [line for line in output.splitlines() if f"my_agent.py:{line_of(text, marker)}: {cause}" in line]
     assert len(lines) == 1, output[-3000:]
     assert "ray init kwargs" not in output and "Started a local Ray instance" not in output
+
+
+REWARD = """\
+def score(data_source, solution_str, ground_truth, extra_info=None, **_):
+    if "trajectory" in extra_info:  # recurrent.reward_trajectory: the calls, the answer last, and the row
+        assert extra_info["trajectory"][-1]["reply"] == solution_str and len(extra_info["trajectory"]) == 4
+        assert extra_info["sample"]["input"] == "What is 6 * 7?"
+    return float(ground_truth in solution_str)
+
+
+def keyerror(data_source, solution_str, ground_truth, extra_info=None, **_):
+    question = extra_info["question"]
+    return float(question == solution_str)
+
+
+def nothing(data_source, solution_str, ground_truth, extra_info=None, **_):
+    print(solution_str)
+
+
+async def async_keyerror(data_source, solution_str, ground_truth, extra_info=None, **_):
+    return {"score": float(extra_info["question"] == solution_str)}
+"""
+
+
+def checked_with_reward(name: str, *extra: str) -> None:
+    config = compose_run_config(
+        "my_agent_cpu.yaml",
+        ["actor_rollout_ref.model.path=tiny", "data.train_files=train.parquet", "data.val_files=train.parquet"]
+        + ["reward.custom_reward_function.path=my_reward.py", f"reward.custom_reward_function.name={name}", *extra],
+    )
+    preflight(config)
+
+
+@pytest.mark.parametrize("name", ["keyerror", "async_keyerror"])
+def test_a_raise_in_the_reward_is_one_line_naming_the_rewards_file_and_line(user, name):
+    (user / "my_agent.py").write_text(agent_file(GATHER))
+    (user / "my_reward.py").write_text(REWARD)
+    with pytest.raises(PreflightError) as raised:
+        checked_with_reward(name)
+    (problem,) = str(raised.value).splitlines()[1:]
+    line = line_of(REWARD, "question = extra_info" if name == "keyerror" else 'return {"score"')
+    assert problem.startswith(f"  - my_reward.py:{line}: KeyError: 'question'"), problem
+    # called as verl's reward loop calls it: on the trial's answer, the scripted reply cut at the call's 8 tokens
+    assert f"reward my_reward.py:{name}, on the trial episode's answer 'The answer is" in problem
+
+
+def test_a_reward_without_a_score_is_refused(user):
+    (user / "my_agent.py").write_text(agent_file(GATHER))
+    (user / "my_reward.py").write_text(REWARD)
+    with pytest.raises(PreflightError, match=r"reward my_reward.py:nothing returned None: verl takes a reward's"):
+        checked_with_reward("nothing")
+
+
+@pytest.mark.parametrize("trajectory", [True, False])
+def test_a_sound_reward_passes_reading_the_trajectory_training_gives_it(user, trajectory):
+    (user / "my_agent.py").write_text(agent_file(GATHER))  # three drafts and the answer: four calls
+    (user / "my_reward.py").write_text(REWARD)
+    checked_with_reward("score", f"recurrent.reward_trajectory={str(trajectory).lower()}")
+    (user / "my_reward.py").write_text(REWARD.replace('len(extra_info["trajectory"]) == 4', "False"))
+    if trajectory:  # the check above ran: with it false, the same reward is refused
+        with pytest.raises(PreflightError, match="AssertionError"):
+            checked_with_reward("score", "recurrent.reward_trajectory=true")
+
+
+def test_a_reward_whose_helper_import_fails_names_the_helpers_line(user):
+    (user / "my_agent.py").write_text(agent_file(GATHER))
+    (user / "my_reward.py").write_text("from reward_helpers import normalise\n\n" + REWARD)
+    (user / "reward_helpers.py").write_text("import re\nfrom strng import punctuation\n")
+    with pytest.raises(PreflightError) as raised:
+        checked_with_reward("score")
+    (problem,) = str(raised.value).splitlines()[1:]
+    assert problem.startswith("  - reward_helpers.py:2: ModuleNotFoundError: No module named 'strng'"), problem
