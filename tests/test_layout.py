@@ -95,6 +95,38 @@ def imports_across_places(repo: Path) -> dict[str, set[str]]:
     return found
 
 
+PLACE_CELL_CHARS = 300  # the place table is read at a glance: its files and details are in the section below it
+
+
+def place_table_cells(text: str) -> list[str]:
+    """Every cell of docs/architecture.md's place table, its header included: the table that starts with the row
+    ``| place | folder | owns | imports of ours |``, up to its first line that is not a row."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if re.fullmatch(r"\|\s*place\s*\|\s*folder\s*\|.*", line))
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append(line)
+    return [cell.strip() for row in rows for cell in row.strip().strip("|").split("|")]
+
+
+def test_the_place_tables_cells_are_short():
+    text = (REPO / "docs" / "architecture.md").read_text()
+    cells = place_table_cells(text)
+    assert len(cells) == 4 * (2 + 5)  # the header, its rule and the five places
+    long = [cell[:60] + "..." for cell in cells if len(cell) > PLACE_CELL_CHARS]
+    assert not long, f"cells over {PLACE_CELL_CHARS} characters (move the detail under the table): {long}"
+    assert "\n## What each place holds\n" in text
+
+
+def test_a_long_place_cell_is_found():
+    owns = "x" * (PLACE_CELL_CHARS + 1)
+    table = f"| place | folder | owns | imports of ours |\n|---|---|---|---|\n| core | `a/` | {owns} | none |"
+    text = f"intro\n\n{table}\n\nmore"
+    assert [len(cell) for cell in place_table_cells(text)] == [5, 6, 4, 15, 3, 3, 3, 3, 4, 4, PLACE_CELL_CHARS + 1, 4]
+
+
 def test_each_place_imports_only_what_the_architecture_says():
     places = documented_places((REPO / "docs" / "architecture.md").read_text())
     assert set(places) == {"recurrent", "recurrent.impls", "verl_ext", "taskutils", "experiments"}
