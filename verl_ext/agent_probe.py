@@ -149,4 +149,4 @@ def probe_problem(config: DictConfig, settings: RecurrentSettings, tokenizer: An
     from verl_ext.trial_reward import trial_reward_problem
 
     row = {key: value for key, value in sample.items() if key not in rollout.large_columns}  # as the reward gets it
-    return trial_reward_problem(config, outputs, row, tokenizer, settings.reward_trajectory)
+    return trial_reward_problem(config, outputs, row, tokenizer, settings.reward_trajectory, run_in_own_loop)

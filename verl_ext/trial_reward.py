@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable
 from typing import Any
 
 from omegaconf import DictConfig
@@ -43,11 +44,15 @@ def score_of(result: Any) -> float | None:
 
 
 def trial_reward_problem(
-    config: DictConfig, outputs: list[RowOutput], row: dict[str, Any], tokenizer: Any, with_trajectory: bool
+    config: DictConfig,
+    outputs: list[RowOutput],
+    row: dict[str, Any],
+    tokenizer: Any,
+    with_trajectory: bool,
+    run_coroutine: Callable[[Any], Any],
 ) -> str | None:
-    """The one-line problem of the run's reward function on the trial episode's rows, or None when it scored."""
-    from verl_ext.agent_probe import run_in_own_loop
-
+    """The one-line problem of the run's reward function on the trial episode's rows, or None when it scored;
+    ``run_coroutine`` runs an async reward's result to its end (the trial's own event loop)."""
     function = config.reward.custom_reward_function
     what = f"reward {function.path}:{function.name}"
     try:
@@ -67,7 +72,7 @@ def trial_reward_problem(
             extra_info=reward_extra_info(outputs, row, with_trajectory),
         )
         if inspect.isawaitable(result):
-            result = run_in_own_loop(result)
+            result = run_coroutine(result)
     except Exception as err:
         return f"{describe_failure(err, source if inspect.isfunction(source) else None)} {where}"
     if score_of(result) is None:
