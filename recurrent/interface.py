@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from recurrent.failures import describe_import_failure
 from recurrent.step_shapes import StepShapesOf
 
 FinishReason = Literal["stop", "length"]
@@ -326,8 +327,8 @@ def load_register(spec: str, obj_name: str = "REGISTER") -> WorkflowRegistration
         sys.modules[module_spec.name] = module  # dataclasses resolve annotations through sys.modules
         try:
             module_spec.loader.exec_module(module)
-        except Exception as err:  # the file's own fault (a syntax error, a raise at import): one line, its cause
-            raise ImportError(f"agent file {path} failed on import: {type(err).__name__}: {err}") from err
+        except Exception as err:  # the file's own fault (a syntax error, a helper's misspelt import): its line
+            raise ImportError(f"{describe_import_failure(err)} (agent file {path} failed on import)") from err
         where = str(path)
     else:
         name = target
@@ -341,12 +342,14 @@ def load_register(spec: str, obj_name: str = "REGISTER") -> WorkflowRegistration
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as err:
-            if err.name != name and not name.startswith(f"{err.name}."):
-                raise  # the module exists and one of its own imports is missing
+            if err.name != name and not name.startswith(f"{err.name}."):  # one of the module's own imports
+                raise ImportError(f"{describe_import_failure(err)} (agent module {name} failed on import)") from err
             known = ", ".join(registered_agents())
             raise ModuleNotFoundError(
                 f"no agent {target!r}: not a registered agent name ({known}) nor an importable module ({err})"
             ) from err
+        except Exception as err:  # a syntax error, a raise at import
+            raise ImportError(f"{describe_import_failure(err)} (agent module {name} failed on import)") from err
         where = name
     if not hasattr(module, obj_name):
         raise AttributeError(f"{where} has no object {obj_name!r}")

@@ -71,7 +71,9 @@ def resolve_method(method: str, cwd: Path | None = None) -> str:
     spec = f"{path}{sep}{obj}"
     try:
         load_register(spec)
-    except Exception as err:  # whatever the file does wrong on import, named with the file
+    except ImportError as err:  # the file or a helper it imports fails: its message names the file and line
+        raise ValueError(f"method {method!r}: {err}") from err
+    except Exception as err:  # it imports but holds no registration
         raise ValueError(
             f"method {method!r}: agent file {path} registers no agent: {type(err).__name__}: {err}"
         ) from err

@@ -32,7 +32,7 @@ def test_a_batch_size_below_one_is_refused_naming_the_key(tmp_path, override, sa
 
 @pytest.mark.parametrize(
     ("source", "said"),
-    [("def broken(:\n", "failed on import: SyntaxError: "), ("raise RuntimeError('no GPU')\n", "RuntimeError: no GPU")],
+    [("def broken(:\n", "SyntaxError: "), ("raise RuntimeError('no GPU')\n", "RuntimeError: no GPU")],
 )
 def test_an_agent_file_that_fails_on_import_is_named_in_one_line(tmp_path, source, said):
     agent = tmp_path / "my_agent.py"
@@ -40,9 +40,8 @@ def test_an_agent_file_that_fails_on_import_is_named_in_one_line(tmp_path, sourc
     data = write(tmp_path / "train.parquet", [ROW])
     with pytest.raises(PreflightError) as err:
         preflight(config_for(data, data, "tiny", f"recurrent.agent={agent}"), load_tokenizer=False)
-    assert f"recurrent.agent='{agent}': agent file {agent} failed on import: " in str(err.value) and said in str(
-        err.value
-    )
+    assert f"recurrent.agent='{agent}': {agent}:1: {said}" in str(err.value)
+    assert f"(agent file {agent} failed on import)" in str(err.value)
 
 
 def test_a_run_config_that_is_an_alias_bomb_is_one_line_before_hydra_reads_it(tmp_path, capsys):

@@ -26,15 +26,16 @@ def refused(argv: list[str], capsys) -> list[str]:
 @pytest.mark.parametrize(
     ("source", "said"),
     [
-        ("def broken(:\n", "failed on import: SyntaxError: "),
-        ("raise RuntimeError('no GPU here')\n", "failed on import: RuntimeError: no GPU here"),
+        ("def broken(:\n", "SyntaxError: "),
+        ("raise RuntimeError('no GPU here')\n", "RuntimeError: no GPU here"),
     ],
 )
 def test_an_agent_file_that_fails_on_import_is_one_line(tmp_path, capsys, source, said):
     agent = tmp_path / "my_agent.py"
     agent.write_text(source)
     lines = refused([*UPSTREAM, "--agent", str(agent)], capsys)
-    assert lines[-1].startswith(f"python -m taskutils.endpoint: error: --agent {agent}: agent file {agent} {said}")
+    assert lines[-1].startswith(f"python -m taskutils.endpoint: error: --agent {agent}: {agent}:1: {said}")
+    assert lines[-1].endswith(f"(agent file {agent} failed on import)")
 
 
 @pytest.mark.parametrize("option", ["--config", "--agent-config"])
