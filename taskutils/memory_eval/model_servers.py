@@ -71,6 +71,15 @@ def choose_backend(entry: ModelEntry, requested: str = "auto", gpus: int | None 
     return "vllm" if gpus > 0 and vllm_available() else "transformers"
 
 
+def vllm_cpu_env(gpus: int | None = None) -> dict[str, str]:
+    """What vLLM's CPU build needs beside its command line, on a machine with no GPU: its sampler run eagerly
+    (``TORCHDYNAMO_DISABLE``: its torch.compile'd sampling kernel crashed engines on CPU; docs/cluster.md, "vLLM on
+    CPU"), unless the caller's environment says otherwise. Nothing on a GPU node."""
+    if (gpu_count() if gpus is None else gpus) > 0 or "TORCHDYNAMO_DISABLE" in os.environ:
+        return {}
+    return {"TORCHDYNAMO_DISABLE": "1"}
+
+
 def vllm_command(
     model_path: str,
     served_name: str,
@@ -230,7 +239,7 @@ def endpoint(
         raise ValueError(f"unknown backend {kind!r}")
     port = free_port()
     cmd = vllm_command_for(entry, model_path, port, gpu_count(), replicas, vllm_bin)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # never a download at run time
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **vllm_cpu_env()}  # never a download at run time
     base_url = f"http://127.0.0.1:{port}/v1"
     probe = models_probe(base_url, entry.request_name)
     hint = " (GPU machines: make setup-gpu)"
