@@ -148,3 +148,14 @@ def test_url_is_used_as_is():
     entry = ModelEntry(name="x", checkpoint="org/x", served_name="served-x")
     with endpoint(entry, url="http://example.invalid/v1") as ep:
         assert (ep.base_url, ep.model, ep.kind, ep.pid) == ("http://example.invalid/v1", "served-x", "url", None)
+
+
+def test_vllm_on_a_machine_without_a_gpu_runs_its_sampler_eagerly(monkeypatch):
+    """docs/cluster.md, "vLLM on CPU": its torch.compile'd sampling kernel crashed engines on CPU."""
+    from taskutils.memory_eval.model_servers import vllm_cpu_env
+
+    monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)
+    assert vllm_cpu_env(gpus=0) == {"TORCHDYNAMO_DISABLE": "1"}
+    assert vllm_cpu_env(gpus=8) == {}  # a GPU node: vLLM as it is
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "0")
+    assert vllm_cpu_env(gpus=0) == {}  # the caller's own choice stands
