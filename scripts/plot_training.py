@@ -6,7 +6,8 @@ stdout, the wall time per step with each stage's share (verl's ``timing_s/*``), 
 
 A folder means its ``metrics.N.jsonl`` (earlier runs, kept by ``scripts/train_tiny_cpu.sh`` before a resume) in
 order of N, then ``metrics.jsonl``. Files are merged per step, later files winning. The training reward is the
-final answers' mean reward (``recurrent/final/reward/mean``; ``critic/score/mean`` for runs without it).
+final answers' mean reward (``recurrent/final/reward/mean``; ``critic/score/mean`` for runs without it); the plot
+names the run's reward function, read from the run folder's newest Hydra config (``hydra/*/.hydra/config.yaml``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import math
 import re
 from pathlib import Path
 
+import yaml
+
 # Metric names before and after the trainer's metrics were named for the framework ("memagent/" in older runs).
 REWARD_KEYS = ("recurrent/final/reward/mean", "memagent/final/reward/mean", "critic/score/mean")
 ACC_KEYS = ("recurrent/final/acc/mean", "memagent/final/acc/mean")
@@ -24,6 +27,44 @@ KL_KEY = "actor/kl_loss"
 # verl's timers inside `timing_s/step` (trainer_base.py fit/_step_once; update_weights: trainer_sync.py).
 STAGES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights", "save_checkpoint")
 _VAL = re.compile(r"^val-(?:core|aux)/([^/]+)/(reward|acc)/mean@(\d+)$")
+# The paper's strict verifier, as configs/memory_agent.yaml names it (or by its file).
+STRICT_VERIFIER = ("pkg://taskutils.verifiers.strict", "taskutils/verifiers/strict.py")
+
+
+def reward_function(config: dict) -> tuple[str | None, str | None]:
+    """The (path, name) of the reward function a run's resolved config makes verl load: the top-level
+    ``custom_reward_function`` where any of its values is set (verl moves it over the other one:
+    ``experimental/reward_loop/reward_loop.py``, step 3 of ``migrate_legacy_reward_impl``), else
+    ``reward.custom_reward_function``."""
+    legacy = config.get("custom_reward_function") or {}
+    if any(value is not None for value in legacy.values()):
+        return legacy.get("path"), legacy.get("name")
+    function = (config.get("reward") or {}).get("custom_reward_function") or {}
+    return function.get("path"), function.get("name")
+
+
+def reward_label(config: dict | None) -> str:
+    """What the run's final-answer verdict (``acc``) is called in the plot: "strict verifier" for the paper's strict
+    verifier, else the reward function's name, else "reward" (no config found, or verl's own scorer by data source)."""
+    if config is None:
+        return "reward"
+    path, name = reward_function(config)
+    if path is None:
+        return "reward"
+    if path.endswith(STRICT_VERIFIER) and name in (None, "compute_score"):
+        return "strict verifier"
+    return name or "reward"
+
+
+def run_config(paths: list[str]) -> dict | None:
+    """The newest Hydra config of the run a folder argument names (``hydra/<time>/.hydra/config.yaml``: the launcher's
+    ``hydra.run.dir``), or None when no folder holds one."""
+    for path in map(Path, paths):
+        if path.is_dir():
+            configs = sorted(path.glob("hydra/*/.hydra/config.yaml"))
+            if configs:
+                return yaml.safe_load(configs[-1].read_text())
+    return None
 
 
 def metric_files(paths: list[str]) -> list[Path]:
@@ -124,7 +165,9 @@ def timing_lines(steps: dict[int, dict]) -> list[str]:
     return lines
 
 
-def plot(steps: dict[int, dict], out: Path) -> None:
+def plot(steps: dict[int, dict], out: Path, reward: str = "reward") -> list[str]:
+    """The curve as a PNG; ``reward`` names the run's reward function in the legend (``reward_label``). Returns the
+    legend's labels."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -136,7 +179,7 @@ def plot(steps: dict[int, dict], out: Path) -> None:
         ax.plot(*zip(*train, strict=True), marker="o", markersize=3, label="train: final-answer reward")
     acc = [(step, acc_of(data)) for step, data in steps.items() if acc_of(data) is not None]
     if acc:
-        ax.plot(*zip(*acc, strict=True), linestyle=":", label="train: strict verifier (acc)")
+        ax.plot(*zip(*acc, strict=True), linestyle=":", label=f"train: {reward} (acc)")
     val_names = sorted({name for data in steps.values() for name in validation(data)})
     for name in val_names:
         points = [(step, validation(data)[name]) for step, data in steps.items() if name in validation(data)]
@@ -146,10 +189,13 @@ def plot(steps: dict[int, dict], out: Path) -> None:
     ax.set_title("reward per step")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    legend = ax.get_legend()  # None when nothing was plotted
+    labels = [text.get_text() for text in legend.get_texts()] if legend else []
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)
+    return labels
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -162,8 +208,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("no metrics found")
     print("\n".join(["[plot_training] reward per step:", *table(steps), *timing_lines(steps)]))
     if args.out:
-        plot(steps, Path(args.out))
-        print(f"[plot_training] plot: {args.out}")
+        reward = reward_label(run_config(args.paths))
+        plot(steps, Path(args.out), reward)
+        print(f"[plot_training] plot: {args.out} (the final answers' verdict by: {reward})")
 
 
 if __name__ == "__main__":

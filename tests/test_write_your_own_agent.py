@@ -148,3 +148,54 @@ def test_the_training_command_is_the_launchers():
     (command,) = blocks("bash")
     assert "CONFIG=my_agent_cpu.yaml" in command and "scripts/train_tiny_cpu.sh" in command
     assert "CONFIG=" in (REPO / "scripts" / "train_tiny_cpu.sh").read_text()
+
+
+def dry_run(folder: Path, command: str, *overrides: str) -> str:
+    """The page's training command run as given (its variables, the launcher from this checkout) with DRY_RUN=1 and
+    ``overrides`` after it: the composed config the launcher prints."""
+    *assignments, launcher, script = command.split()
+    assert launcher == "bash" and script == "REPO/scripts/train_tiny_cpu.sh"
+    env = {**os.environ, **dict(a.split("=", 1) for a in assignments), "DRY_RUN": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts" / "train_tiny_cpu.sh"), *overrides],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_training_is_async_unless_a_trailing_override_says_sync(tmp_path: Path, tiny_model_dir):
+    """Section 5: the page's run trains in async mode (the generic trainer's default) and the launcher takes trailing
+    Hydra overrides (recurrent.mode=sync), as the page says; checked on the config the launcher composes."""
+    (command,) = blocks("bash")
+    (tmp_path / "my_agent.py").write_text(blocks("python")[0])
+    (tmp_path / "my_agent_cpu.yaml").write_text(blocks("yaml")[0])
+    (tmp_path / "data").mkdir()
+    row = {"prompt": [{"role": "user", "content": "What is 6 times 7?"}], "reward_model": {"ground_truth": "42"}}
+    for split in ("train", "validation"):
+        pd.DataFrame([row | {"data_source": "arith"}]).to_parquet(tmp_path / "data" / f"{split}.parquet")
+    mode = re.compile(r"^recurrent:\n(?:  .*\n)*?  mode: (\w+)$", re.MULTILINE)
+    assert mode.search(dry_run(tmp_path, command)).group(1) == "async"
+    assert mode.search(dry_run(tmp_path, command, "recurrent.mode=sync")).group(1) == "sync"
+    text = " ".join(PAGE.read_text().split())
+    assert "It trains in **async mode**, the generic trainer's default (`recurrent.mode: async`" in text
+    assert "The same command ending in `train_tiny_cpu.sh recurrent.mode=sync` trains in sync mode" in text
+
+
+def test_the_quoted_log_prob_agreement_is_the_calculators_run():
+    """Section 5's `training/rollout_probs_diff_max` of the calculator's committed run: its range over the run's
+    steps, from docs/calculator_cpu/metrics.jsonl."""
+    lines = (REPO / "docs" / "calculator_cpu" / "metrics.jsonl").read_text().splitlines()
+    diffs = [
+        d["training/rollout_probs_diff_max"]
+        for d in (json.loads(x)["data"] for x in lines)
+        if "training/rollout_probs_diff_max" in d
+    ]
+    assert len(diffs) >= 10
+    quoted = f"{min(diffs) * 1e6:.1f}-{max(diffs) * 1e6:.1f}e-6 in the calculator's committed run"
+    for page in (PAGE, REPO / "docs" / "fidelity.md"):  # docs/fidelity.md, "Sampling of its own", quotes it too
+        assert quoted in " ".join(page.read_text().split()), page.name
