@@ -14,6 +14,7 @@ one lacks (requests sample at the temperature they ask for, ``/v1/models`` answe
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
@@ -220,6 +221,7 @@ def transformers_serve(
     sample: bool = True,
     extra_args: Sequence[str] = (),
     dtype: str = CPU_DTYPE,
+    view_dir: Path | None = None,
 ) -> Iterator[LocalServer]:
     """Run ``transformers serve`` on 127.0.0.1 with ``model_dir`` preloaded; stop it on exit.
 
@@ -228,13 +230,22 @@ def transformers_serve(
     default) it serves a :func:`sampling_overlay` of the model, so that requests sample at the temperature they ask for;
     the name requests use is then the overlay's folder (``LocalServer.model``). ``extra_args`` go to the command
     line as they are (e.g. ``--continuous-batching`` and its ``--cb-*`` settings). The model computes in ``dtype``
-    (``--dtype``; fp32 by default, :data:`CPU_DTYPE`), unless ``extra_args`` name one.
+    (``--dtype``; fp32 by default, :data:`CPU_DTYPE`), unless ``extra_args`` name one. ``view_dir``: where the
+    sampling view is made and kept, so that the same folder gives the same model name at every start
+    (:func:`stable_view_dir`); by default a fresh folder next to the log, removed on exit.
     """
     model_dir = str(Path(model_dir).resolve())
     port = port or free_port()
     log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="transformers-serve-", suffix=".log")[1])
     overlay = None
-    if sample:  # next to the log: the run's folder, where a run killed outright leaves it for a look
+    if sample and view_dir is not None:  # made afresh in a folder of its own, its path (the name) kept
+        view_dir.parent.mkdir(parents=True, exist_ok=True)
+        fresh = Path(tempfile.mkdtemp(prefix=f"{view_dir.name}.", dir=view_dir.parent))
+        sampling_overlay(Path(model_dir), fresh / Path(model_dir).name)
+        shutil.rmtree(view_dir, ignore_errors=True)
+        fresh.rename(view_dir)
+        model_dir = str(view_dir / Path(model_dir).name)
+    elif sample:  # next to the log: the run's folder, where a run killed outright leaves it for a look
         log_path.parent.mkdir(parents=True, exist_ok=True)
         overlay = Path(tempfile.mkdtemp(prefix="model-view-", dir=log_path.parent))
         model_dir = str(sampling_overlay(Path(model_dir), overlay / Path(model_dir).name))
@@ -253,6 +264,15 @@ def transformers_serve(
     finally:
         if overlay is not None:
             shutil.rmtree(overlay, ignore_errors=True)
+
+
+def stable_view_dir(model_dir: str | Path) -> Path:
+    """The folder ``python -m recurrent.local_server`` keeps a model's sampling view in: one per model folder, so
+    the model name requests use (the view's path) is the same at every start, and scripts and the endpoint's
+    ``--model`` keep working across restarts."""
+    resolved = str(Path(model_dir).resolve())
+    digest = hashlib.sha256(resolved.encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / "memagent-model-views" / f"{Path(resolved).name}-{digest}"
 
 
 @dataclass(frozen=True)
@@ -284,7 +304,11 @@ def main(argv: list[str] | None = None) -> None:
     model_dir = str(materialize(options.model)) if options.model in KNOWN_MODELS else resolve_model_path(options.model)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the server is stopped on the way out, as for Ctrl-C
     log_path = options.log.resolve() if options.log else None
-    with transformers_serve(model_dir, options.port, options.startup_timeout, log_path, not options.greedy) as server:
+    view = stable_view_dir(model_dir)  # the same MODEL name at every start
+    serving = transformers_serve(
+        model_dir, options.port, options.startup_timeout, log_path, not options.greedy, view_dir=view
+    )
+    with serving as server:
         print(f"URL={server.base_url}\nMODEL={server.model}", flush=True)
         print(f"[local_server] serving {model_dir} (log {server.log_path}); Ctrl-C stops it", file=sys.stderr)
         with suppress(KeyboardInterrupt):

@@ -61,3 +61,34 @@ def test_a_checkpoint_whose_config_says_bf16_is_served_in_fp32(tiny_model_dir, t
         client = OpenAI(base_url=server.base_url, api_key="unused")
         reply = client.chat.completions.create(model=server.model, messages=messages, max_tokens=24, temperature=0)
     assert reply.choices[0].message.content == fp32
+
+
+def test_the_served_model_name_is_the_same_at_every_start(tiny_model_dir, tmp_path):
+    """`python -m recurrent.local_server` prints the name requests use; a second start of the same model prints the
+    same one, and a request made with it is answered (scripts and the endpoint's --model survive a restart)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from recurrent.local_server import free_port
+
+    env = {**os.environ, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    names = []
+    for _ in range(2):
+        port = free_port()
+        cmd = [sys.executable, "-m", "recurrent.local_server", "--model", str(tiny_model_dir), "--port", str(port)]
+        process = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+        try:
+            lines = dict(process.stdout.readline().strip().split("=", 1) for _ in range(2))  # URL=..., MODEL=...
+            client = OpenAI(base_url=lines["URL"], api_key="unused")
+            model = names[0] if names else lines["MODEL"]
+            reply = client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0
+            )
+            assert reply.choices[0].message.content is not None
+            names.append(lines["MODEL"])
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=60)
+    assert names[0] == names[1], names
