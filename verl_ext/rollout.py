@@ -76,13 +76,19 @@ class RowOutput(AgentLoopOutput):
         return output
 
 
-def call_view(record: TurnRecord) -> dict[str, Any]:
+def turn_kind(record: TurnRecord, last: bool) -> str:
+    """A call's kind as its row and the reward's trajectory both label it: ``final`` for the episode's last call
+    (the answer the reward scores, flagged in advance or not), else the kind the agent gave it (``call``)."""
+    return "final" if last else str(record.turn.meta.get("kind", "call"))
+
+
+def call_view(record: TurnRecord, last: bool) -> dict[str, Any]:
     """What a reward function reads of one call (``extra_info["trajectory"]``): its messages, its reply's text, its
-    kind, how it finished, and its own sampling."""
+    kind (:func:`turn_kind`), how it finished, and its own sampling."""
     return {
         "messages": record.turn.messages,
         "reply": record.reply.text,
-        "kind": str(record.turn.meta.get("kind", "call")),
+        "kind": turn_kind(record, last),
         "finish_reason": record.reply.finish_reason,
         "sampling": dict(record.turn.sampling),
     }
@@ -294,7 +300,7 @@ class AgentRollout:
             extra = {
                 **{k: v for k, v in out.extra_fields.items() if k in ("num_cached_tokens",)},
                 "turn_index": index,
-                "turn_kind": "final" if index == last else str(meta.get("kind", "call")),
+                "turn_kind": turn_kind(record, index == last),
                 "chunk": int(meta.get("chunk", -1)),
                 "max_tokens": record.turn.max_tokens,
                 "finish_reason": record.reply.finish_reason,
@@ -318,7 +324,7 @@ class AgentRollout:
                     temperature=float(record.turn.sampling.get("temperature", self.temperature)),
                 )
             )
-        outputs[-1].trajectory = [call_view(record) for record in history]
+        outputs[-1].trajectory = [call_view(record, index == last) for index, record in enumerate(history)]
         outputs[-1].agent_score = episode.score
         return outputs
 

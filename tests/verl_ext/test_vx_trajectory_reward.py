@@ -101,6 +101,9 @@ async def test_a_reward_function_reads_the_whole_trajectory(tmp_path, tiny_token
     replies = [call["reply"] for call in extra["trajectory"]]
     assert sorted(replies[:3]) == sorted(DRAFTS) and replies[3] == "Most say \\boxed{42}"
     assert [call["sampling"] for call in extra["trajectory"]] == [{"temperature": 1.2}] * 3 + [{"temperature": 0.5}]
+    # labelled as the rows are (turn_kind): the answer "final", the drafts "call"
+    assert [call["kind"] for call in extra["trajectory"]] == ["call"] * 3 + ["final"]
+    assert [row.extra_fields["turn_kind"] for row in outputs] == ["call"] * 3 + ["final"]
     assert extra["trajectory"][0]["messages"] == [
         {"role": "user", "content": "What is 40 + 2?\nWrite a short draft answer."}
     ]
