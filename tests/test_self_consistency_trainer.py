@@ -59,7 +59,7 @@ REGISTER = agent_function("boxed_only", Config, boxed_only, columns=("input",))
 pytestmark = [pytest.mark.trainer, pytest.mark.slow(seconds=300), pytest.mark.timeout(2400)]
 
 
-def user_folder(root: Path, agent: str, reward_path: str, reward_name: str) -> Path:
+def user_folder(root: Path, agent: str, reward_path: str, reward_name: str, agent_config: dict | None = None) -> Path:
     assert REPO not in root.parents
     (root / "data").mkdir(parents=True)
     for helper in ("self_consistency_agent.py", "self_consistency_reward.py"):
@@ -72,7 +72,11 @@ def user_folder(root: Path, agent: str, reward_path: str, reward_name: str) -> P
         "actor_rollout_ref.rollout.calculate_log_probs": True,
     }
     config = cpu_run_config(
-        agent, max_tokens=16, reward=(reward_path, reward_name), agent_config={"max_tokens": 16}, settings=settings
+        agent,
+        max_tokens=16,
+        reward=(reward_path, reward_name),
+        agent_config=agent_config or {"max_tokens": 16},
+        settings=settings,
     )
     (root / "run_cpu.yaml").write_text(config)
     problems_frame(QUESTIONS).to_parquet(root / "data" / "train.parquet")

@@ -16,15 +16,12 @@ The servers are found by the names verl gives them (``vllm_server_{replica}_{nod
 
 from __future__ import annotations
 
-import os
-import sys
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from verl_ext.node_watch import checkpoint_state
+from verl_ext.node_watch import Watch, checkpoint_state, exit_run
 
 EXIT_ENGINE_LOST = 75  # as a lost node: a temporary failure, the same command resumes from the last checkpoint
 POLL_S = 2.0
@@ -52,10 +49,12 @@ def engine_lost_message(name: str, address: str, problem: str, checkpoint_dir: s
     )
 
 
-class EngineWatch:
-    """Polls the rollout servers' health from a daemon thread once Ray is up; calls ``on_lost(message)`` once when a
-    server that answered 200 no longer does. ``servers`` (given the names known, ``name -> address`` of the servers
-    registered since) and ``probe`` (:func:`health_problem`) can be given."""
+class EngineWatch(Watch):
+    """Polls the rollout servers' health; calls ``on_lost(message)`` once when a server that answered 200 no longer
+    does. ``servers`` (given the names known, ``name -> address`` of the servers registered since) and ``probe``
+    (:func:`health_problem`) can be given."""
+
+    thread_name = "memagent-engine-watch"
 
     def __init__(
         self,
@@ -65,24 +64,11 @@ class EngineWatch:
         servers: Callable[[set[str]], dict[str, str]] | None = None,
         probe: Callable[[str], str | None] = health_problem,
     ) -> None:
-        self.checkpoint_dir = checkpoint_dir
-        self.on_lost = on_lost
-        self.poll_s = poll_s
+        super().__init__(checkpoint_dir, on_lost, poll_s)
         self._servers = servers or _vllm_servers
         self._probe = probe
         self.addresses: dict[str, str] = {}  # every server found: name -> address
         self.healthy: set[str] = set()  # the servers seen answering 200
-        self.lost = threading.Event()
-        self.message: str | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="memagent-engine-watch", daemon=True)
-
-    def start(self) -> EngineWatch:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
 
     def check(self) -> str | None:
         """One look: the message if a server seen healthy is down now, else None (new servers are added once they
@@ -95,18 +81,6 @@ class EngineWatch:
             elif name in self.healthy:
                 return engine_lost_message(name, address, problem, self.checkpoint_dir)
         return None
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.poll_s):
-            try:
-                message = self.check()
-            except Exception:  # Ray not up yet, or the GCS briefly unreachable: look again at the next poll
-                continue
-            if message and not self._stop.is_set():
-                self.message = message
-                self.lost.set()
-                self.on_lost(message)
-                return
 
 
 def _vllm_servers(known: set[str]) -> dict[str, str]:
@@ -132,16 +106,10 @@ def _vllm_servers(known: set[str]) -> dict[str, str]:
     return servers
 
 
-_EXITING = threading.Lock()
-
-
 def exit_on_engine_lost(message: str) -> None:
-    """The driver's end when a rollout engine died: one line, then the process ends (``os._exit``: the main thread
-    may wait on a call into the dead engine that never returns)."""
-    _EXITING.acquire()
-    print(f"[memagent] {message}", file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    os._exit(EXIT_ENGINE_LOST)
+    """The driver's end when a rollout engine died (:func:`verl_ext.node_watch.exit_run`: the main thread may wait
+    on a call into the dead engine that never returns)."""
+    exit_run(message, EXIT_ENGINE_LOST)
 
 
 def start(config: Any) -> EngineWatch | None:

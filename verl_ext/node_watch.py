@@ -79,9 +79,55 @@ def node_lost_message(lost: list[dict[str, Any]], checkpoint_dir: str | os.PathL
     return "\n  ".join(lines)
 
 
-class NodeWatch:
-    """Polls Ray's node table from a daemon thread once Ray is initialized in this process; on a lost node, calls
-    ``on_lost(message)`` once. ``nodes`` and ``ready`` default to ``ray.nodes`` and ``ray.is_initialized``."""
+class Watch:
+    """A look at the run repeated from a daemon thread (every ``poll_s`` once ``ready()``): the first time
+    :meth:`check` returns a message, ``on_lost(message)`` is called, once. The watches of the driver
+    (:class:`NodeWatch` here, :class:`verl_ext.engine_watch.EngineWatch`) differ only in their check."""
+
+    thread_name = "memagent-watch"
+
+    def __init__(self, checkpoint_dir: str | None, on_lost: Callable[[str], None], poll_s: float = POLL_S) -> None:
+        self.checkpoint_dir = checkpoint_dir
+        self.on_lost = on_lost
+        self.poll_s = poll_s
+        self.lost = threading.Event()  # set once something was found, before on_lost runs
+        self.message: str | None = None  # what was found
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
+
+    def start(self) -> Watch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def ready(self) -> bool:
+        return True
+
+    def check(self) -> str | None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            if not self.ready():
+                continue
+            try:
+                message = self.check()
+            except Exception:  # the GCS briefly unreachable, Ray not up yet: look again at the next poll
+                continue
+            if message and not self._stop.is_set():
+                self.message = message
+                self.lost.set()
+                self.on_lost(message)
+                return
+
+
+class NodeWatch(Watch):
+    """Polls Ray's node table once Ray is initialized in this process; on a lost node, calls ``on_lost(message)``
+    once. ``nodes`` and ``ready`` default to ``ray.nodes`` and ``ray.is_initialized``."""
+
+    thread_name = "memagent-node-watch"
 
     def __init__(
         self,
@@ -91,44 +137,19 @@ class NodeWatch:
         nodes: Callable[[], list[dict[str, Any]]] | None = None,
         ready: Callable[[], bool] | None = None,
     ) -> None:
-        self.checkpoint_dir = checkpoint_dir
-        self.on_lost = on_lost
-        self.poll_s = poll_s
+        super().__init__(checkpoint_dir, on_lost, poll_s)
         self._nodes = nodes
         self._ready = ready
         self.seen_alive: set[str] = set()
-        self.lost = threading.Event()  # set once a lost node was found, before on_lost runs
-        self.message: str | None = None  # what was found
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="memagent-node-watch", daemon=True)
 
-    def start(self) -> NodeWatch:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
+    def ready(self) -> bool:
+        return (self._ready or _ray_ready)()
 
     def check(self) -> str | None:
         """One look at the node table: the message if a node of the run was lost, else None."""
         nodes = self._nodes() if self._nodes else _ray_nodes()
         lost = lost_nodes(self.seen_alive, nodes)
         return node_lost_message(lost, self.checkpoint_dir) if lost else None
-
-    def _run(self) -> None:
-        ready = self._ready or _ray_ready
-        while not self._stop.wait(self.poll_s):
-            if not ready():
-                continue
-            try:
-                message = self.check()
-            except Exception:  # the GCS briefly unreachable: look again at the next poll
-                continue
-            if message and not self._stop.is_set():
-                self.message = message
-                self.lost.set()
-                self.on_lost(message)
-                return
 
 
 def _ray_nodes() -> list[dict[str, Any]]:
@@ -146,11 +167,15 @@ def _ray_ready() -> bool:
 _EXITING = threading.Lock()
 
 
-def exit_on_node_lost(message: str) -> None:
-    """The driver's end when a node is lost: the message, then the process ends here, whatever the main thread
-    waits on (``os._exit``: a blocked ``ray.get`` cannot be interrupted otherwise). The watch thread and the main
-    thread may both get here; the first prints and ends the process, the other waits for that."""
+def exit_run(message: str, status: int = EXIT_NODE_LOST) -> None:
+    """The driver's end when a watch found the run lost: the message, then the process ends here, whatever the main
+    thread waits on (``os._exit``: a blocked ``ray.get`` cannot be interrupted otherwise). The watch threads and the
+    main thread may all get here; the first prints and ends the process, the others wait for that."""
     _EXITING.acquire()
     print(f"[memagent] {message}", file=sys.stderr, flush=True)
     sys.stdout.flush()
-    os._exit(EXIT_NODE_LOST)
+    os._exit(status)
+
+
+def exit_on_node_lost(message: str) -> None:
+    exit_run(message, EXIT_NODE_LOST)

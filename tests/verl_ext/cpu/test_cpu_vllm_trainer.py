@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -95,7 +94,11 @@ def test_the_weights_synced_after_step_1_are_the_ones_vllm_served_at_step_2(memo
 
 
 def test_self_consistency_with_per_call_temperature_and_n_trains_on_vllm_in_sync_mode(tmp_path):
-    user = self_consistency_folder(tmp_path / "user", {"max_tokens": 16, "drafts": 4, "draft_n": 2})
+    from test_self_consistency_trainer import user_folder
+
+    agent_config = {"max_tokens": 16, "drafts": 4, "draft_n": 2}
+    reward = ("self_consistency_reward.py", "drafts_with_a_digit")
+    user = user_folder(tmp_path / "user", "self_consistency_agent.py", *reward, agent_config=agent_config)
     from test_new_user_agent import train_as_user
 
     settings = f"ROLLOUT=vllm PYTHON={VLLM_CPU} CONFIG=run_cpu.yaml DATA_DIR=data STEPS=2 OUT_DIR=runs/vllm"
@@ -114,32 +117,6 @@ def test_self_consistency_with_per_call_temperature_and_n_trains_on_vllm_in_sync
     for trajectory, calls in by_trajectory.items():
         assert [c["temperature"] for c in calls] == [1.2, 1.2, 1.2, 1.2, 0.5], trajectory
         assert len({tuple(c["prompt_ids"]) for c in calls[:4]}) == 1  # the four drafts share the draft prompt
-
-
-def self_consistency_folder(root: Path, agent_config: dict) -> Path:
-    """The user's folder of tests/test_self_consistency_trainer.py, with this agent config."""
-    from run_configs import cpu_run_config
-    from test_new_user_agent import problems_frame
-    from test_self_consistency_trainer import QUESTIONS, TESTS
-
-    (root / "data").mkdir(parents=True)
-    for helper in ("self_consistency_agent.py", "self_consistency_reward.py"):
-        shutil.copy(TESTS / helper, root / helper)
-    settings = {
-        "data.train_batch_size": 4,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
-        "actor_rollout_ref.actor.optim.lr_warmup_steps": 0,
-        "actor_rollout_ref.rollout.n": 2,
-        "actor_rollout_ref.rollout.calculate_log_probs": True,
-    }
-    reward = ("self_consistency_reward.py", "drafts_with_a_digit")
-    config = cpu_run_config(
-        "self_consistency_agent.py", max_tokens=16, reward=reward, agent_config=agent_config, settings=settings
-    )
-    (root / "run_cpu.yaml").write_text(config)
-    problems_frame(QUESTIONS).to_parquet(root / "data" / "train.parquet")
-    problems_frame(QUESTIONS[:2]).to_parquet(root / "data" / "validation.parquet")
-    return root
 
 
 def test_a_killed_engine_core_stops_the_run_in_one_line(tmp_path):
