@@ -12,12 +12,14 @@ temperature 1, top_p 1, the sampled token's log-prob returned (what the agent lo
   ``max_num_seqs`` and ``max_num_batched_tokens`` (configs/recurrent_trainer.yaml), its worker's OpenMP threads
   bound to ``--threads`` cores (``VLLM_CPU_OMP_THREADS_BIND``);
 - ``vllm-compile`` (with ``--engines``): the same without eager mode, as the 7B config runs vLLM; on CPU vLLM
-  compiles the model with torch inductor at start-up instead of capturing CUDA graphs.
+  compiles the model with torch inductor at start-up instead of capturing CUDA graphs. ``vllm`` runs vLLM's
+  torch.compile'd sampler eagerly (``TORCHDYNAMO_DISABLE=1``, as the CPU trainer's overlay does), ``vllm-compile``
+  compiles it too (its inductor kernel crashed an engine now and then here: docs/cluster.md, "vLLM on CPU").
 
 Each engine runs in a subprocess of its own, after a warm-up burst of 2 requests. Per engine: start-up seconds,
 the burst's wall seconds, requests/s, generated tokens/s, CPU seconds of its process tree over the burst, and the
 peak of its process tree's memory (RSS summed over the processes, and PSS, which counts shared pages once;
-sampled every 0.1 s from start-up to the end), then the ratios vllm / hf. Needs vLLM and our code:
+sampled every 0.2 s from start-up to the end), then the ratios vllm / hf. Needs vLLM and our code:
 
     .venv-vllm-cpu/bin/python scripts/bench_rollout_engines.py [--model tiny-head64] [--requests 64]
         [--prompt-tokens 328] [--max-tokens 32] [--threads 1] [--kv-cache-gib 1] [--engines hf vllm vllm-compile]
@@ -41,6 +43,9 @@ sys.path.insert(0, str(REPO))
 
 # vllm-compile: enforce_eager=False, which vLLM's CPU platform compiles with torch inductor (the 7B setting)
 ENGINES = ("hf", "vllm", "vllm-compile")
+# vllm: the CPU trainer's engine (configs/cpu_rollout/vllm.yaml), its torch.compile'd sampler run eagerly
+# (TORCHDYNAMO_DISABLE=1: that inductor kernel crashed engines now and then here); vllm-compile: torch.compile on.
+ENGINE_ENV = {"hf": {}, "vllm": {"TORCHDYNAMO_DISABLE": "1"}, "vllm-compile": {"TORCHDYNAMO_DISABLE": "0"}}
 
 
 def replication_workload() -> dict[str, int]:
@@ -62,10 +67,22 @@ def trainer_rollout_limits() -> dict[str, int]:
     return {"max_num_seqs": int(rollout.max_num_seqs), "max_num_batched_tokens": int(rollout.max_num_batched_tokens)}
 
 
+def rss_and_pss(pid: int) -> tuple[int, int]:
+    """A process's RSS and PSS in bytes, from /proc/<pid>/smaps_rollup (the kernel's sums: cheap to read, unlike
+    the whole smaps)."""
+    sizes = {}
+    with open(f"/proc/{pid}/smaps_rollup") as file:
+        for line in file:
+            name, _, rest = line.partition(":")
+            if name in ("Rss", "Pss"):
+                sizes[name] = int(rest.split()[0]) * 1024
+    return sizes["Rss"], sizes["Pss"]
+
+
 class TreeMemory:
     """Peak memory of this process and its descendants, sampled from a thread: RSS summed, and PSS."""
 
-    def __init__(self, interval_s: float = 0.1) -> None:
+    def __init__(self, interval_s: float = 0.2) -> None:
         import psutil
 
         self._root = psutil.Process()
@@ -79,16 +96,14 @@ class TreeMemory:
         return [self._root, *self._root.children(recursive=True)]
 
     def _run(self) -> None:
-        import psutil
-
         while not self._stop.is_set():
             rss = pss = 0
             for process in self._processes():
                 try:
-                    info = process.memory_full_info()
-                except (psutil.NoSuchProcess, psutil.AccessDenied):
-                    continue
-                rss, pss = rss + info.rss, pss + info.pss
+                    process_rss, process_pss = rss_and_pss(process.pid)
+                except (FileNotFoundError, ProcessLookupError, KeyError):
+                    continue  # gone meanwhile
+                rss, pss = rss + process_rss, pss + process_pss
             self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
             self._stop.wait(self._interval_s)
 
@@ -313,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as scratch:
         args.model_dir = resolve_model(args.model, Path(scratch))
+        # vLLM's sampler compiles a kernel with inductor on CPU: a cache of this run's own, not the shared one that
+        # other runs write at the same time (as scripts/train_tiny_cpu.sh does)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(scratch) / "inductor_cache")
         return run_engines(args)
 
 
@@ -340,10 +358,10 @@ def run_engines(args: argparse.Namespace) -> int:
             [sys.executable, __file__, "--one-run", "--engine", engine, *common],
             capture_output=True,
             text=True,
-            env=env,
+            env={**env, **ENGINE_ENV[engine]},
         )
         if out.returncode != 0:
-            print(out.stderr[-4000:], file=sys.stderr)
+            print((out.stdout + out.stderr)[-12000:], file=sys.stderr)  # vLLM logs to stdout
             raise SystemExit(f"error: the {engine} run failed (exit status {out.returncode}); its output is above")
         results[engine] = json.loads(out.stdout.strip().splitlines()[-1])
         print(f"  {engine}: {results[engine]['wall_s']:.2f} s", flush=True)
