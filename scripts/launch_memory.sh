@@ -80,7 +80,7 @@ EXPERIMENT=memory_agent/$SIZE
 if [ "$MODE" = async ]; then EXPERIMENT=${EXPERIMENT}_async; fi  # its own checkpoints: a resume never mixes modes
 RUN_DIR=$PROJ_ROOT/$EXPERIMENT
 export PROJ_ROOT
-export MEMAGENT_LAUNCHER=1  # the checks name MODEL_PATH, this launcher's way to give the model
+export RECURRENT_LAUNCHER=1  # the checks name MODEL_PATH, this launcher's way to give the model
 # One data folder for the data stages, the harness and this launcher (taskutils/data_root.py).
 TRAIN_FILE=$("$PYTHON" -m taskutils.data_root --train)
 DEV_FILE=$("$PYTHON" -m taskutils.data_root --dev)

@@ -7,32 +7,18 @@ reads). ``python -m verl_ext.main`` applies it to its overrides; the table is RE
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
-# original key (or key prefix, ending in ".") -> our key (or prefix)
-RENAMED: dict[str, str] = {
-    "recurrent.memory.config.": "recurrent.config.",
-    "recurrent.enable": "recurrent.agent",
-    "data.context_key": "recurrent.config.context_key",
-    "algorithm.grpo_use_adv": "algorithm.norm_adv_by_std_in_grpo",
-    "actor_rollout_ref.rollout.mode": "recurrent.mode",
-}
+import yaml
 
-# original key -> (the values refused, None: any; what replaced it)
+# The table itself is data about the original's launch scripts (configs/original_names/hydra_keys.yaml): this
+# module stays generic over agents (tests/verl_ext/test_vx_generic.py).
+TABLE = Path(__file__).resolve().parent.parent / "configs" / "original_names" / "hydra_keys.yaml"
+_table = yaml.safe_load(TABLE.read_text())
+RENAMED: dict[str, str] = dict(_table["renamed"])
 REFUSED: dict[str, tuple[tuple[str, ...] | None, str]] = {
-    "reward_model.reward_manager": (
-        None,
-        "the fork's process-pool reward manager; here stock verl's reward loop runs the configured reward function "
-        "(reward.custom_reward_function.path / .name; reward.reward_manager.name, dapo by default)",
-    ),
-    "actor_rollout_ref.rollout.chat_scheduler": (
-        None,
-        "the fork's async scheduler; here recurrent.mode=async (MODE=async of the launchers)",
-    ),
-    "data.truncation": (
-        ("center", "'center'"),
-        "the memory agent centre-truncates the context itself (recurrent.config.max_chunks x chunk_size); "
-        "data.truncation applies to the question column only",
-    ),
+    key: (tuple(entry["values"]) if entry.get("values") else None, entry["replaced_by"])
+    for key, entry in _table["refused"].items()
 }
 
 OVERRIDE = re.compile(r"(?P<prefix>\+{0,2}|~)(?P<key>[A-Za-z_][\w.]*)(?P<rest>(=.*)?)", re.S)

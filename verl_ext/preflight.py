@@ -168,7 +168,7 @@ def preflight(config: DictConfig, load_tokenizer: bool = True) -> None:
         from recurrent.models import resolve_model_path
 
         # The launchers take the model as MODEL_PATH; verl_ext.main as the key itself.
-        option = "MODEL_PATH=" if os.environ.get("MEMAGENT_LAUNCHER") else "actor_rollout_ref.model.path="
+        option = "MODEL_PATH=" if os.environ.get("RECURRENT_LAUNCHER") else "actor_rollout_ref.model.path="
         model_path = resolve_model_path(str(config.actor_rollout_ref.model.path), option)
     except Exception as err:
         problems.append(f"actor_rollout_ref.model.path: {err}")
