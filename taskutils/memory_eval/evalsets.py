@@ -37,12 +37,16 @@ class EvalDataError(ValueError):
 
 def data_file(data_dir: str | Path, task: str, length: int) -> Path | None:
     """The eval set of (task, length): ``eval_{N}.jsonl`` (HotpotQA, N documents) or ``eval_{task}_{L}.jsonl``
-    (RULER), or the released ``.json`` of the same name. None when neither exists."""
+    (RULER), or the released ``.json`` of the same name. None when neither exists; a folder (or anything else
+    that is not a file) of either name raises :class:`EvalDataError`, naming it, rather than pass for a missing set."""
     stem = f"eval_{length}" if task == HOTPOTQA else f"eval_{task}_{length}"
     for suffix in (".jsonl", ".json"):
         path = Path(data_dir) / (stem + suffix)
         if path.is_file():
             return path
+        if path.exists():
+            what = "a folder" if path.is_dir() else "not a regular file"
+            raise EvalDataError(f"{path}: {what}, not a file (the eval set of {task} at length {length})")
     return None
 
 

@@ -114,6 +114,21 @@ def test_invalid_utf8_in_a_json_array_names_line_and_column(tmp_path, capsys):
     assert code == 2 and f"error: {path}:3:18: not valid UTF-8 (byte 0xff: invalid start byte)" in err
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", ["eval_2.jsonl", "eval_2.json"])
+def test_a_folder_named_as_an_eval_set_is_named_a_folder(tmp_path, capsys, name):
+    """A folder where the eval set's file belongs is said to be one, with its path: not reported as no eval set."""
+    data = tmp_path / "data"
+    (data / name).mkdir(parents=True)
+    out = tmp_path / "results"
+    code = run_main(harness_argv(data, out, 2, "--models", "tiny", "--url", closed_url(), *NEVER))
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert f"error: {data / name}: a folder, not a file (the eval set of hotpotqa at length 2)" in err
+    assert "no eval set" not in err
+    assert not out.exists() or not list(out.glob("*/*.jsonl"))
+
+
 # ---- the model table (--table) and the run's --config file ----
 
 TABLES = {
