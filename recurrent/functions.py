@@ -38,6 +38,7 @@ An agent whose samples need work before it runs (a long document tokenized once,
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextvars
 import math
 import sys
@@ -58,6 +59,7 @@ from recurrent.interface import (
     WorkflowRegistration,
     stop_requested,
 )
+from recurrent.sampling import own_sampling
 
 ANSWER_KIND = "final"  # the kind of a call flagged final, unless it names its own
 
@@ -140,7 +142,7 @@ RowWidthsOf = Callable[[Any, Any], RowWidths]  # (config, tokenizer) -> the wide
 
 class CallRecorder:
     """The client an agent function receives: each call goes to the run's client and is recorded, in the order the
-    calls finish. Without ``keep_prompts`` a record keeps the facts of a call (budget, kind, token counts), not its
+    calls were made. Without ``keep_prompts`` a record keeps the facts of a call (budget, kind, token counts), not its
     prompt or ids: a pass over a document of any length then holds one chunk at a time (inference)."""
 
     def __init__(
@@ -157,7 +159,8 @@ class CallRecorder:
         self._on_turn = on_turn
         self._keep_prompts = keep_prompts
         self._send_turn = getattr(client, "send_turn", None)  # a TurnClient (the lockstep barrier)
-        self.history: list[TurnRecord] = []
+        self.history: list[TurnRecord] = []  # in the order the calls were made (a stable order, whatever answers first)
+        self._made: list[int] = []  # the index in ``sites`` of each record of ``history``
         self.in_flight = 0  # calls made and not yet answered (an agent returns only once none is left)
         self.sites: list[CallSite] = []  # where each call was made, in the order they were made
         self.open: set[int] = set()  # the calls (indices into sites) not yet answered
@@ -186,8 +189,9 @@ class CallRecorder:
         messages = [dict(message) for message in messages]  # the record keeps what was sent, not later edits
         kind = kind if kind is not None else ANSWER_KIND if final else "call"
         meta = {"kind": kind, **(meta or {})}
-        turn = Turn(messages, max_tokens, prompt_ids, final=final, meta=meta, sampling=dict(sampling))
-        sampling = {**(self._final_sampling if final else self._sampling), **sampling}
+        own = own_sampling(sampling)  # one rule everywhere (recurrent/sampling.py)
+        turn = Turn(messages, max_tokens, prompt_ids, final=final, meta=meta, sampling=own)
+        sampling = {**(self._final_sampling if final else self._sampling), **own}
         index = len(self.sites)
         self.sites.append(call_site())
         self.open.add(index)
@@ -209,16 +213,22 @@ class CallRecorder:
         if prompt_ids is None:
             turn.prompt_ids = reply.prompt_ids  # what a token backend rendered from the messages
         if self._keep_prompts:
-            self.history.append(TurnRecord(turn, reply))
+            self._record(index, TurnRecord(turn, reply))
         else:
             facts = Turn([], max_tokens, final=final, meta=turn.meta)
             kept = Reply(
                 reply.text, reply.finish_reason, None, reply.prompt_tokens, reply.completion_tokens, reply.seconds
             )
-            self.history.append(TurnRecord(facts, kept))
+            self._record(index, TurnRecord(facts, kept))
         if self._on_turn is not None:
             self._on_turn(turn, reply)
         return reply
+
+    def _record(self, index: int, record: TurnRecord) -> None:
+        """``record`` put in ``history`` at the place of the ``index``-th call made."""
+        place = bisect.bisect(self._made, index)
+        self._made.insert(place, index)
+        self.history.insert(place, record)
 
 
 class FunctionEpisode(Episode):

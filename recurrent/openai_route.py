@@ -114,19 +114,26 @@ class RecordingRoute:
             sampling["prompt_ids"] = self.render(messages, tools)
         elif tools:
             sampling["tools"] = tools
+        # Numbered as it arrives, so that requests made at once get ids of their own; each of its n calls records
+        # the request and its choice (the rows and the trajectory carry them: docs/write_your_own_agent.md).
+        number = self.calls
+        self.calls += 1
+        request_id = f"chatcmpl-recorded-{number}"
         # n completions are n calls made at once (one round in sync mode), each awaited before the answer
         results = await asyncio.gather(
-            *(self.recorder.chat(messages, max_tokens, **sampling) for _ in range(n)), return_exceptions=True
+            *(
+                self.recorder.chat(messages, max_tokens, meta={"request": request_id, "choice": index}, **sampling)
+                for index in range(n)
+            ),
+            return_exceptions=True,
         )
         for result in results:
             if isinstance(result, BaseException):
                 raise result
         parse = tools is not None and request.get("tool_choice") != "none"  # vLLM parses no calls under "none"
-        completion = self.completion(results, str(request.get("model", "")), parse=parse)
-        self.calls += 1
-        return completion
+        return self.completion(results, str(request.get("model", "")), parse, number)
 
-    def choice(self, index: int, reply: Reply, parse: bool) -> dict[str, Any]:
+    def choice(self, index: int, reply: Reply, parse: bool, number: int) -> dict[str, Any]:
         """One choice of a completion (as vLLM answers): with tools, the text split into content and calls."""
         parsed = parse_tool_calls(reply.text) if parse else None
         message: dict[str, Any] = {"role": "assistant", "content": reply.text}
@@ -135,7 +142,7 @@ class RecordingRoute:
             message["content"] = parsed.content
             message["tool_calls"] = [
                 {
-                    "id": f"call_{self.calls}_{i}" if index == 0 else f"call_{self.calls}_{index}_{i}",
+                    "id": f"call_{number}_{i}" if index == 0 else f"call_{number}_{index}_{i}",
                     "type": "function",
                     "function": {"name": c.name, "arguments": c.arguments},
                 }
@@ -148,13 +155,14 @@ class RecordingRoute:
             choice["token_ids"] = list(reply.token_ids)
         return choice
 
-    def completion(self, replies: list[Reply], model: str, parse: bool) -> dict[str, Any]:
-        """A ``ChatCompletion`` with one choice per reply (the last one recorded is the episode's last call)."""
-        choices = [self.choice(index, reply, parse) for index, reply in enumerate(replies)]
+    def completion(self, replies: list[Reply], model: str, parse: bool, number: int) -> dict[str, Any]:
+        """A ``ChatCompletion`` with one choice per reply (the last one recorded is the episode's last call), the
+        ``number``-th request of the episode."""
+        choices = [self.choice(index, reply, parse, number) for index, reply in enumerate(replies)]
         prompt_tokens = replies[0].prompt_tokens
         completion_tokens = sum(reply.completion_tokens for reply in replies)
         completion: dict[str, Any] = {
-            "id": f"chatcmpl-recorded-{self.calls}",
+            "id": f"chatcmpl-recorded-{number}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": model,

@@ -72,6 +72,39 @@ RULES: dict[str, Rule] = {
 }
 
 
+# The sampling a call may set for itself (docs/write_your_own_agent.md, "Sampling of its own"), and what the one of
+# them a call leaves unset is then: the model's own distribution (OpenAI's API defaults too). A call that sets
+# neither samples with its run's values (the paper's evaluation or training settings, which differ on purpose).
+CALL_FIELDS = ("temperature", "top_p")
+MODEL_DISTRIBUTION = {"temperature": 1.0, "top_p": 1.0}
+
+
+def own_sampling(own: Mapping[str, Any]) -> dict[str, Any]:
+    """A call's own sampling made whole by the one rule of every entry point (the harness, the endpoint, the local
+    server, the quickstart, training): a call that sets ``temperature`` or ``top_p`` gets 1.0 for the other of the
+    two, never the run's value of it; a call that sets neither is returned as it is (the run's apply)."""
+    own = dict(own)
+    if any(own.get(name) is not None for name in CALL_FIELDS):
+        for name in CALL_FIELDS:
+            if own.get(name) is None:
+                own[name] = MODEL_DISTRIBUTION[name]
+    return own
+
+
+def call_sampling(run: Mapping[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
+    """What one call samples with: the run's values under the call's own, made whole by :func:`own_sampling`."""
+    return {**{k: v for k, v in run.items() if v is not None}, **own_sampling(own)}
+
+
+def describe_rule(run: Mapping[str, Any], whose: str) -> str:
+    """The one line a run prints of its sampling: its values, whose they are, and what a call setting one gets."""
+    values = ", ".join(f"{name} {run[name]:g}" for name in CALL_FIELDS if run.get(name) is not None)
+    return (
+        f"sampling: {values} ({whose}) for calls that set neither temperature nor top_p; a call that sets one "
+        "gets 1.0 for the other (docs/write_your_own_agent.md, 'Sampling of its own')"
+    )
+
+
 def check_value(name: str, value: Any, field: str | None = None) -> Any:
     """``value`` when it obeys the rule of ``name``; :class:`SamplingError` naming ``field`` (default ``name``)."""
     rule = RULES[name]

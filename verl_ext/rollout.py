@@ -91,7 +91,14 @@ def call_view(record: TurnRecord, last: bool) -> dict[str, Any]:
         "kind": turn_kind(record, last),
         "finish_reason": record.reply.finish_reason,
         "sampling": dict(record.turn.sampling),
+        **made_by(record),
     }
+
+
+def made_by(record: TurnRecord) -> dict[str, Any]:
+    """The request a call answered and its choice (``n`` completions of one ``openai``-client request are its
+    choices 0..n-1; recurrent/openai_route.py); None for a call made on the framework's client."""
+    return {"request": record.turn.meta.get("request"), "choice": record.turn.meta.get("choice")}
 
 
 def reward_extra_info(outputs: list[AgentLoopOutput], row: dict[str, Any], with_trajectory: bool) -> dict[str, Any]:
@@ -304,6 +311,8 @@ class AgentRollout:
                 "chunk": int(meta.get("chunk", -1)),
                 "max_tokens": record.turn.max_tokens,
                 "finish_reason": record.reply.finish_reason,
+                # only on the rows of openai-client requests: the memory agent's rows stay as they were
+                **{k: v for k, v in made_by(record).items() if v is not None},
                 "global_steps": steps[index],
                 "min_global_steps": min_steps,
                 "max_global_steps": max_steps,

@@ -75,6 +75,9 @@ def row_record(row: dict[str, Any], tokenizer: Any = None) -> dict[str, Any]:
         "score": row.get("score"),
         "advantage": row.get("advantage"),
         "temperature": row.get("temperature"),  # what sampled it (dumps before per-call sampling: None)
+        "top_p": row.get("top_p"),
+        "request": row.get("request"),  # the openai-client request it answered, and its choice (None: neither)
+        "choice": row.get("choice"),
         "prompt_ids": row["prompt_ids"],
         "response_ids": row["response_ids"],
     }
@@ -92,7 +95,7 @@ def show(record: dict[str, Any], decoded: bool) -> str:
     header = (
         f"== row {record['uid']} (trajectory {record['trajectory']}, turn {record['turn_index']}: "
         f"{record['turn_kind']}; score {record['score']}, advantage {record['advantage']}, "
-        f"temperature {record['temperature']})"
+        f"temperature {record['temperature']}, top_p {record['top_p']}{made_by(record)})"
     )
     return "\n".join(
         [
@@ -103,6 +106,13 @@ def show(record: dict[str, Any], decoded: bool) -> str:
             f"response text ({source}):\n{record['response_text']}",
         ]
     )
+
+
+def made_by(record: dict[str, Any]) -> str:
+    """``; request R choice C`` for a row of an openai-client request, else nothing."""
+    if record.get("request") is None:
+        return ""
+    return f"; request {record['request']} choice {record['choice']}"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -64,6 +64,8 @@ DUMP_COLUMNS = (
     "minibatch",  # the optimizer update (0..K-1) that trained the row (None with recurrent.minibatch=rows)
     "temperature",  # the temperature that sampled the row: its call's own, else the rollout's
     "top_p",  # the same for top_p
+    "request",  # the openai-client request the row's call answered (None: a call on the framework's client) ...
+    "choice",  # ... and its choice (0..n-1 of a request with n)
 )
 # What the extra columns are read from (TransferQueue fields of the step's rows).
 DUMP_FIELDS = ["advantages", "response_mask", "extra_fields"]
@@ -104,6 +106,8 @@ def dump_columns(
             "advantage_spread": float(valid.max() - valid.min()) if valid.numel() else 0.0,
             "minibatch": (minibatch_of or {}).get(key),
             **{name: fields.get(name, run_sampling.get(name)) for name in ("temperature", "top_p")},
+            "request": fields.get("request"),
+            "choice": fields.get("choice"),
         }
         for name, value in values.items():
             columns[name][key] = value

@@ -179,9 +179,10 @@ async def test_an_agents_own_per_call_sampling_reaches_the_model_over_the_runs()
     run = agent_function("greedy", AskConfig, greedy_then_default).for_training({}, None).episode({})
     client = SamplingClient()
     await run.run(client, sampling={"temperature": 0.7, "top_p": 0.9}, final_sampling={"top_k": 1, "seed": 3})
-    # The run's sampling fills in what the agent did not set; what the agent set for a call wins.
+    # What the agent set for a call wins. A call that sets temperature or top_p gets 1.0 for the other (the one rule
+    # of recurrent/sampling.py, never the run's 0.9); a call that sets neither takes the run's for both.
     assert client.sampling == [
-        {"temperature": 0.0, "top_p": 0.9},
+        {"temperature": 0.0, "top_p": 1.0},
         {"temperature": 0.7, "top_p": 0.9, "top_k": 5, "seed": 3},
     ]
 

@@ -245,7 +245,8 @@ async def test_the_calls_an_agent_makes_at_once_share_a_round_with_their_own_sam
     # The vote read the three drafts; every call's record keeps the sampling it asked for.
     assert episodes[0].history[-1].turn.messages[0]["content"] == "0.0@1.0 | 0.1@1.0 | 0.2@1.0"
     assert episodes[1].answer == "1.3@0.2"
-    assert [rec.turn.sampling for rec in episodes[0].history] == [{"temperature": 1.0}] * 3 + [{"temperature": 0.2}]
+    own = [{"temperature": 1.0, "top_p": 1.0}] * 3 + [{"temperature": 0.2, "top_p": 1.0}]  # top_p: the rule's 1.0
+    assert [rec.turn.sampling for rec in episodes[0].history] == own
 
 
 async def test_a_call_left_running_when_the_agent_returns_fails_its_episode_only():

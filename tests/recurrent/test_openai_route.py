@@ -182,7 +182,7 @@ ASK_CAPPED = openai_agent("ask", Ask, ask, max_tokens=5)
 @pytest.mark.parametrize(
     ("options", "error"),
     [
-        ({"max_tokens": 4, "temperature": 0.0}, r"passed sampling parameters \['temperature'\] in training"),
+        ({"max_tokens": 4, "temperature": 0.0}, r"passed sampling parameters \['temperature', 'top_p'\] in training"),
         ({"max_tokens": 4, "tools": TOOLS, "tool_choice": "required"}, r"sampling parameters \['tool_choice'\]"),
         ({}, r"max_tokens \(or max_completion_tokens\): each call's cap on new tokens is required"),
         ({"max_tokens": 4, "stream": True}, "stream: the recording route answers whole completions only"),
@@ -222,7 +222,8 @@ def test_sampling_goes_upstream_in_evaluation():
     options = json.dumps({"max_tokens": 4, "temperature": 0.5, "seed": 3})
     episode = ASK.for_inference(None, options=options).episode({})
     asyncio.run(run_session(episode, upstream))
-    assert upstream.sent[0][2] == {"temperature": 0.5, "seed": 3} and episode.answer == "hello"
+    # top_p 1.0: a call that sets temperature gets the model's own distribution for top_p (recurrent/sampling.py)
+    assert upstream.sent[0][2] == {"temperature": 0.5, "top_p": 1.0, "seed": 3} and episode.answer == "hello"
 
 
 def test_calls_that_run_out_end_on_the_last_reply_as_the_answer(tokenizer):
@@ -274,9 +275,15 @@ def test_n_completions_are_n_calls_made_at_once_one_choice_each(tokenizer):
     assert [rec.reply.text for rec in episode.history] == ["a", "b", "c", "abc"]
     draft = template_ids(tokenizer, [{"role": "user", "content": "draft"}])
     assert [rec.turn.prompt_ids for rec in episode.history[:3]] == [draft] * 3  # one prompt, three rows
-    assert backend.sampling == [{"temperature": 1.2}] * 3 + [{}]  # n is the route's, temperature the call's
+    # n is the route's, temperature the call's, top_p the rule's 1.0 for a call that set temperature alone
+    assert backend.sampling == [{"temperature": 1.2, "top_p": 1.0}] * 3 + [{}]
     final = template_ids(tokenizer, [{"role": "user", "content": "a | b | c"}])
     assert episode.history[3].turn.prompt_ids == final and episode.answer == "abc"
+    # Each row names the request it came from and its choice: the n=3 drafts are choices 0-2 of the first request.
+    made = [(rec.turn.meta["request"], rec.turn.meta["choice"]) for rec in episode.history]
+    assert made == [("chatcmpl-recorded-0", 0), ("chatcmpl-recorded-0", 1), ("chatcmpl-recorded-0", 2)] + [
+        ("chatcmpl-recorded-1", 0)
+    ]
 
 
 def test_a_bad_n_is_a_bad_request(tokenizer):

@@ -102,12 +102,17 @@ OWN_SAMPLING = openai_agent("own_sampling", Nothing, own_sampling)
 async def test_a_calls_own_temperature_and_top_p_sample_it_and_are_on_its_row(tiny_model_dir, tiny_tokenizer):
     loop, server = rows_of(f"{__file__}:OWN_SAMPLING", tiny_model_dir, tiny_tokenizer, settings=False)
     sample = {**chat("What is 1 + 1?"), "question": "What is 1 + 1?"}
-    outputs = await loop.run(dict(SAMPLING), **sample)
-    # n=2: two rows of the same prompt, then the answer: three rows, each sampled with its call's own values.
+    rollout = dict(SAMPLING, top_p=0.8)  # a rollout top_p that no call of this agent samples with
+    outputs = await loop.run(rollout, **sample)
+    # n=2: two rows of the same prompt, then the answer: three rows, each sampled with its call's own values; the
+    # answer set temperature alone, so its top_p is the rule's 1.0 (recurrent/sampling.py), not the rollout's 0.8.
     assert len(outputs) == 3 and outputs[0].prompt_ids == outputs[1].prompt_ids
-    own = [{"temperature": 1.3, "top_p": 0.9}] * 2 + [{"temperature": 0.2}]
-    assert [{**SAMPLING, **o, "max_tokens": 4} for o in own] == server.sampling
+    own = [{"temperature": 1.3, "top_p": 0.9}] * 2 + [{"temperature": 0.2, "top_p": 1.0}]
+    assert [{**rollout, **o, "max_tokens": 4} for o in own] == server.sampling
     assert [{k: o.extra_fields[k] for k in ("temperature", "top_p") if k in o.extra_fields} for o in outputs] == own
+    # The two drafts' rows are choices 0 and 1 of one request; the answer's is the next request's only choice.
+    made = [(o.extra_fields["request"], o.extra_fields["choice"]) for o in outputs]
+    assert made == [("chatcmpl-recorded-0", 0), ("chatcmpl-recorded-0", 1), ("chatcmpl-recorded-1", 0)]
     assert [o.temperature for o in outputs] == [1.3, 1.3, 0.2]
     assert [float(o.as_dict()["temperature"]) for o in outputs] == pytest.approx([1.3, 1.3, 0.2])
     # The answer's prompt holds both drafts, as the agent read them.

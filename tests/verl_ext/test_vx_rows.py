@@ -24,13 +24,18 @@ def test_the_dump_columns_hold_each_rows_ids_as_trained():
     rows = {
         "advantages": jagged([[0.5, 0.5], [0.5, 0.5, 0.5]], torch.float32),
         "response_mask": jagged([[1, 1], [1, 1, 1]], torch.int64),
-        "extra_fields": [{"turn_kind": "call", "temperature": 1.2}, {"turn_kind": "final"}],
+        "extra_fields": [
+            {"turn_kind": "call", "temperature": 1.2, "request": "chatcmpl-recorded-0", "choice": 1},
+            {"turn_kind": "final"},
+        ],
         "prompts": jagged([[1, 2, 3], [1, 2, 3, 4, 5]], torch.int64),
         "responses": jagged([[7, 8], [9, 10, 11]], torch.int64),
     }
     columns = dump_columns(keys, [{}, {}], rows, token_ids=True, run_sampling={"temperature": 1.0, "top_p": 0.9})
     # a row's sampling: its call's own, else the run's
     assert columns["temperature"] == {"u_0_0": 1.2, "u_0_1": 1.0} and columns["top_p"] == {"u_0_0": 0.9, "u_0_1": 0.9}
+    assert columns["request"] == {"u_0_0": "chatcmpl-recorded-0", "u_0_1": None}
+    assert columns["choice"] == {"u_0_0": 1, "u_0_1": None}
     assert columns["prompt_ids"] == {"u_0_0": [1, 2, 3], "u_0_1": [1, 2, 3, 4, 5]}
     assert columns["response_ids"] == {"u_0_0": [7, 8], "u_0_1": [9, 10, 11]}
     assert "prompt_ids" not in dump_columns(keys, [{}, {}], rows)  # off: text only, as verl dumps
@@ -44,7 +49,8 @@ def write_dump(folder: Path, tokenizer, with_ids: bool = True) -> list[dict]:
     ):
         row = {"input": prompt, "output": response, "gts": "42", "score": 1.0, "step": 3, "uid": f"p_0_{index}"}
         row |= {"trajectory": "p_0", "turn_index": index, "turn_kind": kind, "is_padding": False, "advantage": 0.5}
-        row |= {"temperature": 1.0}
+        row |= {"temperature": 1.0, "top_p": 0.9}
+        row |= {"request": "chatcmpl-recorded-0", "choice": index} if kind == "call" else {}
         if with_ids:
             row |= {"prompt_ids": tokenizer.encode(prompt), "response_ids": tokenizer.encode(response)}
         rows.append(row)
@@ -67,7 +73,11 @@ def test_the_rows_tool_prints_each_rows_ids_and_their_text(tmp_path, tiny_model_
     assert rows_main([str(tmp_path / "rollout" / "3.jsonl")]) == 0  # a file; text as verl dumped it
     out = capsys.readouterr().out
     assert f"prompt ids ({len(rows[0]['prompt_ids'])}): {rows[0]['prompt_ids']}" in out
-    assert "== row p_0_1 (trajectory p_0, turn 1: final; score 1.0, advantage 0.5, temperature 1.0)" in out
+    assert "== row p_0_1 (trajectory p_0, turn 1: final; score 1.0, advantage 0.5, temperature 1.0, top_p 0.9)" in out
+    assert (
+        "turn 0: call; score 1.0, advantage 0.5, temperature 1.0, top_p 0.9; request chatcmpl-recorded-0 choice 0)"
+        in out
+    )
     assert "What is 6 times 7?" in out
 
 
