@@ -27,7 +27,8 @@ every model call and the answer are printed, and the answer is read from its ``\
 
 Exit status: 0 when the agent ran to its answer (shown, or the reply when none could be extracted); 1 when it could
 not (a request that failed after its retries, a server that did not start); 2 on a bad option or setting (a model not
-available offline; ``--timeout`` must be a finite number of seconds > 0, ``--timeout-per-token`` and ``--backoff``
+available offline; a ``--context-file`` over 64 MiB or not UTF-8 text; a ``--trace`` it cannot write, said before
+any work; ``--timeout`` must be a finite number of seconds > 0, ``--timeout-per-token`` and ``--backoff``
 finite numbers >= 0: the client options of every command, ``recurrent/flags.py``); 130 when interrupted (Ctrl-C), 143
 when stopped by SIGTERM (128 + 15, the shells' convention).
 """
@@ -42,6 +43,7 @@ import logging
 import os
 import re
 import signal
+import stat
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -64,6 +66,9 @@ MAX_CONTEXT = 120000  # the original quickstart keeps the first and last 60K tok
 SHOWN_CHARS = 200  # of a reply's first sentence, shown when no answer can be extracted
 DEFAULT_SERVER_LOG = HERE / ".cache" / "logs" / "quickstart-transformers-serve.log"
 ORIGINAL_URL = "http://localhost:8000/v1"  # the original quickstart's default, where `vllm serve` listens
+# The longest --context-file read: the endpoint's request limit (docs/serving.md), a 3.5M-token document. Anything
+# longer (or a device such as /dev/zero, which never ends) is refused before it is held in memory.
+MAX_DOCUMENT_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -263,6 +268,29 @@ class Budgets:
         )
 
 
+def read_document(path: Path, limit: int = MAX_DOCUMENT_BYTES) -> str:
+    """The text of ``path``, read with a bound: ``ValueError`` in one line naming the file when it is over ``limit``
+    bytes (a regular file by its size, before a byte is read; a device or a pipe once ``limit + 1`` bytes have come)
+    or when it is not UTF-8 text (naming the first bad byte's offset). Line ends read as ``Path.read_text`` reads
+    them (``\\r\\n`` and ``\\r`` become ``\\n``)."""
+    too_long = f"--context-file {path}: over the quickstart's limit of {limit:,} bytes"
+    with path.open("rb") as file:
+        info = os.fstat(file.fileno())
+        if stat.S_ISREG(info.st_mode) and info.st_size > limit:
+            raise ValueError(f"{too_long} ({info.st_size:,} bytes)")
+        data = file.read(limit + 1)
+    if len(data) > limit:  # not a regular file, or one that grew while it was read
+        raise ValueError(f"{too_long} (it went on past {limit:,} bytes: the rest was not read)")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"--context-file {path}: not UTF-8 text: byte 0x{data[err.start]:02x} at offset {err.start:,} "
+            f"({err.reason})"
+        ) from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 def open_endpoint(
     stack: contextlib.ExitStack, args: argparse.Namespace, url: str | None, model: str, model_dir: str | None
 ) -> tuple:
@@ -312,11 +340,11 @@ def make_session(
     return session, on_turn, final_prompt
 
 
-def print_result(args: argparse.Namespace, session: Any, stats: Any, final_prompt: str, seconds: tuple) -> None:
-    """The answer (and how it was found), the time, the tokens; the trace when asked. ``seconds``: the agent's and
-    the whole run's."""
-    from recurrent.trace import TraceWriter
-
+def print_result(
+    args: argparse.Namespace, session: Any, stats: Any, final_prompt: str, seconds: tuple, trace: Any
+) -> None:
+    """The answer (and how it was found), the time, the tokens; the trace when asked (``trace``: its writer, opened
+    before the run). ``seconds``: the agent's and the whole run's."""
     answer, how = shown_answer(session.answer or "", final_prompt)
     print(f"\nAnswer: {answer}")
     if how:
@@ -328,13 +356,39 @@ def print_result(args: argparse.Namespace, session: Any, stats: Any, final_promp
         f"Tokens: {stats.prompt_tokens:,d} prompt + {stats.completion_tokens:,d} completion = "
         f"{stats.prompt_tokens + stats.completion_tokens:,d}"
     )
-    if args.trace:
-        with TraceWriter(args.trace) as writer:
-            writer.write_sample("quickstart", session, None, agent_seconds)
+    if trace is not None:
+        trace.write_sample("quickstart", session, None, agent_seconds)
         print(f"Trace: {args.trace}")
 
 
+def open_trace(path: Path) -> Any:
+    """The trace's writer (``recurrent.trace.TraceWriter``, appending); ``ValueError`` naming ``--trace`` when the
+    path cannot be written (a folder, a file under a file, no permission)."""
+    from recurrent.trace import TraceWriter
+
+    try:
+        return TraceWriter(path)
+    except OSError as err:
+        where = f" ({err.filename})" if err.filename and str(err.filename) != str(path) else ""
+        raise ValueError(f"--trace {path}: cannot be written: {err.strerror or err}{where}") from None
+
+
 def run(args: argparse.Namespace) -> int:
+    """The quickstart: its inputs checked before any work (the document read with its bound, the trace opened), then
+    :func:`answer`."""
+    with contextlib.ExitStack() as files:
+        try:
+            document = read_document(args.context_file)
+            # Opened now (its folders made): a path it cannot write is said before the run, not after it.
+            trace = files.enter_context(open_trace(args.trace)) if args.trace else None
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        return answer(args, document, trace)
+
+
+def answer(args: argparse.Namespace, document: str, trace: Any) -> int:
+    """The agent's run over ``document`` against the URL's endpoint or a local server, its answer printed."""
     from recurrent.async_manager import run_session
     from recurrent.client import OpenAIChatClient
     from recurrent.models import KNOWN_MODELS, ModelNotAvailableError, resolve_model_path
@@ -352,7 +406,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     model = args.model or DEFAULT_MODEL
     budgets = Budgets.of(args, embedded=model in KNOWN_MODELS)
-    document = args.context_file.read_text()
     with contextlib.ExitStack() as stack:
         start = time.perf_counter()
         try:
@@ -379,7 +432,7 @@ def run(args: argparse.Namespace) -> int:
 
         asyncio.run(main())
         agent_seconds = time.perf_counter() - began
-    print_result(args, session, client.stats, final_prompt, (agent_seconds, time.perf_counter() - start))
+    print_result(args, session, client.stats, final_prompt, (agent_seconds, time.perf_counter() - start), trace)
     return 0
 
 
