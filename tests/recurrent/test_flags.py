@@ -85,3 +85,12 @@ def test_the_shared_options_defaults():
     # One default each, for the harness, the endpoint and the quickstart (tests/test_client_options.py).
     assert ClientOptions() == ClientOptions(timeout=300.0, timeout_per_token=0.1, max_retries=3, backoff=1.0)
     assert SamplingOptions() == SamplingOptions(temperature=0.7, top_p=0.95)  # the paper's
+
+
+@pytest.mark.timeout(10)
+def test_a_change_passed_to_from_args_wins_over_the_parsed_flag():
+    # --chunk-size 64 on the command line, chunk_size=32 from the caller: the caller's change is the value (and a
+    # flag nobody changed keeps what was parsed)
+    args = toy_parser().parse_args(["a.txt", "--chunk-size", "64", "--mode", "b"])
+    changed = from_args(Toy, args, chunk_size=32)
+    assert (changed.chunk_size, changed.mode) == (32, "b")

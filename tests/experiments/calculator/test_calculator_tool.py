@@ -119,3 +119,12 @@ def test_the_openai_calculator_asks_the_last_user_message():
 def test_a_chat_without_a_user_message_is_a_value_error_that_names_it():
     with pytest.raises(ValueError, match="no user message"):
         question({"prompt": [{"role": "system", "content": "Be brief."}]}, CalculatorConfig().question_key)
+
+
+@pytest.mark.timeout(10)
+def test_an_expression_of_exactly_the_longest_length_is_computed():
+    # docs/serving.md: an expression of at most 256 characters; 256 is computed, 257 refused
+    longest = "12 * 3" + " " * 250
+    assert len(longest) == tool.MAX_EXPRESSION_CHARS == 256
+    assert calculate(longest) == "36"
+    assert calculate(longest + " ") == "error: expression longer than 256 characters"
