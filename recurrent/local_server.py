@@ -8,7 +8,11 @@ and the tests on CPU. Everything downstream only sees a base URL.
 ``python -m recurrent.local_server --model tiny`` serves a local model on CPU until Ctrl-C, to try an agent against
 (docs/write_your_own_agent.md, "2. Try it against a server"): ``transformers serve`` with the fixes a hand-started
 one lacks (requests sample at the temperature they ask for, ``/v1/models`` answers, no hub access). It prints the
-``URL`` and the ``MODEL`` name requests use, one ``NAME=value`` line each.
+``URL`` and the ``MODEL`` name requests use, one ``NAME=value`` line each. Its options are checked before the
+server starts, each refused in one line with exit status 2: a model that is not there or a folder without a model's
+files (config.json, weights, a tokenizer), a port another process listens on, a log it cannot write (a missing
+folder of ``--log`` is made). A server that exits on its own, while starting or serving, ends it with one line
+quoting the end of the server's log and exit status 1.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -285,15 +289,76 @@ class ServeOptions:
         "model cache when missing: python -m recurrent.models) (default %(default)s)",
     )
     port: int = flag(8000, "port on 127.0.0.1 (default %(default)s)", type=port_number)
-    log: Path | None = flag(None, "the server's log (default: a temporary file)", type=Path)
+    log: Path | None = flag(
+        None, "the server's log, its folder made when missing (default: a temporary file)", type=Path
+    )
     greedy: bool = flag(False, "decode greedily whatever a request asks (the model's own generation config)")
     startup_timeout: float = flag(180.0, "seconds to wait for the server (default %(default)s)", type=positive_seconds)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Serve a local model until Ctrl-C (or SIGTERM); print ``URL=...`` and ``MODEL=...`` once it answers."""
-    from recurrent.models import KNOWN_MODELS, materialize, resolve_model_path
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether another process listens on ``host:port`` (a bind with SO_REUSEADDR, as the server's own, fails)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
 
+
+def _refuse(message: str, status: int = 2) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(status)
+
+
+def _serve_inputs(options: ServeOptions) -> tuple[str, Path]:
+    """The model folder and the log path of ``options``, each checked before the server starts (a load takes
+    seconds and ends in a traceback): the model resolves to a folder that holds one, the port is free (else the
+    other server's /health would pass for ours, and its URL be printed), the log's folder exists (made when
+    missing) and the log can be written. Refuses with one line naming the option and exit status 2."""
+    from recurrent.models import (
+        KNOWN_MODELS,
+        ModelNotAvailableError,
+        materialize,
+        model_folder_problem,
+        resolve_model_path,
+    )
+
+    try:
+        model_dir = (
+            str(materialize(options.model)) if options.model in KNOWN_MODELS else resolve_model_path(options.model)
+        )
+    except (ModelNotAvailableError, ValueError) as err:
+        _refuse(f"--model: {err}")
+    problem = model_folder_problem(model_dir)
+    if problem:
+        _refuse(f"--model {options.model}: {model_dir} holds no model: {problem}")
+    if port_in_use(options.port):
+        _refuse(f"--port {options.port}: 127.0.0.1:{options.port} is in use by another process; choose another port")
+    if options.log is None:  # a file of its own, named in the messages below
+        handle, name = tempfile.mkstemp(prefix="transformers-serve-", suffix=".log")
+        os.close(handle)
+        return model_dir, Path(name)
+    log_path = options.log.resolve()
+    if log_path.is_dir():
+        _refuse(f"--log {options.log}: a folder, not a file")
+    above = next(folder for folder in log_path.parents if folder.exists())  # "/" exists
+    if not above.is_dir():
+        _refuse(f"--log {options.log}: {above} is a file, not a folder")
+    try:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("a"):
+            pass
+    except OSError as err:
+        _refuse(f"--log {options.log}: cannot write it ({err.strerror or err})")
+    return model_dir, log_path
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve a local model until Ctrl-C (or SIGTERM); print ``URL=...`` and ``MODEL=...`` once it answers. Exit
+    status 0 when stopped so; 2 for a bad option (one line, before the server starts); 1 when the server exits on
+    its own or does not come up (one line, naming its log)."""
     parser = argparse.ArgumentParser(
         prog="python -m recurrent.local_server",
         description="Serve a local model on CPU behind an OpenAI-compatible API (transformers serve: real sampling, "
@@ -301,19 +366,25 @@ def main(argv: list[str] | None = None) -> None:
     )
     add_flags(parser, ServeOptions)
     options = from_args(ServeOptions, parser.parse_args(argv))
-    model_dir = str(materialize(options.model)) if options.model in KNOWN_MODELS else resolve_model_path(options.model)
+    model_dir, log_path = _serve_inputs(options)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the server is stopped on the way out, as for Ctrl-C
-    log_path = options.log.resolve() if options.log else None
     view = stable_view_dir(model_dir)  # the same MODEL name at every start
     serving = transformers_serve(
         model_dir, options.port, options.startup_timeout, log_path, not options.greedy, view_dir=view
     )
-    with serving as server:
-        print(f"URL={server.base_url}\nMODEL={server.model}", flush=True)
-        print(f"[local_server] serving {model_dir} (log {server.log_path}); Ctrl-C stops it", file=sys.stderr)
-        with suppress(KeyboardInterrupt):
-            server.process.wait()
-    sys.exit(0)
+    server = None
+    try:
+        with serving as server:
+            print(f"URL={server.base_url}\nMODEL={server.model}", flush=True)
+            print(f"[local_server] serving {model_dir} (log {server.log_path}); Ctrl-C stops it", file=sys.stderr)
+            code = server.process.wait()  # SIGTERM leaves here through sys.exit(0), Ctrl-C as KeyboardInterrupt
+    except KeyboardInterrupt:  # while it starts or serves: the server was stopped on the way out
+        sys.exit(0 if server is not None else 130)
+    except ServerError as err:  # it exited, or was not ready in time: the end of its log says why
+        first, *tail = [line for line in str(err).splitlines() if line.strip()]
+        last = f"; its log ({log_path}) ends: {tail[-1].strip()}" if tail else f"; its log: {log_path}"
+        _refuse(first.rstrip(":") + last, status=1)
+    _refuse(f"the server exited on its own with code {code}; its log: {log_path}", status=1)
 
 
 if __name__ == "__main__":

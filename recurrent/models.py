@@ -301,6 +301,29 @@ def resolve_model_path(name_or_path: str, option: str = "--model") -> str:
         ) from err
 
 
+# What a Hugging Face model folder needs to be loaded and served: its config, its weights (one file, or shards and
+# their index) and a tokenizer. Looked for up front, so that a wrong folder is named before a load that takes
+# seconds to fail with a traceback.
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json", "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def model_folder_problem(folder: str | Path) -> str | None:
+    """What ``folder`` lacks to be a model folder (``"no config.json"``, no weights, no tokenizer), or None. A
+    missing path or a file is one too."""
+    path = Path(folder)
+    if not path.is_dir():
+        return "no such folder" if not path.exists() else "a file, not a model folder"
+    missing = []
+    if not (path / "config.json").is_file():
+        missing.append("no config.json")
+    if not any(any(path.glob(pattern)) for pattern in WEIGHT_PATTERNS):
+        missing.append(f"no weights ({' or '.join(WEIGHT_PATTERNS[:2])})")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        missing.append(f"no tokenizer ({', '.join(TOKENIZER_FILES)})")
+    return "; ".join(missing) or None
+
+
 def load_tokenizer(name_or_path: str) -> Any:
     """The tokenizer of a model folder, an offline alias or a cached hub id (:func:`resolve_model_path`)."""
     from transformers import AutoTokenizer
@@ -319,7 +342,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--root", type=Path, default=None, help="cache folder (overrides MEMAGENT_MODELS_DIR)")
     parser.add_argument("--force", action="store_true", help="rebuild even when an up-to-date copy exists")
+    parser.add_argument(
+        "--check",
+        metavar="FOLDER",
+        help="build nothing: check that FOLDER holds a model (config.json, weights, a tokenizer); exit 2 naming "
+        "what is missing",
+    )
+    parser.add_argument("--as", dest="check_name", default=None, help="with --check: how the message names FOLDER")
     args = parser.parse_args(argv)
+    if args.check is not None:
+        problem = model_folder_problem(args.check)
+        if problem:
+            print(f"error: {args.check_name or args.check}: {problem}", file=sys.stderr)
+            return 2
+        return 0
     for name in args.names:
         try:
             folder = materialize(name, args.root, args.force)
