@@ -26,6 +26,8 @@ import importlib
 import importlib.metadata
 import importlib.util
 import sys
+import types
+import typing
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -214,6 +216,43 @@ class Workflow(ABC):
 Columns = tuple[str, ...] | Callable[[Any], tuple[str, ...]]  # fixed, or read from the agent's config
 
 
+def field_types(config_cls: type) -> dict[str, Any]:
+    """The type of each field of an agent's config class ({} when its annotations cannot be resolved: the class's
+    own checks still run)."""
+    try:
+        return typing.get_type_hints(config_cls)
+    except (NameError, TypeError):
+        return {}
+
+
+def fits_type(value: Any, hint: Any) -> bool:
+    """Whether a value is of a config field's type: the plain types (a bool is no int nor float), their unions and
+    literals; any other type is left to the config class's own checks."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(fits_type(value, arg) for arg in typing.get_args(hint))
+    if origin is typing.Literal:
+        return value in typing.get_args(hint)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    return True
+
+
+def type_name(hint: Any) -> str:
+    """A field's type as an error message names it (``int``, ``str | None``)."""
+    if typing.get_origin(hint) is not None or not hasattr(hint, "__name__"):
+        return str(hint).replace("typing.", "")
+    return hint.__name__
+
+
 @dataclass(frozen=True)
 class WorkflowRegistration:
     """What an agent's module exports as ``REGISTER``: its name, its config class, how it is built, what it reads.
@@ -253,7 +292,8 @@ class WorkflowRegistration:
         return tuple(self.large_columns(config) if callable(self.large_columns) else self.large_columns)
 
     def make_config(self, values: Mapping[str, Any] | None = None) -> WorkflowConfig:
-        """The agent's config from a mapping (a config section), unknown keys named in the error."""
+        """The agent's config from a mapping (a config section), unknown keys and values of the wrong type named in
+        the error (``max_turns: true`` is no 1: a bool is no int)."""
         values = dict(values or {})
         known = {f.name for f in fields(self.config_cls)}
         unknown = sorted(set(values) - known)
@@ -262,6 +302,14 @@ class WorkflowRegistration:
                 f"agent {self.name!r} ({self.config_cls.__name__}) has no setting {', '.join(map(repr, unknown))}; "
                 f"its settings: {', '.join(sorted(known)) or 'none'}"
             )
+        hints = field_types(self.config_cls)
+        wrong = [
+            f"{key}: {value!r} is not of type {type_name(hints[key])}"
+            for key, value in values.items()
+            if key in hints and not fits_type(value, hints[key])
+        ]
+        if wrong:
+            raise ValueError(f"agent {self.name!r} ({self.config_cls.__name__}): {'; '.join(wrong)}")
         return self.config_cls(**values)
 
     def for_training(self, values: Mapping[str, Any] | None, tokenizer: Any) -> Workflow:

@@ -13,14 +13,12 @@ from __future__ import annotations
 import argparse
 import difflib
 import math
-import types
-import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from recurrent.interface import WorkflowRegistration
+from recurrent.interface import WorkflowRegistration, field_types, fits_type, type_name
 
 
 def positive_int(text: str) -> int:
@@ -237,10 +235,7 @@ def agent_config(register: WorkflowRegistration, path: str | Path) -> dict[str, 
             f"{where(path, node)}: expected a mapping of {register.config_cls.__name__} fields, got {data!r}"
         )
     nodes = key_nodes(node)
-    try:
-        hints = typing.get_type_hints(register.config_cls)
-    except (NameError, TypeError):  # annotations it cannot resolve: the class's own checks still run
-        hints = {}
+    hints = field_types(register.config_cls)
     known = sorted(f for f in register.config_cls.__dataclass_fields__)
     for key, value in data.items():
         at = where(path, nodes.get(str(key), (node,))[0])
@@ -251,37 +246,10 @@ def agent_config(register: WorkflowRegistration, path: str | Path) -> dict[str, 
                 f"{at}: agent {register.name!r} ({register.config_cls.__name__}) has no setting {key!r}{hint}; "
                 f"its settings: {', '.join(known) or 'none'}"
             )
-        if key in hints and not _fits(value, hints[key]):
-            raise ConfigError(f"{at}: {key}: {value!r} is not of type {_type_name(hints[key])}")
+        if key in hints and not fits_type(value, hints[key]):
+            raise ConfigError(f"{at}: {key}: {value!r} is not of type {type_name(hints[key])}")
     try:
         register.make_config(data)
     except (ValueError, TypeError) as err:
         raise ConfigError(f"{path}: {err}") from None
     return dict(data)
-
-
-def _fits(value: Any, hint: Any) -> bool:
-    """Whether a file's value is of a config field's type (the plain types, their unions and literals; any other
-    type is left to the config class's own checks)."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_fits(value, arg) for arg in typing.get_args(hint))
-    if origin is typing.Literal:
-        return value in typing.get_args(hint)
-    if hint is type(None):
-        return value is None
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if hint is str:
-        return isinstance(value, str)
-    return True
-
-
-def _type_name(hint: Any) -> str:
-    if typing.get_origin(hint) is not None or not hasattr(hint, "__name__"):
-        return str(hint).replace("typing.", "")
-    return hint.__name__

@@ -54,3 +54,12 @@ def test_a_run_config_that_is_an_alias_bomb_is_one_line_before_hydra_reads_it(tm
     )
     assert "with its aliases (*name) expanded it holds over 100,000 values" in err
     check_run_config(["--config-name", "tiny_cpu"])  # the repository's configs pass
+
+
+@pytest.mark.timeout(60)
+def test_a_bool_for_an_integer_setting_of_the_agent_is_refused_naming_it(tmp_path):
+    # recurrent.config.max_chunks=true would read as 1 chunk: a bool is no int (recurrent/interface.py, make_config)
+    data = write(tmp_path / "train.parquet", [ROW])
+    with pytest.raises(PreflightError) as err:
+        preflight(config_for(data, data, "tiny", "recurrent.config.max_chunks=true"), load_tokenizer=False)
+    assert "agent 'memory' (MemoryConfig): max_chunks: True is not of type int | None" in str(err.value)
