@@ -297,3 +297,28 @@ async def test_the_memory_is_the_reply_without_any_eos_or_pad(tiny_model_dir):
         final = episode.history[-1].turn
         assert final.final
         assert final.prompt_ids == head + [100 + i, 200 + i] + tail
+
+
+async def staggered_drafts(sample, client, config) -> str:
+    """Four drafts made at once (``asyncio.gather``), the k-th reaching the client after k awaits of its own (a
+    helper that awaits before it calls), then a vote that reads them."""
+
+    async def draft(k: int):
+        for _ in range(k):
+            await asyncio.sleep(0)
+        return await client.chat([{"role": "user", "content": f"draft {k}"}], 4, meta={"step": k})
+
+    drafts = await asyncio.gather(*(draft(k) for k in range(4)))
+    vote = await client.chat([{"role": "user", "content": " | ".join(d.text for d in drafts)}], 2, meta={"step": 4})
+    return vote.text
+
+
+@pytest.mark.timeout(10)
+async def test_calls_made_at_once_share_a_round_whatever_awaits_each_makes_before_the_client():
+    # two agents: round 1 all eight drafts (each arrives one pass of the loop after the one before), round 2 the votes
+    episodes = [FunctionEpisode(staggered_drafts, {"index": i}, ToyConfig(), "staggered") for i in range(2)]
+    model = RuleModel()
+    run = await run_lockstep(episodes, model)
+    assert run.errors == [None, None]
+    assert run.rounds == [[0, 1], [0, 1]] and run.calls == [8, 2]
+    assert episodes[0].history[-1].turn.messages[0]["content"] == "reply 0.0 | reply 0.1 | reply 0.2 | reply 0.3"
