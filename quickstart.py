@@ -43,13 +43,13 @@ import logging
 import os
 import re
 import signal
-import stat
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from recurrent.bounded_read import read_text
 from recurrent.flags import ClientOptions, SamplingOptions, add_flags, flag, from_args  # this folder is on sys.path
 from recurrent.options import non_negative_int, positive_int
 from recurrent.sampling import argument as sampling_argument
@@ -268,29 +268,6 @@ class Budgets:
         )
 
 
-def read_document(path: Path, limit: int = MAX_DOCUMENT_BYTES) -> str:
-    """The text of ``path``, read with a bound: ``ValueError`` in one line naming the file when it is over ``limit``
-    bytes (a regular file by its size, before a byte is read; a device or a pipe once ``limit + 1`` bytes have come)
-    or when it is not UTF-8 text (naming the first bad byte's offset). Line ends read as ``Path.read_text`` reads
-    them (``\\r\\n`` and ``\\r`` become ``\\n``)."""
-    too_long = f"--context-file {path}: over the quickstart's limit of {limit:,} bytes"
-    with path.open("rb") as file:
-        info = os.fstat(file.fileno())
-        if stat.S_ISREG(info.st_mode) and info.st_size > limit:
-            raise ValueError(f"{too_long} ({info.st_size:,} bytes)")
-        data = file.read(limit + 1)
-    if len(data) > limit:  # not a regular file, or one that grew while it was read
-        raise ValueError(f"{too_long} (it went on past {limit:,} bytes: the rest was not read)")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(
-            f"--context-file {path}: not UTF-8 text: byte 0x{data[err.start]:02x} at offset {err.start:,} "
-            f"({err.reason})"
-        ) from None
-    return text.replace("\r\n", "\n").replace("\r", "\n")
-
-
 def open_endpoint(
     stack: contextlib.ExitStack, args: argparse.Namespace, url: str | None, model: str, model_dir: str | None
 ) -> tuple:
@@ -378,7 +355,7 @@ def run(args: argparse.Namespace) -> int:
     :func:`answer`."""
     with contextlib.ExitStack() as files:
         try:
-            document = read_document(args.context_file)
+            document = read_text(args.context_file, MAX_DOCUMENT_BYTES, "--context-file", "the quickstart's limit")
             # Opened now (its folders made): a path it cannot write is said before the run, not after it.
             trace = files.enter_context(open_trace(args.trace)) if args.trace else None
         except ValueError as err:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from recurrent.bounded_read import read_text
+
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -89,7 +91,7 @@ def test_a_trace_it_cannot_write_is_refused_before_any_work(capsys, tmp_path, wh
 
 
 def test_a_document_reads_as_read_text_reads_it(tmp_path):
-    quickstart = _quickstart_module()
     document = tmp_path / "doc.txt"
     document.write_bytes("one\r\ntwo\rthree\nfour é".encode())
-    assert quickstart.read_document(document) == document.read_text(encoding="utf-8") == "one\ntwo\nthree\nfour é"
+    expected = document.read_text(encoding="utf-8")
+    assert read_text(document, 100, "--context-file", "the limit") == expected == "one\ntwo\nthree\nfour é"
