@@ -164,6 +164,9 @@ class CallRecorder:
         self.in_flight = 0  # calls made and not yet answered (an agent returns only once none is left)
         self.sites: list[CallSite] = []  # where each call was made, in the order they were made
         self.open: set[int] = set()  # the calls (indices into sites) not yet answered
+        # The most prompt tokens a call may have (its episode's): an agent that renders its own prompts (the openai
+        # route in training) refuses a longer one by its characters before tokenizing it (recurrent/templating.py).
+        self.max_prompt_tokens: int | None = None
         try:
             self._task = asyncio.current_task()  # the episode's: a call awaited elsewhere was handed to a task
         except RuntimeError:
@@ -242,6 +245,7 @@ class FunctionEpisode(Episode):
         self.config = config
         self.name = name
         self.keep_prompts = keep_prompts
+        self.max_prompt_tokens: int | None = None  # training's rollout.prompt_length, set by the trainer (CallRecorder)
         self._recorder: CallRecorder | None = None
         self._answer: str | None = None
         self._score: float | None = None
@@ -273,6 +277,7 @@ class FunctionEpisode(Episode):
         if self._recorder is not None:
             raise RuntimeError(f"agent {self.name!r}: an episode runs once")
         recorder = self._recorder = CallRecorder(client, sampling, on_turn, final_sampling, self.keep_prompts)
+        recorder.max_prompt_tokens = self.max_prompt_tokens
         answer = await self.agent(self.sample, recorder, self.config)
         score = None
         if isinstance(answer, Answer):

@@ -41,8 +41,8 @@ def template_render(tokenizer: Any) -> Render | None:
         return None
     shape = template_messages if renders_tools(tokenizer) else as_text_messages
 
-    def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-        return chat_prompt_ids(tokenizer, shape(messages), tools=tools)
+    def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, max_tokens: int | None) -> list[int]:
+        return chat_prompt_ids(tokenizer, shape(messages), tools=tools, max_tokens=max_tokens)
 
     return render
 

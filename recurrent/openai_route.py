@@ -35,13 +35,17 @@ from recurrent.functions import CallRecorder
 from recurrent.interface import Reply
 from recurrent.tool_calls import parse_tool_calls
 
-Render = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], list[int]]  # (messages, tools) -> prompt ids
+# (messages, tools, the most prompt tokens a call may have or None) -> prompt ids
+Render = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None, int | None], list[int]]
 BASE_URL = "http://recording-route/v1"  # never resolved: the transport answers in process
 PATH = "/v1/chat/completions"
 # Fields the route itself reads; every other field of a request is the agent's sampling.
 ROUTE_FIELDS = frozenset(
     {"model", "messages", "tools", "tool_choice", "max_tokens", "max_completion_tokens", "stream", "n"}
 )
+# The most completions one request may ask (``n``; OpenAI's API has the same bound): each is a model call made at
+# once, so an unbounded n (10**6) held a million calls in memory before the first was answered.
+MAX_COMPLETIONS = 128
 
 
 class RouteError(Exception):
@@ -106,12 +110,14 @@ class RecordingRoute:
         n = request.get("n", 1) if request.get("n") is not None else 1
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise RouteError(400, f"n: the number of completions is an integer >= 1, got {n!r}")
+        if n > MAX_COMPLETIONS:
+            raise RouteError(400, f"n: the number of completions is at most {MAX_COMPLETIONS}, got {n:,}")
         tools = request.get("tools") or None
         sampling = {k: v for k, v in request.items() if k not in ROUTE_FIELDS}
         if request.get("tool_choice") not in (None, "auto"):
             sampling["tool_choice"] = request["tool_choice"]  # changes decoding: a sampling field (module docstring)
         if self.render is not None:
-            sampling["prompt_ids"] = self.render(messages, tools)
+            sampling["prompt_ids"] = self.render(messages, tools, self.recorder.max_prompt_tokens)
         elif tools:
             sampling["tools"] = tools
         # Numbered as it arrives, so that requests made at once get ids of their own; each of its n calls records

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from recurrent.tokens import MAX_CHARS_PER_TOKEN
+
 if TYPE_CHECKING:  # torch costs seconds to import; the CLIs that chunk text never need it
     import torch
 
@@ -97,18 +99,44 @@ class TokenTemplate:
         return f"TokenTemplate(keys={self.keys}, length={self.length})"
 
 
+class PromptTooLongError(ValueError):
+    """A call's prompt whose text is longer than its token budget could hold (:func:`chat_prompt_ids`)."""
+
+
 def chat_prompt_ids(
-    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    max_tokens: int | None = None,
 ) -> list[int]:
     """A call's messages as the policy sees them, in ids: the chat template with the generation prompt (and the
     request's ``tools``, which a template may render). Training (verl_ext/rollout.py), the agents' row widths
-    and
-    the warm starts' rows all render a conversation this way, so a model is trained and evaluated on the same ids."""
+    and the warm starts' rows all render a conversation this way, so a model is trained and evaluated on the same
+    ids. ``max_tokens`` (training's ``rollout.prompt_length``): a prompt whose text cannot fit it is refused with
+    :class:`PromptTooLongError` before it is tokenized (:func:`check_prompt_chars`)."""
     extra = {"tools": tools} if tools else {}
+    if max_tokens is not None:
+        check_prompt_chars(tokenizer, messages, extra, max_tokens)
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra)
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers 5 returns a BatchEncoding
         ids = ids["input_ids"]
     return [int(t) for t in ids]
+
+
+def check_prompt_chars(tokenizer: Any, messages: list[dict[str, Any]], extra: dict[str, Any], max_tokens: int) -> None:
+    """:class:`PromptTooLongError` when the prompt's text (the chat template rendered as text, which costs a small
+    part of tokenizing it) is over ``max_tokens`` x :data:`MAX_CHARS_PER_TOKEN` characters: no tokenization could
+    fit it in ``max_tokens`` tokens, and tokenizing it costs about 250 bytes of memory a character (a 10 MB prompt
+    took 73 s and 2.4 GB to be refused by its token count). The rendered text is what is counted, so that what a
+    template leaves out (an earlier turn's reasoning) is not held against a prompt, and many short messages count
+    their template's characters too."""
+    limit = max_tokens * MAX_CHARS_PER_TOKEN
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
+    if len(text) > limit:
+        raise PromptTooLongError(
+            f"a call prompt of {len(text):,} characters exceeds rollout.prompt_length={max_tokens} whatever its tokens "
+            f"(a token is at most {MAX_CHARS_PER_TOKEN} characters): refused before it is tokenized"
+        )
 
 
 def chat_prompt_template(tokenizer: Any, system: str | None = None) -> str:

@@ -28,6 +28,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopO
 from verl.workers.rollout.replica import TokenOutput
 
 from recurrent.async_manager import check_finished
+from recurrent.functions import FunctionEpisode
 from recurrent.interface import Episode, Reply, TurnRecord, Workflow, load_register
 from recurrent.sampling import check_value
 from recurrent.templating import chat_prompt_ids
@@ -227,12 +228,15 @@ class AgentRollout:
         """The episode of one trajectory, built in the rollout's worker thread; within
         ``recurrent.trajectory_timeout_s`` when set (verl_ext/trajectory_deadline.py)."""
         episode = await asyncio.get_running_loop().run_in_executor(self._executor, self.agent.episode, sample)
+        if isinstance(episode, FunctionEpisode):  # a prompt it renders itself is held to the row's width
+            episode.max_prompt_tokens = self.budgets.prompt_length
         seconds, mode = self.settings.trajectory_timeout_s, self.settings.mode
         return episode if seconds is None else TimedEpisode(episode, seconds, cancel_calls=mode == "async")
 
     def render(self, messages: list[dict[str, str]]) -> list[int]:
-        """A call's messages as the policy sees them (:func:`recurrent.templating.chat_prompt_ids`)."""
-        return chat_prompt_ids(self.tokenizer, messages)
+        """A call's messages as the policy sees them (:func:`recurrent.templating.chat_prompt_ids`); a prompt whose
+        text cannot fit ``rollout.prompt_length`` is refused before it is tokenized."""
+        return chat_prompt_ids(self.tokenizer, messages, max_tokens=self.budgets.prompt_length)
 
     # ---- one model call ----
 

@@ -7,6 +7,7 @@ made at once included. The launcher itself stops on such an agent before Ray sta
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -291,3 +292,79 @@ def test_a_reward_whose_helper_import_fails_names_the_helpers_line(user):
         checked_with_reward("score")
     (problem,) = str(raised.value).splitlines()[1:]
     assert problem.startswith("  - reward_helpers.py:2: ModuleNotFoundError: No module named 'strng'"), problem
+
+
+# ---- what an agent asks is bounded before it is held (issue 63) ----
+
+OPENAI_AGENT = """\
+from dataclasses import dataclass
+
+from recurrent.openai_agents import openai_agent
+
+
+@dataclass
+class Config:
+    max_tokens: int = 8
+
+
+async def my_agent(sample, client, config):
+    messages = [{"role": "user", "content": PROMPT}]
+    completion = await client.chat.completions.create(model="policy", messages=messages, max_tokens=8, N)
+    return completion.choices[0].message.content
+
+
+REGISTER = openai_agent("mine", Config, my_agent, columns=("input",))
+"""
+TEN_MB = "'x ' * 5_000_000"  # 10,000,000 characters; a 256-token prompt holds 16,384 at most
+FUNCTION_PROMPT = (
+    f"    reply = await client.chat([{{'role': 'user', 'content': {TEN_MB}}}], 8)\n    return reply.text\n"
+)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_an_openai_agent_asking_a_million_completions_is_refused_naming_n_and_its_bound(user, mode):
+    # n=10**6: no output and 4.6 GB after 200 s (a million calls made at once).
+    text = OPENAI_AGENT.replace("PROMPT", "sample['input']").replace("N)", "n=10**6)")
+    (user / "my_agent.py").write_text(text)
+    with pytest.raises(PreflightError) as raised:
+        checked(mode)
+    (problem,) = str(raised.value).splitlines()[1:]
+    where = f"my_agent.py:{line_of(text, 'n=10**6')}: BadRequestError: "
+    assert problem.startswith(f"  - {where}"), problem
+    assert "n: the number of completions is at most 128, got 1,000,000" in problem
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["async", "sync"])
+@pytest.mark.parametrize("kind", ["function", "openai"])
+def test_a_ten_mb_prompt_is_refused_by_its_characters_before_it_is_tokenized(user, mode, kind, monkeypatch):
+    # It cost the preflight 73 s and 2.4 GB (the tokenizing) before its refusal by the token count.
+    if kind == "function":
+        text, marker = agent_file(FUNCTION_PROMPT), "5_000_000"
+    else:
+        text, marker = OPENAI_AGENT.replace("PROMPT", TEN_MB).replace(", N)", ")"), "create("  # where it raises
+    (user / "my_agent.py").write_text(text)
+    import transformers
+
+    tokenized: list[int] = []  # the characters of every text the tokenizer was asked to turn into ids
+    base = transformers.PreTrainedTokenizerBase
+    real = base.apply_chat_template
+
+    def counted(self, conversation, *args, **kwargs):
+        if kwargs.get("tokenize", True):
+            tokenized.append(sum(len(m.get("content") or "") for m in conversation))
+        return real(self, conversation, *args, **kwargs)
+
+    monkeypatch.setattr(base, "apply_chat_template", counted)
+    with pytest.raises(PreflightError) as raised:
+        checked(mode)
+    (problem,) = str(raised.value).splitlines()[1:]
+    assert problem.startswith(f"  - my_agent.py:{line_of(text, marker)}: "), problem
+    # the message's 10,000,000 characters and the template's few around it
+    # (the openai client's agent gets it as the route's 400)
+    said = (
+        r"(PromptTooLong|BadRequest)Error: a call prompt of 10,000,\d{3} characters exceeds rollout.prompt_length=256"
+    )
+    assert re.search(said, problem), problem
+    assert "refused before it is tokenized" in problem and max(tokenized, default=0) < 10_000_000
