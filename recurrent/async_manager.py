@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
+from recurrent.agent_thread import Deadline, run_isolated
 from recurrent.functions import check_answer
 from recurrent.interface import ChatClient, Episode, Reply, Turn, TurnRecord
 from recurrent.trace import TraceWriter
@@ -40,12 +41,14 @@ async def run_session(
     sampling: dict[str, Any] | None = None,
     on_turn: Callable[[Turn, Reply], None] | None = None,
     final_sampling: dict[str, Any] | None = None,
+    deadline: Deadline | None = None,
 ) -> Episode:
     """Run one episode to its end and return it: the one per-sample driver of every asynchronous caller
-    (training, the harness, the endpoint, the quickstart). ``on_turn`` is told of every finished model call (the
-    quickstart prints there). ``final_sampling`` is merged over ``sampling`` for calls flagged final (the server's
-    client-given stop strings shape the answer, not the memory)."""
-    await session.run(client, sampling, final_sampling, on_turn)
+    (training, the harness, the endpoint, the quickstart). The agent's code runs on its own loop in a worker
+    thread, within ``deadline`` when given, whatever it does (recurrent/agent_thread.py). ``on_turn`` is told of
+    every finished model call (the quickstart prints there). ``final_sampling`` is merged over ``sampling`` for
+    calls flagged final (the server's client-given stop strings shape the answer, not the memory)."""
+    await run_isolated(session, client, sampling, final_sampling, on_turn, deadline)
     return session
 
 

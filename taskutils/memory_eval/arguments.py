@@ -8,6 +8,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from recurrent.agent_thread import DOCUMENT_DEADLINE_S, deadline_argument
 from recurrent.flags import ClientOptions, SamplingOptions, add_flags, flag
 from recurrent.interface import is_agent_file, load_register
 from recurrent.options import (
@@ -17,7 +18,6 @@ from recurrent.options import (
     parse_with_config,
     positive_int,
     positive_seconds,
-    seconds,
 )
 from recurrent.sampling import argument as sampling_argument
 from taskutils import original_names
@@ -164,10 +164,11 @@ class Serving:
         type=non_negative_int,
     )
     item_timeout: float = flag(
-        0.0,
-        "seconds an item's agent may run, its calls and its own code (any agent, one given by path too); past it the "
-        "item is recorded as failed, saying so (default 0: no limit; --timeout bounds each request)",
-        type=seconds,
+        DOCUMENT_DEADLINE_S,
+        "seconds an item's agent may run, its calls and its own code, whatever it does (any agent, one given by path "
+        "too); past it the item is recorded as failed, saying so (default %(default)g: the longest paper document "
+        "at 20 s a call; 0: no limit; --timeout bounds each request)",
+        type=deadline_argument,
     )
     seed: int | None = flag(
         None, "per-request sampling seed, if the server supports it", type=sampling_argument("seed")

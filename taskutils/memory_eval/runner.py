@@ -26,6 +26,7 @@ from typing import Any
 import openai
 from tqdm import tqdm
 
+from recurrent.agent_thread import AgentDeadlineError, Deadline
 from recurrent.async_manager import cancel_and_wait, check_finished, run_session
 from recurrent.interface import ChatClient, Episode
 from recurrent.local_server import ServerError
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 INLINE_CHARS = 20_000  # contexts up to this size (~5K tokens, a few ms to tokenize) skip the worker thread
 
 
-class ItemTimeoutError(TimeoutError):
+class ItemTimeoutError(AgentDeadlineError):
     """An item whose agent did not finish within the harness's ``--item-timeout``."""
 
 
@@ -95,7 +96,7 @@ async def run_items(
     nothing for the items in flight, so a resumed run redoes them. ``streak`` (default: none kept) stops the run
     with :class:`EndpointDownError` when the endpoint stops answering (see the module docstring). ``item_timeout``:
     seconds an item's agent may run (None: no limit); past it the item fails with :class:`ItemTimeoutError`, its
-    agent cancelled wherever it waits, whatever it is (one given by path too)."""
+    agent stopped wherever it is, whatever it does (it runs in a thread of its own: recurrent/agent_thread.py)."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     streak = streak if streak is not None else FailureStreak(limit=0)
@@ -165,17 +166,10 @@ class _FileRun:
                 else:
                     session = await asyncio.to_thread(self.make_session, item)
                 item.pop("context", None)  # the session holds the tokens; megabytes of text need not wait with it
-                deadline = asyncio.timeout(self.item_timeout)
-                try:
-                    async with deadline:
-                        await run_session(session, self.client, self.sampling)
-                except TimeoutError:
-                    if not deadline.expired():  # the agent's own
-                        raise
-                    calls = f"after {len(session.history)} model call{'s' * (len(session.history) != 1)}"
-                    raise ItemTimeoutError(
-                        f"the agent did not finish within {self.item_timeout:g} s (--item-timeout), {calls}"
-                    ) from None
+                deadline = None
+                if self.item_timeout is not None:
+                    deadline = Deadline(self.item_timeout, "--item-timeout", error=ItemTimeoutError)
+                await run_session(session, self.client, self.sampling, deadline=deadline)
                 check_finished(session)
             except Exception as err:  # this item's failure; cancellation (BaseException) passes through
                 error = err
