@@ -2,6 +2,7 @@
 experiments/calculator/run.sh): the lines they append to timing.jsonl and run.jsonl (read by
 experiments/needle/report.py), a failed stage's exit, a stage stopped by a signal, a run folder's last step."""
 
+import contextlib
 import json
 import os
 import signal
@@ -101,3 +102,74 @@ def test_a_stage_stopped_by_a_signal_is_recorded_with_the_invocations_total(tmp_
     timing = [json.loads(line) for line in (tmp_path / "timing.jsonl").read_text().splitlines()]
     assert [(t["stage"], t["rc"]) for t in timing] == [("done", 0), ("slow", status), ("total", status)]
     assert timing[2]["seconds"] >= timing[1]["seconds"] + timing[0]["seconds"]
+
+
+# The side-by-side runs of scripts/replicate_cpu.sh: its own run_rl_jobs and reap_one (read from the script), each
+# run a stand-in trainer that says it is running (its pid in a file) and waits for a signal.
+SIDE_BY_SIDE = """
+set -euo pipefail
+PIPELINE=demo
+source "$REPO/scripts/lib/stages.sh"
+eval "$(sed -n '/^run_rl_jobs() {/,/^}/p;/^reap_one() {/,/^}/p' "$REPO/scripts/replicate_cpu.sh")"
+declare -F run_rl_jobs reap_one > /dev/null
+trainer=$'import os, pathlib, sys, time\npathlib.Path(sys.argv[1]).write_text(str(os.getpid()))\n'
+trainer+=$'while True:\n    time.sleep(0.05)\n'
+rl_run() { "$PYTHON" -c "$trainer" "$OUT_DIR/$1.pid"; }
+RL_PARALLEL=2 rl_jobs=("rl-seed0 2" "rl-seed1 2")
+timed rl_runs run_rl_jobs
+echo "not reached"
+"""
+
+
+def ended_within(pid: int, seconds: float) -> bool:
+    """Whether process ``pid`` (not a child of ours) has ended, or ends within ``seconds`` (its pidfd becomes
+    readable when it exits: an event, not a poll)."""
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], seconds)[0])
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_reaches_every_run_started_side_by_side_and_its_trainer(tmp_path: Path):
+    """Ctrl-C (SIGINT to the pipeline's process group): each run side by side is a process group of its own
+    (run_rl_jobs' set -m), so it reaches the trainers only through on_signal, which signals each run's whole group,
+    not its leader alone (the subshell, whose trainer would train on)."""
+    env = {"REPO": str(REPO), "PYTHON": sys.executable, "OUT_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    process = subprocess.Popen(
+        ["bash", "-c", SIDE_BY_SIDE],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=signals_at_their_defaults,
+    )
+    pid_files = [tmp_path / "rl-seed0.pid", tmp_path / "rl-seed1.pid"]
+    for _ in range(6000):  # both trainers say they are running: then the signal comes (no race on timing)
+        if all(f.exists() and f.read_text() for f in pid_files) or process.poll() is not None:
+            break
+        time.sleep(0.01)
+    trainers = [int(f.read_text()) for f in pid_files]
+    try:
+        assert all(os.getpgid(pid) != process.pid for pid in trainers)  # not in the group a terminal signals
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            out, _ = process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            out = None  # it waits for its runs, whose trainers run on
+        running = [pid for pid in trainers if not ended_within(pid, 10 if out is not None else 0)]
+        assert running == [], f"trainers left running: {running} (the pipeline {'ended' if out else 'waits on'})"
+        assert process.returncode == 130 and "stage 'rl_runs' stopped by a signal (exit 130)" in out
+    finally:
+        for pid in trainers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
