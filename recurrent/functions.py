@@ -218,7 +218,7 @@ class CallRecorder:
         if self._keep_prompts:
             self._record(index, TurnRecord(turn, reply))
         else:
-            facts = Turn([], max_tokens, final=final, meta=turn.meta)
+            facts = Turn([], max_tokens, final=final, meta=turn.meta, sampling=turn.sampling)
             kept = Reply(
                 reply.text, reply.finish_reason, None, reply.prompt_tokens, reply.completion_tokens, reply.seconds
             )

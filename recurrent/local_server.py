@@ -7,7 +7,8 @@ and the tests on CPU. Everything downstream only sees a base URL.
 
 ``python -m recurrent.local_server --model tiny`` serves a local model on CPU until Ctrl-C, to try an agent against
 (docs/write_your_own_agent.md, "2. Try it against a server"): ``transformers serve`` with the fixes a hand-started
-one lacks (requests sample at the temperature they ask for, ``/v1/models`` answers, no hub access). It prints the
+one lacks (requests sample at the temperature they ask for, ``/v1/models`` answers, no hub access), behind a front
+that gives ``n`` and the sampling rule of every entry point (recurrent/local_front.py). It prints the
 ``URL`` and the ``MODEL`` name requests use, one ``NAME=value`` line each. Its options are checked before the
 server starts, each refused in one line with exit status 2: a model that is not there or a folder without a model's
 files (config.json, weights, a tokenizer), a port another process listens on, a log it cannot write (a missing
@@ -38,6 +39,8 @@ from pathlib import Path
 from recurrent.flags import add_flags, flag, from_args
 from recurrent.options import port as port_number
 from recurrent.options import positive_seconds
+from recurrent.sampling import argument as sampling_argument
+from recurrent.sampling import describe_rule
 
 log = logging.getLogger(__name__)
 
@@ -293,6 +296,16 @@ class ServeOptions:
         None, "the server's log, its folder made when missing (default: a temporary file)", type=Path
     )
     greedy: bool = flag(False, "decode greedily whatever a request asks (the model's own generation config)")
+    temperature: float = flag(
+        0.7,
+        "the temperature of a request that sets neither temperature nor top_p (paper's evaluation: %(default)s)",
+        type=sampling_argument("temperature"),
+    )
+    top_p: float = flag(
+        0.95,
+        "the top_p of a request that sets neither temperature nor top_p (paper's evaluation: %(default)s)",
+        type=sampling_argument("top_p"),
+    )
     startup_timeout: float = flag(180.0, "seconds to wait for the server (default %(default)s)", type=positive_seconds)
 
 
@@ -355,6 +368,32 @@ def _serve_inputs(options: ServeOptions) -> tuple[str, Path]:
     return model_dir, log_path
 
 
+@contextmanager
+def serving_front(server: LocalServer, options: ServeOptions) -> Iterator[str]:
+    """The front (recurrent/local_front.py) over ``server`` on ``options.port``, in a thread, until the block ends;
+    yields its base URL once it listens."""
+    import threading
+
+    import uvicorn
+
+    from recurrent.local_front import front_app
+
+    run_sampling = {"temperature": options.temperature, "top_p": options.top_p}
+    app = front_app(server.base_url.removesuffix("/v1"), run_sampling)
+    front = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=options.port, log_level="warning"))
+    thread = threading.Thread(target=front.run, name="local-server-front", daemon=True)
+    thread.start()
+    while not front.started:  # it binds within a moment; a bind that fails ends the thread
+        if not thread.is_alive():
+            raise ServerError(f"the front could not listen on 127.0.0.1:{options.port}")
+        thread.join(0.05)
+    try:
+        yield f"http://127.0.0.1:{options.port}/v1"
+    finally:
+        front.should_exit = True
+        thread.join(10)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Serve a local model until Ctrl-C (or SIGTERM); print ``URL=...`` and ``MODEL=...`` once it answers. Exit
     status 0 when stopped so; 2 for a bad option (one line, before the server starts); 1 when the server exits on
@@ -369,14 +408,15 @@ def main(argv: list[str] | None = None) -> None:
     model_dir, log_path = _serve_inputs(options)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the server is stopped on the way out, as for Ctrl-C
     view = stable_view_dir(model_dir)  # the same MODEL name at every start
-    serving = transformers_serve(
-        model_dir, options.port, options.startup_timeout, log_path, not options.greedy, view_dir=view
-    )
+    # transformers serve on a port of its own, behind the front on --port (n, the sampling rule: local_front.py)
+    serving = transformers_serve(model_dir, None, options.startup_timeout, log_path, not options.greedy, view_dir=view)
     server = None
     try:
-        with serving as server:
-            print(f"URL={server.base_url}\nMODEL={server.model}", flush=True)
+        with serving as server, serving_front(server, options) as url:
+            print(f"URL={url}\nMODEL={server.model}", flush=True)
             print(f"[local_server] serving {model_dir} (log {server.log_path}); Ctrl-C stops it", file=sys.stderr)
+            run_sampling = {"temperature": options.temperature, "top_p": options.top_p}
+            print(f"[local_server] {describe_rule(run_sampling, 'this server')}", file=sys.stderr)
             code = server.process.wait()  # SIGTERM leaves here through sys.exit(0), Ctrl-C as KeyboardInterrupt
     except KeyboardInterrupt:  # while it starts or serves: the server was stopped on the way out
         sys.exit(0 if server is not None else 130)

@@ -21,6 +21,7 @@ from typing import Any
 from recurrent.atomic import write_atomic
 from recurrent.interface import Episode
 from recurrent.resume import SettingsMismatchError, check_settings, read_jsonl  # noqa: F401 (the run catches it)
+from recurrent.sampling import call_sampling
 
 FORMAT_VERSION = 1
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
@@ -163,8 +164,10 @@ def item_record(
     scores: dict[str, Any],
     gold: list[str],
     keep_trace: bool = False,
+    run_sampling: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The result line of one item (the context is never stored)."""
+    """The result line of one item (the context is never stored). ``run_sampling``: the run's, of which
+    ``sampling`` records what the item's calls were sent with (:func:`sampling_used`)."""
     history = session.history if session is not None else []
     answer = session.answer if session is not None and error is None else None
     record: dict[str, Any] = {
@@ -183,6 +186,7 @@ def item_record(
         "completion_tokens": sum(r.reply.completion_tokens for r in history),
         "truncated_turns": sum(r.reply.finish_reason == "length" for r in history),
         "seconds": round(seconds, 4),
+        "sampling": sampling_used(history, run_sampling or {}),
     }
     if session is not None:
         trace = session.trace()
@@ -193,3 +197,15 @@ def item_record(
             record["memories"] = trace.get("memories")
             record["trace"] = trace.get("turns")
     return record
+
+
+def sampling_used(history: list[Any], run_sampling: dict[str, Any]) -> list[dict[str, Any]]:
+    """The sampling the calls of an item were sent with, by the one rule of recurrent/sampling.py (the run's
+    values under each call's own): each distinct set once, with how many calls used it, in the order first used.
+    A paper agent's item reads ``[{"temperature": 0.7, "top_p": 0.95, "calls": N}]``."""
+    used: dict[str, dict[str, Any]] = {}
+    for record in history:
+        values = call_sampling(run_sampling, record.turn.sampling)
+        key = json.dumps(values, sort_keys=True)
+        used.setdefault(key, {**values, "calls": 0})["calls"] += 1
+    return list(used.values())

@@ -36,9 +36,17 @@ T = TypeVar("T")
 
 
 def item_record(
-    entry: cfg.ModelEntry, job: Job, keep_trace: bool, item: dict[str, Any], session: Any, error: Any, seconds: float
+    entry: cfg.ModelEntry,
+    job: Job,
+    keep_trace: bool,
+    sampling: dict[str, Any],
+    item: dict[str, Any],
+    session: Any,
+    error: Any,
+    seconds: float,
 ) -> dict[str, Any]:
-    """The results line of one finished item of ``job``: scored by the task's rule (a failed item counts 0)."""
+    """The results line of one finished item of ``job``: scored by the task's rule (a failed item counts 0);
+    ``sampling``: the run's (the line records what each call used of it and of its own)."""
     gold = scoring.golds(item)
     if error is None:
         final_prompt = cfg.method_agent(job.method)[1] or cfg.AGENT_ANSWER_FORMAT
@@ -57,6 +65,7 @@ def item_record(
         scores=scores,
         gold=gold,
         keep_trace=keep_trace,
+        run_sampling=sampling,
     )
 
 
@@ -86,7 +95,7 @@ async def run_model(
                     outcome = await run_items(
                         evalsets.iter_items(job.data, args.limit, set(job.pending), pool),
                         workflows[job.method],
-                        functools.partial(item_record, entry, job, args.trace),
+                        functools.partial(item_record, entry, job, args.trace, sampling),
                         client,
                         writer,
                         entry.concurrency,

@@ -87,6 +87,11 @@ def test_the_served_model_name_is_the_same_at_every_start(tiny_model_dir, tmp_pa
                 model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0
             )
             assert reply.choices[0].message.content is not None
+            if start == 0:  # n honoured, as in the harness, the endpoint and training (recurrent/local_front.py)
+                pair = client.chat.completions.create(
+                    model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=3, n=2, temperature=1.0
+                )
+                assert [choice.index for choice in pair.choices] == [0, 1]
             names.append(lines["MODEL"])
         finally:
             process.send_signal(signal.SIGTERM)
