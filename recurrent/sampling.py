@@ -82,12 +82,11 @@ MODEL_DISTRIBUTION = {"temperature": 1.0, "top_p": 1.0}
 def own_sampling(own: Mapping[str, Any]) -> dict[str, Any]:
     """A call's own sampling made whole by the one rule of every entry point (the harness, the endpoint, the local
     server, the quickstart, training): a call that sets ``temperature`` or ``top_p`` gets 1.0 for the other of the
-    two, never the run's value of it; a call that sets neither is returned as it is (the run's apply)."""
-    own = dict(own)
-    if any(own.get(name) is not None for name in CALL_FIELDS):
-        for name in CALL_FIELDS:
-            if own.get(name) is None:
-                own[name] = MODEL_DISTRIBUTION[name]
+    two, never the run's value of it; a call that sets neither is returned as it is (the run's apply). A value of
+    None is unset."""
+    own = {name: value for name, value in own.items() if value is not None}  # None: unset
+    if any(name in own for name in CALL_FIELDS):
+        own = {**MODEL_DISTRIBUTION, **own}
     return own
 
 
@@ -98,7 +97,8 @@ def call_sampling(run: Mapping[str, Any], own: Mapping[str, Any]) -> dict[str, A
 
 def describe_rule(run: Mapping[str, Any], whose: str) -> str:
     """The one line a run prints of its sampling: its values, whose they are, and what a call setting one gets."""
-    values = ", ".join(f"{name} {run[name]:g}" for name in CALL_FIELDS if run.get(name) is not None)
+    shown = {name: run.get(name) for name in CALL_FIELDS if run.get(name) is not None}
+    values = ", ".join(f"{name} {_show(v) if isinstance(v, int | float) else v}" for name, v in shown.items())
     return (
         f"sampling: {values} ({whose}) for calls that set neither temperature nor top_p; a call that sets one "
         "gets 1.0 for the other (docs/write_your_own_agent.md, 'Sampling of its own')"

@@ -38,6 +38,7 @@ def run(config: DictConfig) -> None:
     from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
 
+    from recurrent.sampling import describe_rule
     from verl_ext import engine_watch
     from verl_ext.cluster import cluster_address, drop_local_ray_settings
     from verl_ext.node_watch import LOSS_CONFIRM_S, NodeWatch, exit_on_node_lost
@@ -53,6 +54,9 @@ def run(config: DictConfig) -> None:
         )
     auto_set_device(config)
     preflight(config)
+    rollout = config.actor_rollout_ref.rollout
+    run_sampling = {"temperature": rollout.temperature, "top_p": rollout.top_p}
+    print(f"[memagent] {describe_rule(run_sampling, 'actor_rollout_ref.rollout: the paper trains at 1.0 and 1.0')}")
     joined = cluster_address(config, os.environ)
     dropped = drop_local_ray_settings(config, os.environ)
     if dropped:

@@ -30,6 +30,7 @@ from typing import Any
 
 from recurrent.atomic import os_error_remedy, os_error_text
 from recurrent.flags import SamplingOptions, from_args
+from recurrent.sampling import describe_rule
 from taskutils.memory_eval import config as cfg
 from taskutils.memory_eval import evalsets, results
 from taskutils.memory_eval.arguments import parse_args
@@ -113,6 +114,7 @@ def evaluate(args: argparse.Namespace) -> int:
             log.warning("no eval set for %d (task, length) pair(s), not run: %s", len(absent), ", ".join(absent))
         scanned: dict[tuple[Path, bool], tuple[list[Any], dict[Any, tuple[str, str]]]] = {}
         plans = [(entry, plan_jobs(entry, args, sampling, scanned)) for entry in entries]
+        log.info(describe_rule(sampling, "--temperature, --top-p: the paper's evaluation by default"))
     except (evalsets.EvalDataError, results.SettingsMismatchError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

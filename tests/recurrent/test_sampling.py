@@ -86,3 +86,27 @@ def test_the_argparse_type_parses_then_applies_the_rule():
     for name, text in (("top_p", "0"), ("temperature", "nan"), ("temperature", "inf"), ("n", "1.5"), ("n", "x")):
         with pytest.raises(argparse.ArgumentTypeError, match="must be"):
             argument(name)(text)
+
+
+def test_one_rule_makes_a_calls_own_sampling_whole():
+    from recurrent.sampling import call_sampling, own_sampling
+
+    run = {"temperature": 0.7, "top_p": 0.95, "seed": 3}
+    # sets neither: the run's for both (the paper's memory agent)
+    assert call_sampling(run, {}) == {"temperature": 0.7, "top_p": 0.95, "seed": 3}
+    assert call_sampling(run, {"top_k": 5}) == {"temperature": 0.7, "top_p": 0.95, "seed": 3, "top_k": 5}
+    # sets one: 1.0 for the other, never the run's
+    assert call_sampling(run, {"temperature": 0.2}) == {"temperature": 0.2, "top_p": 1.0, "seed": 3}
+    assert call_sampling(run, {"top_p": 0.5}) == {"temperature": 1.0, "top_p": 0.5, "seed": 3}
+    # sets both: its own; None counts as unset
+    assert call_sampling(run, {"temperature": 1.2, "top_p": 0.9}) == {"temperature": 1.2, "top_p": 0.9, "seed": 3}
+    assert own_sampling({"temperature": None}) == {} and call_sampling(run, {"top_p": None}) == run
+    assert call_sampling({"temperature": None, "top_p": 0.9}, {}) == {"top_p": 0.9}
+
+
+def test_the_rule_as_a_run_says_it():
+    from recurrent.sampling import describe_rule
+
+    line = describe_rule({"temperature": 1.0, "top_p": 1}, "actor_rollout_ref.rollout")
+    assert line.startswith("sampling: temperature 1, top_p 1 (actor_rollout_ref.rollout) for calls that set neither")
+    assert "a call that sets one gets 1.0 for the other" in line
