@@ -190,6 +190,8 @@ class CallRecorder:
         advance (the agent returns its reply; sync mode holds it for the last round). ``kind`` names the call in
         traces and training rows (default "call", "final" for a final one); ``meta``: more facts for them."""
         messages = [dict(message) for message in messages]  # the record keeps what was sent, not later edits
+        # the ids as they are now: a lockstep round reads them later, an agent's thread runs on meanwhile
+        prompt_ids = None if prompt_ids is None else list(prompt_ids)
         kind = kind if kind is not None else ANSWER_KIND if final else "call"
         meta = {"kind": kind, **(meta or {})}
         own = own_sampling(sampling)  # one rule everywhere (recurrent/sampling.py)
