@@ -64,7 +64,10 @@
 #   WARM_START      start from this warm-start folder (a Hugging Face folder, e.g. a variant built with
 #                   `python -m experiments.needle.warm_start --out DIR ...`) instead of the cached build [none]
 #   PYTHON          interpreter [the repo's .venv]
-# Extra arguments go to every RL run as hydra overrides.
+# Extra arguments go to every RL run as hydra overrides. Every value above is checked before any work (one line naming
+# the variable and its value, exit status 2), and so is every run folder: one that a training run still holds (one
+# of an earlier invocation, say) is named with the process holding it and what to do. A kill of this script, of its
+# process group too (kill -9 included), ends its RL runs within seconds (scripts/lib/stages.sh, pool_lifeline_open).
 #
 # Output: OUT_DIR/{data,eval_data}, OUT_DIR/runs/<policy>/ (train.log, metrics.jsonl, training.png,
 # memories.{csv,png}, checkpoints), OUT_DIR/policies.yaml (the evaluation's model table), OUT_DIR/results/ (the
@@ -75,8 +78,38 @@
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# Every environment value is checked before any work (a folder made, data built, a trainer started): a bad one stops
+# the script with one line naming the variable and its value, and exit status 2.
+# refuse NAME WHY: that line (the value quoted when it holds spaces or is empty).
+refuse() {
+  local value="${!1-}"
+  [[ "$value" =~ ^[^[:space:]\']+$ ]] || value="'$value'"
+  echo "$1=$value: $2" >&2
+  exit 2
+}
+# need_whole NAME MIN: NAME holds a whole number >= MIN (nine digits at most: bash's arithmetic stays exact).
+need_whole() { [[ "${!1}" =~ ^[0-9]{1,9}$ ]] && ((10#${!1} >= $2)) || refuse "$1" "a whole number >= $2"; }
+# need_words NAME WHAT ALLOWED [empty]: NAME holds words separated by spaces, each matching the regular expression
+# ALLOWED and none twice; at least one unless "empty" is given. WHAT says what a word is.
+need_words() {
+  local name="$1" what="$2" allowed="$3" word words seen=" "
+  read -r -a words <<< "${!name}"
+  ((${#words[@]})) || [[ "${4:-}" == empty ]] || refuse "$name" "empty; at least one is needed: $what"
+  for word in "${words[@]}"; do
+    [[ "$word" =~ ^($allowed)$ ]] || refuse "$name" "$word is not $what"
+    [[ "$seen" != *" $word "* ]] || refuse "$name" "$word twice"
+    seen+="$word "
+  done
+}
+# need_share NAME: NAME holds a share of the training documents, a number in [0, 1].
+need_share() {
+  [[ "${!1}" =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)$ ]] && awk -v x="${!1}" 'BEGIN { exit !(x <= 1) }' \
+    || refuse "$1" "a share of the training documents, a number in [0, 1]"
+}
 PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
+command -v "$PYTHON" > /dev/null || refuse PYTHON "no interpreter there (make setup builds the repository's .venv)"
 QUICK="${QUICK:-0}"
+[[ "$QUICK" == 0 || "$QUICK" == 1 ]] || refuse QUICK "0 (the full run) or 1 (toy size)"
 TASK="${TASK:-needle}"
 case "$TASK" in
   needle) DISTRACTORS="${DISTRACTORS:-0}" out_name=replicate_cpu all_lengths="1 2 4 8 16 32 64 128 256" ;;
@@ -116,25 +149,59 @@ fi
 # time than one two-rank run after another (docs/replication_cpu.md, "What it costs").
 NGPUS="${NGPUS:-1}"
 RL_PARALLEL="${RL_PARALLEL:-2}"
-if [[ ! "$RL_PARALLEL" =~ ^[1-9][0-9]*$ ]]; then echo "RL_PARALLEL=$RL_PARALLEL: a whole number >= 1" >&2; exit 2; fi
 LONG_DOCS="${LONG_DOCS:-32}"
+for name in STEPS ABLATION_STEPS EVAL_DOCS LONG_DOCS NGPUS RL_PARALLEL PARALLEL_MODELS; do need_whole "$name" 1; done
+need_words SEEDS "a whole number (an RL seed)" "[0-9]{1,9}"
+need_words ABLATION_SEEDS "a whole number (an RL seed)" "[0-9]{1,9}" empty
+need_words LENGTHS "a whole number >= 1 (an evaluation length in chunks)" "[1-9][0-9]{0,8}"
 # The lengths up to 64 chunks get EVAL_DOCS test documents, the longer ones LONG_DOCS.
 short_lengths=() long_lengths=()
 for n in $LENGTHS; do if ((n > 64)); then long_lengths+=("$n"); else short_lengths+=("$n"); fi; done
 LATE_START="${LATE_START:-0}"
 DECOY_START="${DECOY_START:-0}"
+need_share LATE_START
+need_share DECOY_START
+if ! awk -v a="$LATE_START" -v b="$DECOY_START" 'BEGIN { exit !(a + b <= 1) }'; then
+  echo "LATE_START=$LATE_START + DECOY_START=$DECOY_START: more than 1 (shares of the same training documents)" >&2
+  exit 2
+fi
 if [[ "$TASK" == choose && ( "$LATE_START" != 0 || "$DECOY_START" != 0 ) ]]; then
   echo "TASK=choose takes no LATE_START or DECOY_START" >&2
   exit 2
 fi
 ABLATIONS="${ABLATIONS-final_same_step final_token_mean}"
+# The credit variants an ablation can be: recurrent.credit's modes but the paper's (verl_ext/settings.py).
+variants="$(cd "$REPO" && "$PYTHON" -c 'from verl_ext.settings import CREDIT_MODES; print("|".join(CREDIT_MODES[1:]))')"
+need_words ABLATIONS "a credit variant (${variants//|/, })" "$variants" empty
+# Relative OUT_DIR and WARM_START are the caller's (read before the change of directory below).
+absolute() { if [[ "$1" == /* ]]; then echo "$1"; else echo "$PWD/$1"; fi; }
+OUT_DIR="$(absolute "$OUT_DIR")"
+[[ ! -e "$OUT_DIR" || -d "$OUT_DIR" ]] || refuse OUT_DIR "a file, not a folder"
+if [[ -n "${WARM_START:-}" ]]; then
+  WARM_START="$(absolute "$WARM_START")"
+  # A folder with a model's config, weights and tokenizer (the data stage reads its tokenizer, the RL runs start
+  # from it): recurrent/models.py, model_folder_problem.
+  if ! problem="$(cd "$REPO" && "$PYTHON" -m recurrent.models --check "$WARM_START" 2>&1)"; then
+    refuse WARM_START "${problem#"error: $WARM_START: "}"
+  fi
+fi
 # The run (and policy) name of a credit variant: final_same_step -> ablation-same-step.
 ablation_name() { local mode="${1#final_}"; echo "ablation-${mode//_/-}"; }
+# Every run, one line each: NAME STEPS OVERRIDES... (the RL seeds first, then the ablations).
+rl_jobs=()
+for seed in $SEEDS; do rl_jobs+=("rl-seed$seed $STEPS actor_rollout_ref.rollout.seed=$seed"); done
+for mode in $ABLATIONS; do
+  for seed in $ABLATION_SEEDS; do
+    rl_jobs+=("$(ablation_name "$mode")-seed$seed $ABLATION_STEPS actor_rollout_ref.rollout.seed=$seed recurrent.credit=$mode")
+  done
+done
+# No run folder held by another training run (a run of an earlier invocation that outlived it, or a second
+# invocation on the same OUT_DIR): named now, with the process that holds it, rather than after the data stages.
+source "$REPO/scripts/lib/session.sh"  # run_lock_free
+for job in "${rl_jobs[@]}"; do run_lock_free "$OUT_DIR/runs/${job%% *}/checkpoints" || exit 2; done
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 mkdir -p "$OUT_DIR/runs"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
-# A relative WARM_START is the caller's (read before the change of directory below).
-if [[ -n "${WARM_START:-}" && -d "$WARM_START" ]]; then WARM_START="$(cd "$WARM_START" && pwd)"; fi
 cd "$REPO"
 
 PIPELINE=replicate_cpu
@@ -151,7 +218,6 @@ say "task=$TASK distractors=$DISTRACTORS out=$OUT_DIR steps=$STEPS seeds=[$SEEDS
 # ---- 1. warm start (cached) --------------------------------------------------------------------------------------
 if [[ -n "${WARM_START:-}" ]]; then
   say "1/6 warm start: $WARM_START (WARM_START)"
-  [[ -f "$WARM_START/config.json" ]] || { say "WARM_START=$WARM_START: no model there (no config.json)"; exit 2; }
   WARM="$(cd "$WARM_START" && pwd)"
 else
   say "1/6 warm start (${warm_args[*]}): built once, then reused"
@@ -189,41 +255,48 @@ rl_run() {
   shift 2
   if [[ "$(last_step "$dir")" -ge "$steps" ]]; then say "   $name: done ($steps steps)"; return; fi
   say "   $name: $steps steps (from step $(last_step "$dir")); log: $dir/train.log"
-  timed "rl:$name" env TASK=needle MODEL="$WARM" DATA_DIR="$OUT_DIR/data" OUT_DIR="$dir" STEPS="$steps" NGPUS="$NGPUS" \
-    PYTHON="$PYTHON" bash "$REPO/scripts/train_tiny_cpu.sh" "$@" "${EXTRA[@]}" > "$dir.launcher.log" 2>&1 \
-    || { tail -n 20 "$dir.launcher.log"; exit 1; }
+  timed "rl:$name" launch_logged "$dir.launcher.log" env TASK=needle MODEL="$WARM" DATA_DIR="$OUT_DIR/data" \
+    OUT_DIR="$dir" STEPS="$steps" NGPUS="$NGPUS" PYTHON="$PYTHON" RUN_PARENT_LIFELINE_FD="${RUN_PARENT_LIFELINE_FD:-}" \
+    bash "$REPO/scripts/train_tiny_cpu.sh" "$@" "${EXTRA[@]}"
   grep -E "^step |^ +[0-9]+ " "$dir.launcher.log" | tail -n 3 || true
+}
+# launch_logged LOG CMD...: CMD's output into LOG; when it fails, why, before the stage's own line (timed): the
+# launcher's one-line refusals ("error: ...", e.g. a run folder another run holds), else the end of its log.
+launch_logged() {
+  local log="$1" rc=0
+  shift
+  "$@" > "$log" 2>&1 || rc=$?
+  ((rc)) || return 0
+  grep "^error: " "$log" >&2 || tail -n 20 "$log" >&2
+  return "$rc"
 }
 # Episodes that start late need the agent to read each row's initial memory (the column "memory" of the data).
 late_overrides=()
 [[ "$LATE_START" == 0 && "$DECOY_START" == 0 ]] || late_overrides=(recurrent.config.memory_key=memory)
 EXTRA=("${quick_overrides[@]}" "${late_overrides[@]}" "$@")
-# Every run, one line each: NAME STEPS OVERRIDES... (the RL seeds first, then the ablations).
-rl_jobs=()
-for seed in $SEEDS; do rl_jobs+=("rl-seed$seed $STEPS actor_rollout_ref.rollout.seed=$seed"); done
-for mode in $ABLATIONS; do
-  for seed in $ABLATION_SEEDS; do
-    rl_jobs+=("$(ablation_name "$mode")-seed$seed $ABLATION_STEPS actor_rollout_ref.rollout.seed=$seed recurrent.credit=$mode")
-  done
-done
+# (rl_jobs, every run of the invocation: made with the checks at the top.)
 # run_rl_jobs: the runs, RL_PARALLEL at a time (docs/replication_cpu.md, "What it costs"). Each runs in a process
 # group of its own (set -m), so that a signal to this script reaches it through on_signal (scripts/lib/stages.sh)
 # rather than being ignored, as it is by background jobs without job control. After a failed run no new run
 # starts; the ones running finish (each resumes on the next invocation), and the first failure's status is returned.
+# A kill of this script's own process group (kill -9 included) does not reach those groups: each run's supervisor
+# also watches a pipe whose only writer is this shell, and ends the run when this shell is gone (pool_lifeline_open,
+# scripts/lib/stages.sh).
 run_rl_jobs() {
   local job words rc=0 running=0
+  pool_lifeline_open "$OUT_DIR/runs"
   set -m
   for job in "${rl_jobs[@]}"; do
     while ((running >= RL_PARALLEL)); do reap_one; done
     ((rc == 0)) || break
     read -r -a words <<< "$job"
-    rl_run "${words[@]}" &
-    POOL_PIDS+=("$!")
+    pool_start rl_run "${words[@]}"
     running=$((running + 1))
   done
   while ((running > 0)); do reap_one; done
   set +m
   POOL_PIDS=()
+  pool_lifeline_close
   return "$rc"
 }
 # reap_one: wait for one of run_rl_jobs' runs to end; the first failure's status becomes its rc.

@@ -1,7 +1,7 @@
 # Sourced by the training launchers. A trainer runs in a session of its own with everything Ray starts in it
 # (daemons, workers, rollout servers), under scripts/lib/supervise.py, which ends that session when the launcher's
 # shell goes, however it goes (start_supervised, stop_supervised); end_session ends a session by pid (only processes
-# the launcher started); hold_run_lock keeps a second run off a run folder.
+# the launcher started); hold_run_lock keeps a second run off a run folder, run_lock_free asks whether one holds it.
 
 # This folder, absolute, as it is when sourced: the launchers may change directory before start_supervised.
 SESSION_LIB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -34,16 +34,28 @@ end_session() {
 hold_run_lock() {
   # hold_run_lock DIR: hold an exclusive lock on DIR (a checkpoint folder) for as long as this shell or a process it
   # started lives, so that two runs never write one folder; another run holding it stops this one with status 2,
-  # naming its pid. The lock (flock on DIR/.run.lock) goes with the last process that holds it, however it ends.
-  local dir="$1" holder
+  # naming the process that holds it, its command and what to do (scripts/lib/run_lock.py). The lock (flock on
+  # DIR/.run.lock) goes with the last process that holds it, however it ends.
+  local dir="$1"
   mkdir -p "$dir"
   exec {RUN_LOCK_FD}>>"$dir/.run.lock"  # appending: the holder's pid stays readable until the lock is ours
   if ! flock -n "$RUN_LOCK_FD"; then
-    holder="$(cat "$dir/.run.lock" 2>/dev/null || true)"
-    echo "error: $dir is in use by another training run (${holder:-pid unknown}); wait for it to end, or stop it" >&2
+    "${PYTHON:-python3}" "$SESSION_LIB_DIR/run_lock.py" "$dir" --exclude "$BASHPID" >&2
     exit 2
   fi
   printf 'pid %s on %s, started %s\n' "$$" "$(hostname)" "$(date '+%F %T')" > "$dir/.run.lock"
+}
+
+run_lock_free() {
+  # run_lock_free DIR: whether no run holds DIR's lock (hold_run_lock); when one does, its line goes to stderr. For
+  # a pipeline's check before any work (scripts/replicate_cpu.sh); takes nothing and creates nothing.
+  local dir="$1" fd
+  [[ -f "$dir/.run.lock" ]] || return 0
+  exec {fd}<"$dir/.run.lock"
+  if flock -n "$fd"; then exec {fd}<&-; return 0; fi
+  exec {fd}<&-
+  "${PYTHON:-python3}" "$SESSION_LIB_DIR/run_lock.py" "$dir" --exclude "$BASHPID" >&2
+  return 1
 }
 
 start_supervised() {
@@ -52,8 +64,11 @@ start_supervised() {
   # the session (COMMAND, Ray's processes) and removes each REMOVE_DIR once COMMAND ends or this shell is gone,
   # however it goes (kill -9 included): its lifeline is a FIFO this shell alone holds open. Sets SUPERVISOR_PID
   # (its session id); `wait "$SUPERVISOR_PID"` gives COMMAND's exit status; stop_supervised ends it early.
+  # RUN_PARENT_LIFELINE_FD (set by a pipeline that starts this launcher: scripts/replicate_cpu.sh): an inherited
+  # read end of a pipe whose writer is that pipeline; the supervisor ends the run when it closes too.
   local log="$1" fifo_dir; shift
-  local remove=()
+  local remove=() watch=()
+  [[ -z "${RUN_PARENT_LIFELINE_FD:-}" ]] || watch=(--watch-fd "$RUN_PARENT_LIFELINE_FD")
   while [[ $# -gt 0 && "$1" != "--" ]]; do remove+=(--remove "$1"); shift; done
   shift  # --
   fifo_dir="$(mktemp -d -t lifeline.XXXXXX)"
@@ -61,7 +76,7 @@ start_supervised() {
   exec {LIFELINE_FD}<>"$fifo_dir/fifo"  # read-write: opening does not wait for a reader
   # The supervisor and everything it starts must not hold the write end, or the lifeline would not close with us.
   setsid "${PYTHON:-python3}" "$SESSION_LIB_DIR/supervise.py" --lifeline "$fifo_dir/fifo" \
-    --log "$log" "${remove[@]}" --remove "$fifo_dir" -- "$@" {LIFELINE_FD}>&- &
+    --log "$log" ${watch[@]+"${watch[@]}"} "${remove[@]}" --remove "$fifo_dir" -- "$@" {LIFELINE_FD}>&- &
   SUPERVISOR_PID=$!
   SUPERVISOR_FIFO_DIR="$fifo_dir"
   SUPERVISOR_LOG="$log"

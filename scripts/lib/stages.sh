@@ -41,6 +41,29 @@ on_signal() {
   exit "$rc"
 }
 POOL_PIDS=()  # the process groups of stages run side by side (scripts/replicate_cpu.sh, run_rl_jobs)
+
+# Stages side by side are in process groups of their own, which a kill of this shell's group (kill -9 included: no
+# trap runs) does not reach. Their runs watch a pipe instead whose only writer is this shell: its read end is
+# RUN_PARENT_LIFELINE_FD (inherited; a supervised run ends when it closes: scripts/lib/session.sh, start_supervised),
+# its write end POOL_LIFELINE, closed in each stage's shell (pool_start), so that it closes with this shell.
+# pool_lifeline_open DIR: open both ends (a FIFO made in DIR and removed at once: nothing is left on disk).
+pool_lifeline_open() {
+  local fifo
+  fifo="$(mktemp -u "$1/.lifeline.XXXXXX")"
+  mkfifo "$fifo"
+  exec {POOL_LIFELINE}<>"$fifo" {RUN_PARENT_LIFELINE_FD}<"$fifo"  # read-write first: opening does not wait
+  rm -f "$fifo"
+}
+# pool_start CMD...: CMD in the background (in a process group of its own under set -m), without the write end.
+pool_start() {
+  { exec {POOL_LIFELINE}>&-; "$@"; } &
+  POOL_PIDS+=("$!")
+}
+# pool_lifeline_close: the pool is done: close both ends.
+pool_lifeline_close() {
+  exec {POOL_LIFELINE}>&- {RUN_PARENT_LIFELINE_FD}<&-
+  POOL_LIFELINE="" RUN_PARENT_LIFELINE_FD=""
+}
 trap 'on_signal 130' INT
 trap 'on_signal 143' TERM
 

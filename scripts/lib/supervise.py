@@ -1,6 +1,7 @@
 """Run a training command so that it dies with whatever started it (scripts/lib/session.sh, ``start_supervised``).
 
-    python scripts/lib/supervise.py --lifeline FIFO --log FILE [--remove DIR]... [--grace S] -- COMMAND...
+    python scripts/lib/supervise.py --lifeline FIFO --log FILE [--watch-fd N] [--remove DIR]... [--grace S] \
+        -- COMMAND...
 
 This process leads a session of its own (the launcher starts it with ``setsid``) and runs COMMAND in it; Ray's
 daemons and workers, started by the trainer, stay in that session too. So a signal to the launcher's process group
@@ -9,7 +10,10 @@ stop through the lifeline, a FIFO whose only writer is the launcher's shell. Whe
 went (an exit, a trap, ``kill -9`` of the shell or of its whole group), the FIFO reads end-of-file, and this
 process ends every other process of its session (TERM, then KILL after ``--grace`` seconds), removes the
 ``--remove`` folders (Ray's temporary folder) and exits. It does the same when COMMAND ends on its own, for what
-COMMAND left behind, and on SIGTERM/SIGINT/SIGHUP to itself.
+COMMAND left behind, and on SIGTERM/SIGINT/SIGHUP to itself. ``--watch-fd N``: a second lifeline, the read end of
+a pipe inherited as file descriptor N whose writer is whatever started the launcher (scripts/replicate_cpu.sh, for
+the runs it starts side by side in process groups of their own, which a kill of its own group does not reach): its
+end-of-file stops the run the same way.
 
 COMMAND's output (stdout and stderr) is appended to ``--log`` by this process, and copied to its own stdout while
 that can be written: the log keeps everything the trainer printed, also once the launcher's terminal or pipe is
@@ -97,14 +101,15 @@ def _raise_stop(signum: int, _frame: object) -> None:
 class Run:
     """COMMAND in this session, its output going to the log (and to our stdout while it can be written)."""
 
-    def __init__(self, command: list[str], log: Path, lifeline: int) -> None:
+    def __init__(self, command: list[str], log: Path, lifelines: list[int]) -> None:
         self.log = open(log, "ab")  # noqa: SIM115 (open for the life of the run)
         self.echo: int | None = sys.stdout.fileno()
-        self.lifeline = lifeline
+        self.lifelines = lifelines
         self.child: subprocess.Popen | None = None
         self.output_open = False
         self.selector = selectors.DefaultSelector()
-        self.selector.register(lifeline, selectors.EVENT_READ, "lifeline")
+        for lifeline in lifelines:
+            self.selector.register(lifeline, selectors.EVENT_READ, "lifeline")
         self.command = command
 
     def start(self) -> None:
@@ -129,7 +134,7 @@ class Run:
 
     def pump(self, timeout: float | None) -> None:
         """Copy COMMAND's output until it ends (every writer of the pipe gone) or ``timeout`` seconds pass. Raises
-        :class:`Stop` when the lifeline closes (the launcher is gone), while it is still watched."""
+        :class:`Stop` when a lifeline closes (the launcher, or what started it, is gone), while they are watched."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.output_open:
             left = None if deadline is None else deadline - time.monotonic()
@@ -137,9 +142,10 @@ class Run:
                 return
             for key, _ in self.selector.select(left):
                 if key.data == "lifeline":
-                    if os.read(self.lifeline, 4096) == b"":  # every writer closed it: the launcher is gone
-                        self.selector.unregister(self.lifeline)
-                        raise Stop(signal.SIGHUP, "the launcher is gone (its lifeline closed)")
+                    if os.read(key.fd, 4096) == b"":  # every writer closed it: the launcher is gone
+                        self.selector.unregister(key.fd)
+                        who = "the launcher is" if key.fd == self.lifelines[0] else "the launcher's parent pipeline is"
+                        raise Stop(signal.SIGHUP, f"{who} gone (its lifeline closed)")
                     continue
                 data = os.read(self.child.stdout.fileno(), 65536)
                 if not data:
@@ -152,8 +158,9 @@ class Run:
         """TERM every other process of this session, KILL those left after ``grace`` seconds, copying what they
         still print; returns what is alive after that (normally nothing). The trainer, our child, is reaped."""
         me, sid = os.getpid(), os.getsid(0)
-        with contextlib.suppress(KeyError, ValueError):
-            self.selector.unregister(self.lifeline)  # from here on, nothing stops the clean-up
+        for lifeline in self.lifelines:  # from here on, nothing stops the clean-up
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(lifeline)
         left = session_members(sid, me)
         for signum, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, KILL_WAIT_S)):
             for pid in left:
@@ -180,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lifeline", help="a FIFO the launcher holds open for writing")
     parser.add_argument("--log", type=Path, help="COMMAND's output is appended here")
     parser.add_argument(
+        "--watch-fd", type=int, default=None, help="an inherited read end of a pipe: its end-of-file stops the run too"
+    )
+    parser.add_argument(
         "--close-log", type=Path, help="no run: end this log with a 'killed' line if it has no last line"
     )
     parser.add_argument("--why", default="the supervisor was killed", help="with --close-log: how the run ended")
@@ -204,7 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a closed stdout is an error on write, handled in Run.write
     lifeline = os.open(args.lifeline, os.O_RDONLY | os.O_NONBLOCK)  # the launcher holds it open: no EOF yet
     os.unlink(args.lifeline)  # nothing else opens it
-    run = Run(command, args.log, lifeline)
+    lifelines = [lifeline]
+    if args.watch_fd is not None:  # (its readers share it: nothing is ever written, so readable means the end)
+        lifelines.append(args.watch_fd)
+    run = Run(command, args.log, lifelines)
     rc = 1
     try:
         run.start()

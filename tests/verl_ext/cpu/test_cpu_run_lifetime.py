@@ -118,6 +118,64 @@ def test_killing_the_launcher_stops_a_supervised_run_and_keeps_its_log(tmp_path,
     ]
 
 
+POOL = """
+set -euo pipefail
+PYTHON={python}
+PIPELINE=demo
+source {repo}/scripts/lib/stages.sh
+source {repo}/scripts/lib/session.sh
+launch() {{  # one run of the pool, launched as scripts/train_tiny_cpu.sh launches its trainer
+  start_supervised {tmp}/train.log {tmp}/scratch -- "$PYTHON" {tmp}/program.py
+  echo "session=$SUPERVISOR_PID"
+  wait "$SUPERVISOR_PID"
+}}
+pool_lifeline_open {tmp}
+set -m
+pool_start launch
+echo "pool=${{POOL_PIDS[0]}}"
+wait
+"""
+
+
+@pytest.mark.timeout(120)
+def test_killing_a_pipelines_group_stops_the_runs_it_started_side_by_side(tmp_path):
+    """scripts/replicate_cpu.sh starts its RL runs in process groups of their own (set -m: pool_start), out of reach
+    of a kill of its own group. Each run's supervisor also watches the pipeline's lifeline (RUN_PARENT_LIFELINE_FD):
+    kill -9 of the pipeline's group leaves the run's launcher alive, and the run stops all the same, its log saying
+    why. Without the watch, the run trained on to its end (an orphan holding its folder's lock)."""
+    (tmp_path / "scratch").mkdir()
+    (tmp_path / "program.py").write_text(PROGRAM)
+    (tmp_path / "pipeline.sh").write_text(POOL.format(python=sys.executable, repo=REPO, tmp=tmp_path))
+    out = tmp_path / "pipeline.out"
+    with open(out, "w") as stdout:
+        proc = subprocess.Popen(
+            ["bash", str(tmp_path / "pipeline.sh")], stdout=stdout, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    sid = None
+    try:
+        pool = int(wait_for("the pool's run", lambda: launcher_line(out, r"pool=(\d+)"), 60).group(1))
+        sid = int(wait_for("the supervisor's session", lambda: launcher_line(out, r"session=(\d+)"), 60).group(1))
+        worker = int(wait_for("the worker", lambda: launcher_line(tmp_path / "train.log", r"worker=(\d+)"), 60)[1])
+        assert os.getpgid(pool) == pool != proc.pid  # the run's launcher: a process group of its own
+        kill_launcher(proc, "group")
+        wait_for("the run's processes to be gone", lambda: not session_members(sid), 60)
+        wait_for("the run's launcher to end", lambda: not pid_alive(pool), 60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if sid is not None and session_members(sid):  # a run left behind (the failure above): end it here
+            os.kill(sid, signal.SIGTERM)
+    assert not pid_alive(worker) and not (tmp_path / "scratch").exists()
+    assert (tmp_path / "train.log").read_text().splitlines()[2:] == [
+        "[supervise] the launcher's parent pipeline is gone (its lifeline closed): stopping the trainer and its Ray "
+        "processes",
+        "the trainer got SIGTERM, after its launcher died",
+        "[supervise] done: exit status 129; no process of the run left",
+    ]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".lifeline")]  # the FIFO left nothing on disk
+
+
 def test_a_finished_command_leaves_nothing_and_gives_its_status(tmp_path):
     launcher = tmp_path / "launcher.sh"
     launcher.write_text(
@@ -241,7 +299,9 @@ def test_killing_the_launcher_stops_the_trainer_and_ray(tmp_path, how):
             timeout=120,
         )
         assert second.returncode == 2, second.stderr
-        assert f"error: {out_dir}/checkpoints is in use by another training run (pid {proc.pid} on " in second.stderr
+        # (the launcher's shell, named by the lock file, alive: the pid to stop; scripts/lib/run_lock.py)
+        said = f"error: {out_dir}/checkpoints is in use by another training run: pid {proc.pid} (bash {SCRIPT}) holds"
+        assert said in second.stderr and second.stderr.rstrip().endswith(f"or stop it: kill {proc.pid}")
         assert "train_tiny_cpu] task=" not in second.stdout  # it did not start
 
         kill_launcher(proc, how)
