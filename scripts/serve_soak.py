@@ -8,13 +8,16 @@ connection), and how soon the endpoint is idle once its clients leave.
 - ``calculator``: the calculator agent, whose model calls ``calculate`` on expressions that are hours of work
   unbounded; and the worst expression the calculator accepts, timed in this process;
 - ``connections``: an endpoint whose open-file limit is 1,024: connections that each send a 64 MiB header, then
-  1,100 idle connections held open at once;
+  1,100 idle connections held open at once, then 1,100 that each send a request's head and one byte of its body
+  (issue 63), against the default ``--max-uploads`` and against none (``--max-uploads`` past the connections, as
+  before issue 63);
 - ``reply``: an upstream whose every reply is 100 MiB.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import socket
@@ -231,7 +234,29 @@ def connections_phase(args: argparse.Namespace, logs: Path, tiny: Path) -> dict[
 
         idle_figures = measured(process.pid, port, args.soak_limit, idle)
         idle_figures["connections"] = get_json(f"http://127.0.0.1:{port}/health")["connections"]
-    return {"header_floods": flood, "idle_connections": idle_figures}
+    figures = {"header_floods": flood, "idle_connections": idle_figures}
+    for name, flags in (("stalled_bodies", []), ("stalled_bodies_unbounded", ["--max-uploads", "1000000"])):
+        with upstream_and_endpoint(logs / name, tiny, flags, open_files=1024) as (_, port, process):
+            figures[name] = measured(process.pid, port, args.soak_limit, lambda port=port: stalled_bodies(args, port))
+            figures[name]["connections"] = get_json(f"http://127.0.0.1:{port}/health")["connections"]
+    return figures
+
+
+def stalled_bodies(args: argparse.Namespace, port: int) -> dict[str, Any]:
+    """``--soak-idle`` connections that each send a chat request's head and one byte of its 1,000-byte body, held
+    5 s while /health is asked; how many of them the server answered 503 meanwhile."""
+    held = []
+    for _ in range(args.soak_idle):
+        with contextlib.suppress(OSError):  # refused or reset on arrival: counted as not held
+            held.append(raw_post(port, b"{", 1000))
+    time.sleep(5)  # held open while /health is asked
+    answered_503 = 0
+    for connection in held:
+        connection.setblocking(False)
+        with contextlib.suppress(OSError):  # nothing received: still held
+            answered_503 += connection.recv(16).startswith(b"HTTP/1.1 503")
+        connection.close()
+    return {"connections_made": len(held), "answered_503": answered_503}
 
 
 # ---- a 100 MiB upstream reply ----

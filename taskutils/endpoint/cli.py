@@ -197,6 +197,12 @@ class ServiceOptions:
         "open-file limit less what the server and its documents may open)",
         type=non_negative_int,
     )
+    max_uploads: int = flag(
+        0,
+        "connections sending a request's body at once; past it a new one has the oldest answered 503 and closed "
+        "(default 0: --max-documents + --max-queue)",
+        type=non_negative_int,
+    )
     server_key_env: str | None = flag(
         None, "environment variable holding a key clients must send (Bearer)", metavar="VAR"
     )
@@ -318,6 +324,7 @@ def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
         body_timeout=args.body_timeout,
         idle_timeout=args.idle_timeout,
         max_connections=args.max_connections or None,
+        max_uploads=args.max_uploads or None,
     )
 
 
@@ -326,7 +333,13 @@ def serve(args: argparse.Namespace, stop: _Stop) -> int:
     from recurrent.local_server import ServerError, transformers_serve
     from recurrent.models import ModelNotAvailableError, resolve_model_path
     from taskutils.endpoint.app import build_app
-    from taskutils.endpoint.connections import Connections, connection_bound, raise_open_file_limit, server_config
+    from taskutils.endpoint.connections import (
+        Connections,
+        connection_bound,
+        raise_open_file_limit,
+        server_config,
+        upload_bound,
+    )
     from taskutils.endpoint.service import MemAgentService
 
     log = logging.getLogger("taskutils.endpoint")
@@ -371,14 +384,16 @@ def serve(args: argparse.Namespace, stop: _Stop) -> int:
         except ValueError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
-        service.connections = Connections(connection_limits(args), bound)
+        uploads = upload_bound(connection_limits(args), args.max_documents, args.max_queue)
+        service.connections = Connections(connection_limits(args), bound, uploads)
         log.info(
-            "model %r: upstream %s (model %r); %s; at most %d connections",
+            "model %r: upstream %s (model %r); %s; at most %d connections, %d of them sending a body",
             settings.model,
             client.base_url,
             upstream_model,
             service.describe(),
             bound,
+            uploads,
         )
         config = server_config(
             build_app(service), service.connections, host=args.host, port=args.port, log_level=args.log_level,

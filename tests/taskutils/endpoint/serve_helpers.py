@@ -26,7 +26,7 @@ from threaded_http import serve_in_a_thread
 from recurrent.client import OpenAIChatClient
 from recurrent.local_server import free_port, wait_ready
 from taskutils.endpoint.app import build_app
-from taskutils.endpoint.connections import ConnectionLimits, Connections, connection_bound, server_config
+from taskutils.endpoint.connections import ConnectionLimits, Connections, connection_bound, server_config, upload_bound
 from taskutils.endpoint.service import MemAgentService
 from taskutils.endpoint.settings import ServeSettings
 
@@ -164,7 +164,11 @@ def served(
     port = free_port()
     app = build_app(service)
     s = service.settings
-    service.connections = Connections(limits, connection_bound(limits, s.max_documents, s.max_queue))
+    bounds = (
+        connection_bound(limits, s.max_documents, s.max_queue),
+        upload_bound(limits, s.max_documents, s.max_queue),
+    )
+    service.connections = Connections(limits, *bounds)
     options = {"host": "127.0.0.1", "port": port, "log_level": log_level, "log_config": None, "lifespan": "on"}
     config = server_config(app, service.connections, **options)
     server = uvicorn.Server(config)
