@@ -37,9 +37,9 @@ def shown(path: str) -> str:
         return path
 
 
-def location(error: BaseException, source: Callable[..., Any] | None) -> str | None:
+def location(error: BaseException, source: Callable[..., Any] | None, at_def: bool = True) -> str | None:
     """``file:line`` of ``error`` in the agent's file: the deepest frame there (through the errors it was raised
-    from), else the function's ``def`` line; None without a source."""
+    from), else (``at_def``) the function's ``def`` line; None without a source."""
     file = source_file(source)
     if file is None:
         return None
@@ -55,7 +55,7 @@ def location(error: BaseException, source: Callable[..., Any] | None) -> str | N
         if frames:
             return f"{shown(file)}:{frames[-1].lineno}"
         current = current.__cause__ or current.__context__
-    return f"{shown(file)}:{source.__code__.co_firstlineno}"  # type: ignore[union-attr]
+    return f"{shown(file)}:{source.__code__.co_firstlineno}" if at_def else None  # type: ignore[union-attr]
 
 
 def reason(error: BaseException) -> str:
@@ -69,9 +69,10 @@ def reason(error: BaseException) -> str:
     return text if len(text) <= MAX_CHARS else text[: MAX_CHARS - 3] + "..."
 
 
-def describe_failure(error: BaseException, source: Callable[..., Any] | None) -> str:
-    """``file:line: Type: message`` (``Type: message`` where the agent's file is unknown)."""
-    where = location(error, source)
+def describe_failure(error: BaseException, source: Callable[..., Any] | None, at_def: bool = True) -> str:
+    """``file:line: Type: message`` (``Type: message`` where the agent's file is unknown, or without ``at_def``
+    where no line of it raised)."""
+    where = location(error, source, at_def)
     return f"{where}: {reason(error)}" if where else reason(error)
 
 

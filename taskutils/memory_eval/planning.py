@@ -13,6 +13,7 @@ from typing import Any
 
 from recurrent.impls.memory import MemoryConfig
 from recurrent.interface import is_agent_file
+from recurrent.sampling import describe_rule
 from taskutils.memory_eval import config as cfg
 from taskutils.memory_eval import evalsets, results
 from taskutils.memory_eval.agents import agent_options, reads_context
@@ -96,6 +97,8 @@ def plan_jobs(
                 "task": task,
                 "length": length,
                 "sampling_applied": sampling_note(entry, args),
+                # settings' sampling is what a call that sets neither value uses; each line records what was used
+                "sampling_rule": describe_rule(sampling, "--temperature, --top-p"),
             }
             settings = settings_of(entry, method, sampling, agent_values)
             done = results.prepare(out, settings, info, args.retry_failed, args.overwrite)

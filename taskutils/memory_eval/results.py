@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 from recurrent.atomic import write_atomic
+from recurrent.failures import describe_failure
 from recurrent.interface import Episode
 from recurrent.resume import SettingsMismatchError, check_settings, read_jsonl  # noqa: F401 (the run catches it)
 from recurrent.sampling import call_sampling
@@ -165,9 +166,12 @@ def item_record(
     gold: list[str],
     keep_trace: bool = False,
     run_sampling: dict[str, Any] | None = None,
+    source: Callable[..., Any] | None = None,
 ) -> dict[str, Any]:
     """The result line of one item (the context is never stored). ``run_sampling``: the run's, of which
-    ``sampling`` records what the item's calls were sent with (:func:`sampling_used`)."""
+    ``sampling`` records what the item's calls were sent with (:func:`sampling_used`). ``source``: the agent's
+    function: a failure raised at a line of its file names that line in ``error``, as the preflight and training
+    do."""
     history = session.history if session is not None else []
     answer = session.answer if session is not None and error is None else None
     record: dict[str, Any] = {
@@ -180,7 +184,7 @@ def item_record(
         "gold": gold,
         "response": answer,
         **scores,
-        "error": None if error is None else f"{type(error).__name__}: {error}",
+        "error": None if error is None else describe_failure(error, source, at_def=False),
         "turns": len(history),
         "prompt_tokens": sum(r.reply.prompt_tokens for r in history),  # a failed item's turns too: paid for
         "completion_tokens": sum(r.reply.completion_tokens for r in history),

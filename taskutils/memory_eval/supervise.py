@@ -20,6 +20,7 @@ from tqdm import tqdm
 from recurrent.async_manager import cancel_and_wait
 from recurrent.client import OpenAIChatClient
 from recurrent.flags import ClientOptions, from_args
+from recurrent.interface import is_agent_file, load_register
 from recurrent.local_server import log_tail
 from recurrent.models import ModelNotAvailableError, load_tokenizer
 from recurrent.trace import TraceWriter
@@ -54,6 +55,8 @@ def item_record(
     else:
         scores = scoring.failed(job.task)
     return results.item_record(
+        # a user's agent file: its failures name their line (the built-in agents' lines are not the user's)
+        source=load_register(cfg.method_agent(job.method)[0]).source if is_agent_file(job.method) else None,
         item=item,
         task=job.task,
         length=job.length,
