@@ -26,10 +26,10 @@ import httpx2  # the HTTP library of the openai package (a hard dependency of it
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from recurrent.openai_route import MAX_COMPLETIONS  # the bound of n everywhere (OpenAI's too)
 from recurrent.sampling import CALL_FIELDS, SamplingError, call_sampling, check_value
 
 CHAT_PATH = "v1/chat/completions"
-MAX_N = 64  # completions of one request: each is a request to a CPU server, made at once
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding"}
 
 
@@ -51,8 +51,8 @@ def completions_of(body: dict[str, Any], run_sampling: dict[str, Any]) -> tuple[
     sampling made whole by the rule); :class:`FrontError` for a bad ``n``."""
     n = body.get("n")
     n = 1 if n is None else n
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
-        raise FrontError(400, f"n must be an integer in [1, {MAX_N}], got {n!r}")
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_COMPLETIONS:
+        raise FrontError(400, f"n must be an integer in [1, {MAX_COMPLETIONS}], got {n!r}")
     if n > 1 and body.get("stream"):
         raise FrontError(400, "n > 1 with stream: this server streams one completion at a time")
     own = {name: body[name] for name in CALL_FIELDS if body.get(name) is not None}

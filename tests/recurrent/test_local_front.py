@@ -10,7 +10,8 @@ import pytest
 from aiohttp import web
 from threaded_http import serve_in_a_thread
 
-from recurrent.local_front import MAX_N, front_app, merged
+from recurrent.local_front import front_app, merged
+from recurrent.openai_route import MAX_COMPLETIONS
 
 WAIT = 30.0
 
@@ -61,7 +62,7 @@ def test_n_completions_are_n_requests_and_one_answer_with_n_choices():
     # each of the three sent without n, at its own temperature and the rule's top_p 1.0; then one that set neither
     assert [("n" in s, s["temperature"], s["top_p"]) for s in seen] == [(False, 1.0, 1.0)] * 3 + [(False, 0.7, 0.95)]
     assert one.json()["choices"][0]["message"]["content"] == "reply 4"
-    assert bad.status_code == 400 and f"n must be an integer in [1, {MAX_N}], got 0" in bad.text
+    assert bad.status_code == 400 and f"n must be an integer in [1, {MAX_COMPLETIONS}], got 0" in bad.text
     assert streamed.status_code == 400 and "stream" in streamed.json()["error"]["message"]
     assert len(seen) == 4  # the refused ones never reached the model
     assert listed.json()["data"][0]["id"] == "m"  # everything else passes through
