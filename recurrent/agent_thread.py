@@ -42,7 +42,7 @@ from recurrent.interface import ChatClient, Episode, Reply, Turn
 MIN_DEADLINE_S = 0.1  # below it a deadline would fail every episode before its first reply could come
 # The default deadline of one evaluation item or served document (the harness's --item-timeout, the endpoint's
 # --document-timeout): the paper's longest document, 3.5M tokens, is 701 model calls at its 5,000-token chunks;
-# 4 h gives each 20 s, a 1,024-token memory update at 50 tokens/s (docs/serving.md, "Deadlines").
+# 4 h gives each 20 s, a 1,024-token memory update at 50 tokens/s (docs/architecture.md, "Where an agent's code runs").
 DOCUMENT_DEADLINE_S = 14_400.0
 
 

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from recurrent.agent_thread import Deadline, run_isolated
 from recurrent.async_manager import cancel_and_wait, check_finished
 from recurrent.interface import Episode, Reply, Turn
 
@@ -111,14 +112,23 @@ class _BarrierClient:
         return await self.send_turn(Turn(messages, max_tokens, prompt_ids), **sampling)
 
 
-async def run_lockstep(episodes: list[Episode], generate: Generate) -> LockstepRun:
-    """Run every episode to its end in lockstep rounds (see the module docstring)."""
+async def run_lockstep(
+    episodes: list[Episode], generate: Generate, deadline: Deadline | list[Deadline | None] | None = None
+) -> LockstepRun:
+    """Run every episode to its end in lockstep rounds (see the module docstring). With a ``deadline`` (training's:
+    verl_ext/trajectory_deadline.py; one for all, or one per episode), each agent's code runs on its own loop in a
+    worker thread, within it (recurrent/agent_thread.py: the calls it makes at once still reach the barrier
+    together)."""
+    deadlines = deadline if isinstance(deadline, list) else [deadline] * len(episodes)
     barrier = _Barrier(len(episodes))
     errors: list[Exception | None] = [None] * len(episodes)
 
     async def run_one(i: int) -> None:
         try:
-            await episodes[i].run(_BarrierClient(barrier, i))
+            if deadlines[i] is None:
+                await episodes[i].run(_BarrierClient(barrier, i))
+            else:
+                await run_isolated(episodes[i], _BarrierClient(barrier, i), deadline=deadlines[i])
             check_finished(episodes[i])  # the reward row must be the episode's last call
         except Exception as err:  # this episode's failure, not the batch's
             errors[i] = err

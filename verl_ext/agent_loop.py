@@ -36,5 +36,5 @@ class RecurrentAgentLoop(AgentLoopBase):
         rollout = AgentRollout.get(self.config, self.tokenizer)
         episode = await rollout.episode(kwargs)
         client = TokenClient(rollout, self.server_manager, request_id_for(kwargs), sampling_params)
-        await run_session(episode, client)
+        await run_session(episode, client, deadline=rollout.deadline)
         return rollout.outputs(episode, want_logprobs=bool(sampling_params.get("logprobs")))

@@ -108,7 +108,7 @@ async def run_episode(
                 raise result
             return result  # type: ignore[return-value]
         episode = await rollout.episode(sample)
-        await run_session(episode, TokenClient(rollout, server, "preflight", params))
+        await run_session(episode, TokenClient(rollout, server, "preflight", params), deadline=rollout.deadline)
         return rollout.outputs(episode, want_logprobs=bool(params.get("logprobs")))
     finally:
         REPLY_GATE.reset(gate)

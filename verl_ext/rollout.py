@@ -34,7 +34,7 @@ from recurrent.sampling import check_value
 from recurrent.templating import chat_prompt_ids
 from recurrent.tokens import end_token_ids
 from verl_ext.settings import RecurrentSettings, recurrent_settings
-from verl_ext.trajectory_deadline import TimedEpisode
+from verl_ext.trajectory_deadline import trajectory_deadline
 
 # What an agent may set on a call in training (docs/write_your_own_agent.md, "Sampling of its own"): the server
 # samples that call with it, and the row's log-probs are computed at its temperature. Anything else (seed, stop,
@@ -207,6 +207,8 @@ class AgentRollout:
         # Columns not copied into the stored rows (the memory agent's document).
         self.large_columns = register.large_columns_of(self.agent.config)
         self.end_ids = end_token_ids(tokenizer)
+        # Every trajectory's, in both modes (verl_ext/trajectory_deadline.py); None: no limit.
+        self.deadline = trajectory_deadline(settings.trajectory_timeout_s, settings.mode)
         # One thread builds episodes (a long document is tokenized there): off the event loop, never two at once.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="recurrent-episode")
 
@@ -225,13 +227,12 @@ class AgentRollout:
     # ---- episodes ----
 
     async def episode(self, sample: dict[str, Any]) -> Episode:
-        """The episode of one trajectory, built in the rollout's worker thread; within
-        ``recurrent.trajectory_timeout_s`` when set (verl_ext/trajectory_deadline.py)."""
+        """The episode of one trajectory, built in the rollout's worker thread; it runs within :attr:`deadline`
+        (verl_ext/trajectory_deadline.py)."""
         episode = await asyncio.get_running_loop().run_in_executor(self._executor, self.agent.episode, sample)
         if isinstance(episode, FunctionEpisode):  # a prompt it renders itself is held to the row's width
             episode.max_prompt_tokens = self.budgets.prompt_length
-        seconds, mode = self.settings.trajectory_timeout_s, self.settings.mode
-        return episode if seconds is None else TimedEpisode(episode, seconds, cancel_calls=mode == "async")
+        return episode
 
     def render(self, messages: list[dict[str, str]]) -> list[int]:
         """A call's messages as the policy sees them (:func:`recurrent.templating.chat_prompt_ids`); a prompt whose

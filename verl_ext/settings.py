@@ -13,6 +13,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from recurrent.agent_thread import deadline_seconds
+from verl_ext.trajectory_deadline import KEY as TRAJECTORY_TIMEOUT_KEY
+from verl_ext.trajectory_deadline import TRAJECTORY_DEADLINE_S
+
 ROLLOUT_MODES = ("async", "sync")
 # Optimizer updates per step (verl_ext/minibatch.py, docs/fidelity.md "Mini-batches").
 MINIBATCH_MODES = ("trajectory", "turn_major", "rows")
@@ -45,9 +49,9 @@ class RecurrentSettings:
     # them);
     # off by default: at the paper's scale they would triple a dump of ~7K-token rows.
     dump_token_ids: bool = False
-    # Seconds a trajectory's agent may run; past it the trajectory fails (verl_ext/trajectory_deadline.py). None:
-    # no limit, as verl's own agent loops.
-    trajectory_timeout_s: float | None = None
+    # Seconds a trajectory's agent may run, whatever it does; past it the trajectory fails
+    # (verl_ext/trajectory_deadline.py, where the default's reason is). None: no limit.
+    trajectory_timeout_s: float | None = TRAJECTORY_DEADLINE_S
     # The reward function's extra_info holds every call's messages and reply and the sample (verl_ext/
     # agent_loop_manager.py); off for the memory agent, whose calls hold its whole document.
     reward_trajectory: bool = True
@@ -80,9 +84,7 @@ class RecurrentSettings:
             raise ValueError(f"recurrent.single_trajectory must be one of {choices}, got {self.single_trajectory!r}")
         if self.replay_poll_interval_s is not None and not self.replay_poll_interval_s > 0:
             raise ValueError(f"recurrent.replay_poll_interval_s must be positive, got {self.replay_poll_interval_s}")
-        timeout = self.trajectory_timeout_s
-        if timeout is not None and not 0 < timeout < float("inf"):
-            raise ValueError(f"recurrent.trajectory_timeout_s must be a finite number of seconds > 0, got {timeout}")
+        deadline_seconds(self.trajectory_timeout_s, TRAJECTORY_TIMEOUT_KEY)  # a ValueError naming the key
 
 
 KNOWN_KEYS = {
@@ -111,7 +113,7 @@ def recurrent_settings(config: DictConfig | Any) -> RecurrentSettings:
     if unknown:
         raise ValueError(f"recurrent: has no key {', '.join(map(repr, unknown))}; its keys: {sorted(KNOWN_KEYS)}")
     poll = values.get("replay_poll_interval_s")
-    timeout = values.get("trajectory_timeout_s")
+    timeout = values.get("trajectory_timeout_s", TRAJECTORY_DEADLINE_S)
     return RecurrentSettings(
         agent=str(values.get("agent") or ""),
         agent_config=dict(values.get("config") or {}),
@@ -121,7 +123,7 @@ def recurrent_settings(config: DictConfig | Any) -> RecurrentSettings:
         replay_poll_interval_s=None if poll is None else float(poll),
         single_trajectory=str(values.get("single_trajectory", "warn")),
         dump_token_ids=bool(values.get("dump_token_ids", False)),
-        trajectory_timeout_s=None if timeout is None else float(timeout),
+        trajectory_timeout_s=deadline_seconds(timeout, TRAJECTORY_TIMEOUT_KEY),
         reward_trajectory=bool(values.get("reward_trajectory", True)),
         preflight_episode=bool(values.get("preflight_episode", True)),
     )

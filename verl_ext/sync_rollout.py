@@ -65,7 +65,7 @@ async def run_trajectories(
         prompt_ids = turn.prompt_ids if turn.prompt_ids is not None else rollout.render(turn.messages)
         return await rollout.call(server, request_id_for(sample), list(prompt_ids), turn.max_tokens, params)
 
-    run = await run_lockstep(episodes, generate)
+    run = await run_lockstep(episodes, generate, rollout.deadline)
     for j, (episode, error) in enumerate(zip(episodes, run.errors, strict=True)):
         i = running[j]
         if error is not None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
+from recurrent.agent_thread import DOCUMENT_DEADLINE_S, deadline_argument
 from recurrent.flags import ClientOptions, SamplingOptions, add_flags, flag, from_args
 from recurrent.impls.memory import FINAL_TEMPLATES
 from recurrent.options import (
@@ -145,7 +146,12 @@ class ServiceOptions:
     max_documents: int = flag(4, "documents in flight at once (default %(default)s)", type=positive_int)
     max_queue: int = flag(64, "documents waiting beyond those (%(default)s); more: 503", type=non_negative_int)
     queue_timeout: float = flag(0.0, "seconds a document may wait (0: no limit)", type=seconds)
-    document_timeout: float = flag(0.0, "seconds a document may run (0: no limit)", type=seconds)
+    document_timeout: float = flag(
+        DOCUMENT_DEADLINE_S,
+        "seconds a document may run, whatever its agent does (default %(default)g: the longest paper document at 20 s "
+        "a call; 0: no limit)",
+        type=deadline_argument,
+    )
     max_model_len: int = flag(
         0,
         "the model's context in tokens: a request's max_tokens over it is 400, and it caps a turn's timeout (default "

@@ -115,7 +115,7 @@ class MemAgentService:
                     raise ApiError(
                         504,
                         f"the document was not answered within {self.settings.document_timeout:g} s (the server's "
-                        f"document timeout), {doc.progress()}",
+                        f"--document-timeout), {doc.progress()}",
                         "server_error",
                         "document_timeout",
                     ) from None

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from recurrent.agent_thread import DOCUMENT_DEADLINE_S
 from recurrent.impls.memory import FINAL_TEMPLATES
 from taskutils.endpoint.questions import QUESTION_MODES
 from taskutils.endpoint.spool import MAX_REQUEST_BYTES, SPOOL_BYTES
@@ -43,7 +44,9 @@ class ServeSettings:
     max_documents: int = 4  # documents in flight (each has at most one upstream request at a time)
     max_queue: int = 64  # documents waiting for a slot; beyond that: 503
     queue_timeout: float | None = None  # seconds a document may wait for a slot; None: as long as its client
-    document_timeout: float | None = None  # seconds a document may run; None: no limit
+    # Seconds a document may run, whatever its agent does (its code runs in a thread of its own:
+    # recurrent/agent_thread.py); None: no limit.
+    document_timeout: float | None = DOCUMENT_DEADLINE_S
     shutdown_grace: float = 30.0  # seconds documents in flight get to finish after SIGTERM
     keepalive: float | None = 15.0  # seconds between SSE comments while a streamed document reads; None: none
     spool_bytes: int = SPOOL_BYTES  # a longer request body is held on disk (docs/serving.md, "Long requests")

@@ -54,7 +54,7 @@ def test_an_item_whose_agent_blocks_its_thread_is_recorded_as_failed_naming_the_
 def test_the_item_timeout_is_on_by_default_finite_and_documented(tmp_path):
     args = parse_args(["--data-dir", str(tmp_path), "--results-dir", str(tmp_path / "r")])
     assert args.item_timeout == DOCUMENT_DEADLINE_S == 14_400 and math.isfinite(args.item_timeout)
-    readme = (REPO / "taskutils" / "memory_eval" / "README.md").read_text()
+    readme = " ".join((REPO / "taskutils" / "memory_eval" / "README.md").read_text().split())
     assert "`--item-timeout` seconds bound an item's whole run" in readme and "(default 14400 s" in readme
     off = parse_args(["--data-dir", str(tmp_path), "--results-dir", str(tmp_path / "r"), "--item-timeout", "0"])
     assert off.item_timeout == 0  # the documented way to turn it off
