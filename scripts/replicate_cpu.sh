@@ -195,17 +195,28 @@ for mode in $ABLATIONS; do
     rl_jobs+=("$(ablation_name "$mode")-seed$seed $ABLATION_STEPS actor_rollout_ref.rollout.seed=$seed recurrent.credit=$mode")
   done
 done
-# No run folder held by another training run (a run of an earlier invocation that outlived it, or a second
-# invocation on the same OUT_DIR): named now, with the process that holds it, rather than after the data stages.
+PIPELINE=replicate_cpu
+source "$REPO/scripts/lib/stages.sh"  # say, timed, last_step, record_run, record_total, pool_*
 source "$REPO/scripts/lib/session.sh"  # run_lock_free
-for job in "${rl_jobs[@]}"; do run_lock_free "$OUT_DIR/runs/${job%% *}/checkpoints" || exit 2; done
+for job in "${rl_jobs[@]}"; do
+  read -r name steps _ <<< "$job"
+  # A run that trained past the steps asked counts as done, and the evaluation reads its checkpoint of those steps:
+  # one it did not keep (a checkpoint every save_freq steps) would fail there, after every other stage.
+  done_steps="$(last_step "$OUT_DIR/runs/$name")"
+  if ((done_steps > steps)) && [[ ! -d "$OUT_DIR/runs/$name/checkpoints/global_step_$steps/actor/huggingface" ]]; then
+    variable=STEPS
+    [[ "$name" != ablation-* ]] || variable=ABLATION_STEPS
+    refuse "$variable" "runs/$name in OUT_DIR trained $done_steps steps and kept no checkpoint of step $steps to \
+evaluate ($variable=$done_steps evaluates its last one)"
+  fi
+  # No run folder held by another training run (a run of an earlier invocation that outlived it, or a second
+  # invocation on the same OUT_DIR): named now, with the process that holds it, rather than after the data stages.
+  run_lock_free "$OUT_DIR/runs/$name/checkpoints" || exit 2
+done
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 mkdir -p "$OUT_DIR/runs"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
 cd "$REPO"
-
-PIPELINE=replicate_cpu
-source "$REPO/scripts/lib/stages.sh"  # say, timed, last_step, record_run, record_total
 
 # What ran, for the report (docs/replication_cpu.md): the settings that shape the experiment and the command line.
 record_run "TASK=$TASK CHOOSE_RECIPE=$CHOOSE_RECIPE DISTRACTORS=$DISTRACTORS QUICK=$QUICK STEPS=$STEPS SEEDS='$SEEDS' ABLATIONS='$ABLATIONS'" \

@@ -123,3 +123,36 @@ def test_a_missing_warm_start_folder_is_named(tmp_path):
     said = refused(run_script({"QUICK": "1", "OUT_DIR": str(tmp_path / "run"), "WARM_START": str(tmp_path / "x")}))
     assert said == f"WARM_START={tmp_path / 'x'}: no such folder"
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("run", "env", "variable"),
+    [
+        ("rl-seed0", {"STEPS": "7"}, "STEPS"),
+        (
+            "ablation-same-step-seed0",
+            {"ABLATIONS": "final_same_step", "ABLATION_SEEDS": "0", "ABLATION_STEPS": "3"},
+            "ABLATION_STEPS",
+        ),
+    ],
+)
+def test_a_run_past_the_steps_asked_without_their_checkpoint_is_refused(tiny_model_dir, tmp_path, run, env, variable):
+    """A run folder that trained 30 steps, checkpoints every 5 (kept: 25 and 30), asked for fewer: RL counted it done
+    and the evaluation then failed on the missing global_step_N, after every other stage."""
+    out = tmp_path / "run"
+    checkpoints = out / "runs" / run / "checkpoints"
+    for step in (25, 30):
+        (checkpoints / f"global_step_{step}" / "actor" / "huggingface").mkdir(parents=True)
+    (checkpoints / "latest_checkpointed_iteration.txt").write_text("30")
+    (out / "data").write_text("")  # were it not refused, the data stage would fail at once (no minutes of work)
+    asked = env[variable]
+    said = refused(run_script({"QUICK": "1", "SEEDS": "0", **env, "OUT_DIR": str(out), "WARM_START": tiny_model_dir}))
+    assert said == (
+        f"{variable}={asked}: runs/{run} in OUT_DIR trained 30 steps and kept no checkpoint of step {asked} to "
+        f"evaluate ({variable}=30 evaluates its last one)"
+    )
+    assert not (out / "run.jsonl").exists() and not (out / "timing.jsonl").exists()
+    # a step it kept is evaluated as it is: the same command goes past the check (to the data stage, which fails)
+    env[variable] = "25"
+    done = run_script({"QUICK": "1", "SEEDS": "0", **env, "OUT_DIR": str(out), "WARM_START": tiny_model_dir})
+    assert "kept no checkpoint" not in done.stderr and "2/6 data" in done.stdout
