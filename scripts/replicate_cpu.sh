@@ -295,7 +295,7 @@ EXTRA=("${quick_overrides[@]}" "${late_overrides[@]}" "$@")
 # scripts/lib/stages.sh).
 run_rl_jobs() {
   local job words rc=0 running=0
-  pool_lifeline_open "$OUT_DIR/runs"
+  pool_lifeline_open "$OUT_DIR" || return
   set -m
   for job in "${rl_jobs[@]}"; do
     while ((running >= RL_PARALLEL)); do reap_one; done

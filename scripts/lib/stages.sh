@@ -50,7 +50,7 @@ POOL_PIDS=()  # the process groups of stages run side by side (scripts/replicate
 pool_lifeline_open() {
   local fifo
   fifo="$(mktemp -u "$1/.lifeline.XXXXXX")"
-  mkfifo "$fifo"
+  mkfifo "$fifo" || return
   exec {POOL_LIFELINE}<>"$fifo" {RUN_PARENT_LIFELINE_FD}<"$fifo"  # read-write first: opening does not wait
   rm -f "$fifo"
 }
