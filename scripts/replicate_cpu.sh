@@ -87,8 +87,11 @@ refuse() {
   echo "$1=$value: $2" >&2
   exit 2
 }
-# need_whole NAME MIN: NAME holds a whole number >= MIN (nine digits at most: bash's arithmetic stays exact).
-need_whole() { [[ "${!1}" =~ ^[0-9]{1,9}$ ]] && ((10#${!1} >= $2)) || refuse "$1" "a whole number >= $2"; }
+# A whole number as the trainer and the folder names read it: no sign, no leading zero (global_step_8, not _08),
+# nine digits at most (bash's arithmetic stays exact).
+WHOLE="0|[1-9][0-9]{0,8}"
+# need_whole NAME MIN: NAME holds a whole number >= MIN.
+need_whole() { [[ "${!1}" =~ ^($WHOLE)$ ]] && ((${!1} >= $2)) || refuse "$1" "a whole number >= $2"; }
 # need_words NAME WHAT ALLOWED [empty]: NAME holds words separated by spaces, each matching the regular expression
 # ALLOWED and none twice; at least one unless "empty" is given. WHAT says what a word is.
 need_words() {
@@ -151,8 +154,8 @@ NGPUS="${NGPUS:-1}"
 RL_PARALLEL="${RL_PARALLEL:-2}"
 LONG_DOCS="${LONG_DOCS:-32}"
 for name in STEPS ABLATION_STEPS EVAL_DOCS LONG_DOCS NGPUS RL_PARALLEL PARALLEL_MODELS; do need_whole "$name" 1; done
-need_words SEEDS "a whole number (an RL seed)" "[0-9]{1,9}"
-need_words ABLATION_SEEDS "a whole number (an RL seed)" "[0-9]{1,9}" empty
+need_words SEEDS "a whole number (an RL seed)" "$WHOLE"
+need_words ABLATION_SEEDS "a whole number (an RL seed)" "$WHOLE" empty
 need_words LENGTHS "a whole number >= 1 (an evaluation length in chunks)" "[1-9][0-9]{0,8}"
 # The lengths up to 64 chunks get EVAL_DOCS test documents, the longer ones LONG_DOCS.
 short_lengths=() long_lengths=()

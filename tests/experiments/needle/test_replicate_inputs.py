@@ -26,6 +26,8 @@ CASES = {  # the environment, the line (each written out by hand)
     "STEPS=-1": ({"STEPS": "-1"}, "STEPS=-1: a whole number >= 1"),
     "STEPS=0": ({"STEPS": "0"}, "STEPS=0: a whole number >= 1"),
     "STEPS too long": ({"STEPS": "1" * 10}, f"STEPS={'1' * 10}: a whole number >= 1"),
+    "STEPS leading zero": ({"STEPS": "08"}, "STEPS=08: a whole number >= 1"),
+    "SEEDS leading zero": ({"SEEDS": "0 01"}, "SEEDS='0 01': 01 is not a whole number (an RL seed)"),
     "ABLATION_STEPS": ({"ABLATION_STEPS": "2.5"}, "ABLATION_STEPS=2.5: a whole number >= 1"),
     "LENGTHS=0": ({"LENGTHS": "0"}, "LENGTHS=0: 0 is not a whole number >= 1 (an evaluation length in chunks)"),
     "LENGTHS word": (
