@@ -112,16 +112,23 @@ _INSTALLED = tuple(
 _HERE = os.path.realpath(__file__)
 
 
-def agent_position(thread: threading.Thread) -> str | None:
-    """Where ``thread`` runs now: its innermost frame outside Python, the installed packages and this module (the
-    agent's line, under a ``time.sleep`` or an ``Event.wait``), or None when it only waits in its event loop."""
+def agent_frame(thread: threading.Thread) -> tuple[str, int, str] | None:
+    """Where ``thread`` runs now, as (file, line, function): its innermost frame outside Python, the installed
+    packages and this module (the agent's line, under a ``time.sleep`` or an ``Event.wait``), or None when it only
+    waits in its event loop."""
     frame = sys._current_frames().get(thread.ident or -1)
     while frame is not None:
         file = os.path.realpath(frame.f_code.co_filename)
         if not frame.f_code.co_filename.startswith("<") and not file.startswith(_INSTALLED) and file != _HERE:
-            return f"{shown(file)}:{frame.f_lineno} (in {frame.f_code.co_name})"
+            return file, frame.f_lineno, frame.f_code.co_name
         frame = frame.f_back
     return None
+
+
+def agent_position(thread: threading.Thread) -> str | None:
+    """:func:`agent_frame` as ``file:line (in function)``, the file as its user reads it."""
+    found = agent_frame(thread)
+    return None if found is None else f"{shown(found[0])}:{found[1]} (in {found[2]})"
 
 
 def _copy_outcome(task: asyncio.Future[Any], future: concurrent.futures.Future[Any]) -> None:
@@ -235,18 +242,21 @@ class _IsolatedRun:
     def deadline_error(self) -> AgentDeadlineError:
         assert self.deadline is not None
         calls = len(self.episode.history)
-        where = agent_position(self.thread) if self.thread is not None else None
+        frame = agent_frame(self.thread) if self.thread is not None and not self.in_flight else None
         if self.in_flight:
             at = "; it was waiting on a model call"
-        elif where is not None:
-            at = f"; it was at {where}, its thread left to stop on its own"
+        elif frame is not None:
+            at = f"; it was at {shown(frame[0])}:{frame[1]} (in {frame[2]}), its thread left to stop on its own"
         else:
             at = ""
         what = f" {self.deadline.what}" if self.deadline.what else ""
-        return self.deadline.error(
+        error = self.deadline.error(
             f"the agent did not finish{what} within {self.deadline.seconds:g} s ({self.deadline.key}), "
             f"after {calls} model call{'s' * (calls != 1)}{at}"
         )
+        if frame is not None:  # a one-line failure is named at the agent's line (recurrent/failures.py, location)
+            error.call_sites = [[frame[:2]]]  # type: ignore[attr-defined]
+        return error
 
     def fail(self, error: BaseException) -> None:
         if not self.done.done():

@@ -25,6 +25,7 @@ from typing import Any
 from omegaconf import DictConfig
 from verl.workers.rollout.replica import TokenOutput
 
+from recurrent.agent_thread import Deadline
 from recurrent.async_manager import run_session
 from recurrent.failures import describe_failure, shown
 from recurrent.functions import REPLY_GATE
@@ -32,9 +33,11 @@ from verl_ext.held_replies import ReplyGate
 from verl_ext.rollout import AgentRollout, Budgets, RowOutput, TokenClient
 from verl_ext.settings import RecurrentSettings
 from verl_ext.sync_rollout import Trajectory, run_trajectories
+from verl_ext.trajectory_deadline import TrajectoryTimeoutError
 
 SCRIPTED_REPLY = "The answer is \\boxed{0}."
 TIMEOUT_S = 120.0  # an episode against a scripted model; the agent's own tools take what they take
+TIMEOUT_KEY = "the preflight's bound on a trial episode"
 
 
 class ScriptedServer:
@@ -125,6 +128,14 @@ def run_in_own_loop(coroutine: Any) -> Any:
         return pool.submit(asyncio.run, coroutine).result()
 
 
+def trial_deadline(run: Deadline | None, mode: str) -> Deadline:
+    """The trial episode's deadline: the run's ``recurrent.trajectory_timeout_s`` where it is shorter than
+    :data:`TIMEOUT_S`, else that bound (the agent's code runs in its own thread: it holds whatever the code does)."""
+    if run is not None and run.seconds <= TIMEOUT_S:
+        return run
+    return Deadline(TIMEOUT_S, TIMEOUT_KEY, "its trial episode", mode == "async", TrajectoryTimeoutError)
+
+
 def probe_problem(config: DictConfig, settings: RecurrentSettings, tokenizer: Any, budgets: Budgets) -> str | None:
     """The one-line problem of the agent's trial episode on the first training sample, then of the run's reward
     function on its rows (verl_ext/trial_reward.py), or None when both ran."""
@@ -139,12 +150,10 @@ def probe_problem(config: DictConfig, settings: RecurrentSettings, tokenizer: An
         f"(agent {name!r}, its trial episode before the launch: the first sample of {shown(str(first))} against a "
         f"scripted model, in {settings.mode} mode; recurrent.preflight_episode=false skips it)"
     )
-    episode = asyncio.wait_for(run_episode(rollout, settings.mode, sample, rollout_sampling(config)), TIMEOUT_S)
+    rollout.deadline = trial_deadline(rollout.deadline, settings.mode)
     try:
-        outputs = run_in_own_loop(episode)
-    except TimeoutError:
-        return f"the episode did not finish in {TIMEOUT_S:.0f} s {trial}"
-    except Exception as err:
+        outputs = run_in_own_loop(run_episode(rollout, settings.mode, sample, rollout_sampling(config)))
+    except Exception as err:  # a deadline's too: named at the line the agent was at
         return f"{describe_failure(err, rollout.source)} {trial}"
     from verl_ext.trial_reward import trial_reward_problem
 

@@ -176,11 +176,32 @@ def preflight(config: DictConfig, load_tokenizer: bool = True) -> None:
         with open_dict(config):
             config.actor_rollout_ref.model.path = model_path  # workers load the same local folder
     if settings.agent:
-        problems += agent_problems(config, settings, model_path if load_tokenizer else None, required)
-    if not problems and settings.agent and settings.preflight_episode and model_path is not None and load_tokenizer:
-        problems += episode_problems(config, settings, model_path)
+        problems += held_agent_problems(config, settings, model_path, load_tokenizer, required, bool(problems))
     if problems:
         raise PreflightError("the run cannot start:\n  - " + "\n  - ".join(problems))
+
+
+def held_agent_problems(
+    config: DictConfig,
+    settings: RecurrentSettings,
+    model_path: str | None,
+    load_tokenizer: bool,
+    required: dict[str, str],
+    others: bool,
+) -> list[str]:
+    """The agent's checks (:func:`agent_problems`), then, when neither they nor the run's ``others`` found a
+    problem, its trial episode; the agent's code runs from here on, held whatever it does (verl_ext/agent_guard.py:
+    its first import bounded, ``os._exit`` refused)."""
+    from verl_ext.agent_guard import exits_refused, import_problem
+
+    with exits_refused():
+        stuck = import_problem(settings.agent)
+        if stuck is not None:
+            return [stuck]
+        problems = agent_problems(config, settings, model_path if load_tokenizer else None, required)
+        if not problems and not others and settings.preflight_episode and model_path is not None and load_tokenizer:
+            problems += episode_problems(config, settings, model_path)
+    return problems
 
 
 @functools.lru_cache(maxsize=4)
