@@ -126,9 +126,10 @@ case "$TASK:$CHOOSE_RECIPE" in
   choose:*) echo "CHOOSE_RECIPE=$CHOOSE_RECIPE: one of choice, recall" >&2; exit 2 ;;
   *) echo "CHOOSE_RECIPE=$CHOOSE_RECIPE is a recipe of the choosing task (TASK=choose)" >&2; exit 2 ;;
 esac
-if [[ ! "$DISTRACTORS" =~ ^[0-9]+$ ]] || { [[ "$TASK" == choose ]] && ((DISTRACTORS < 1)); }; then
-  echo "DISTRACTORS=$DISTRACTORS: the choosing task needs a whole number >= 1" >&2
-  exit 2
+if [[ "$TASK" == choose ]]; then
+  [[ "$DISTRACTORS" =~ ^($WHOLE)$ ]] && ((DISTRACTORS >= 1)) || refuse DISTRACTORS "the choosing task needs a whole number >= 1"
+else
+  need_whole DISTRACTORS 0
 fi
 if [[ "$QUICK" == 1 ]]; then
   OUT_DIR="${OUT_DIR:-$REPO/.cache/${out_name}_quick}"
@@ -174,7 +175,8 @@ if [[ "$TASK" == choose && ( "$LATE_START" != 0 || "$DECOY_START" != 0 ) ]]; the
 fi
 ABLATIONS="${ABLATIONS-final_same_step final_token_mean}"
 # The credit variants an ablation can be: recurrent.credit's modes but the paper's (verl_ext/settings.py).
-variants="$(cd "$REPO" && "$PYTHON" -c 'from verl_ext.settings import CREDIT_MODES; print("|".join(CREDIT_MODES[1:]))')"
+variants="$(cd "$REPO" && "$PYTHON" -c 'from verl_ext.settings import CREDIT_MODES; print("|".join(CREDIT_MODES[1:]))' \
+  2> /dev/null)" || refuse PYTHON "cannot import the repository's packages with it (verl_ext.settings)"
 need_words ABLATIONS "a credit variant (${variants//|/, })" "$variants" empty
 # Relative OUT_DIR and WARM_START are the caller's (read before the change of directory below).
 absolute() { if [[ "$1" == /* ]]; then echo "$1"; else echo "$PWD/$1"; fi; }

@@ -56,6 +56,15 @@ CASES = {  # the environment, the line (each written out by hand)
         "LATE_START=0.6 + DECOY_START=.5: more than 1 (shares of the same training documents)",
     ),
     "PYTHON": ({"PYTHON": "/no/such/python"}, "PYTHON=/no/such/python: no interpreter there (make setup builds the"),
+    "PYTHON without the packages": (
+        {"PYTHON": "/usr/bin/false"},
+        "PYTHON=/usr/bin/false: cannot import the repository's packages with it (verl_ext.settings)",
+    ),
+    "DISTRACTORS": ({"DISTRACTORS": "-1"}, "DISTRACTORS=-1: a whole number >= 0"),
+    "DISTRACTORS of the choosing task": (
+        {"TASK": "choose", "DISTRACTORS": "03"},
+        "DISTRACTORS=03: the choosing task needs a whole number >= 1",
+    ),
 }
 
 
