@@ -235,7 +235,10 @@ def connections_phase(args: argparse.Namespace, logs: Path, tiny: Path) -> dict[
         idle_figures = measured(process.pid, port, args.soak_limit, idle)
         idle_figures["connections"] = get_json(f"http://127.0.0.1:{port}/health")["connections"]
     figures = {"header_floods": flood, "idle_connections": idle_figures}
-    for name, flags in (("stalled_bodies", []), ("stalled_bodies_unbounded", ["--max-uploads", "1000000"])):
+    for name, flags in (
+        ("stalled_bodies", []),
+        ("stalled_bodies_unbounded", ["--max-uploads", "100000", "--max-connections", "908"]),
+    ):
         with upstream_and_endpoint(logs / name, tiny, flags, open_files=1024) as (_, port, process):
             figures[name] = measured(process.pid, port, args.soak_limit, lambda port=port: stalled_bodies(args, port))
             figures[name]["connections"] = get_json(f"http://127.0.0.1:{port}/health")["connections"]

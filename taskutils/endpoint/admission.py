@@ -24,6 +24,10 @@ from taskutils.endpoint.spool import Spools
 
 log = logging.getLogger("taskutils.endpoint")
 
+# Progress events a stream may hold that its writer has not taken: once its client stops reading, the connection's
+# buffers fill, the writer stops taking events, and the document's next upstream call waits (Document.paced).
+STREAM_AHEAD = 2
+
 
 @dataclass(eq=False)  # identity: documents live in a set
 class Document:
@@ -49,6 +53,8 @@ class Document:
     # Set when the task is cancelled: the work it handed to a thread (parsing, tokenizing) stops at its next check.
     stop: threading.Event = field(default_factory=threading.Event)
     parse: Callable[[Spools, threading.Event], ChatRequest] | None = None  # a long request's, until it is parsed
+    taken: asyncio.Event = field(default_factory=asyncio.Event)  # set each time the stream's writer takes an event
+    waiting_for_reader: bool = False  # its next upstream call waits for its stream's client (GET /health)
 
     def progress(self) -> str:
         if self.episode is not None:
@@ -57,10 +63,47 @@ class Document:
             return f"while {self.state}"
         return f"after {len(self.session.history)} of {self.session.num_chunks + 1} turns"
 
+    async def next_event(self) -> tuple:
+        """The next event for the stream's writer (the app), which lets a call waiting for it go on."""
+        event = await self.events.get()
+        self.taken.set()
+        return event
+
+    async def wait_for_reader(self) -> None:
+        """Return once the stream's writer has taken all but :data:`STREAM_AHEAD` of the events put: a client
+        that does not read holds its document's next upstream call (without it, 461 calls ran while a client read
+        141 KB, their events piling up in the server's memory)."""
+        while self.events.qsize() >= STREAM_AHEAD:
+            self.waiting_for_reader = True
+            self.taken.clear()
+            try:
+                await self.taken.wait()
+            finally:
+                self.waiting_for_reader = False
+
+    def paced(self, client: Any) -> Any:
+        """``client`` for this document's run: a streamed one's calls each wait for its reader first."""
+        return _PacedClient(client, self) if self.request is not None and self.request.stream else client
+
     def cancel(self, reason: str) -> None:
         if self.task is not None and not self.task.done():
             self.cancel_reason = self.cancel_reason or reason
             self.task.cancel(reason)
+
+
+class _PacedClient:
+    """A streamed document's client: each call first waits until the stream's client has taken the events before it
+    (:meth:`Document.wait_for_reader`); anything else is the run's client's."""
+
+    def __init__(self, client: Any, doc: Document) -> None:
+        self._client, self._doc = client, doc
+
+    async def chat(self, messages: list[dict[str, Any]], max_tokens: int, **options: Any) -> Any:
+        await self._doc.wait_for_reader()
+        return await self._client.chat(messages, max_tokens, **options)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
 
 
 @dataclass
@@ -166,6 +209,7 @@ class Admission:
         return {
             "running": self.running,
             "queued": self.queued,
+            "waiting_for_stream_clients": sum(doc.waiting_for_reader for doc in self.documents),
             "max_documents": s.max_documents,
             "max_queue": s.max_queue,
         }

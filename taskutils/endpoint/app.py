@@ -285,7 +285,7 @@ class _ChatRoute:
     async def _stream(self, doc: Document, gone: asyncio.Future) -> Response:
         """The stream opens once the first turn is in (or the document is done): an error before then is an
         HTTP status, after it an error event in the stream."""
-        first = asyncio.ensure_future(doc.events.get())
+        first = asyncio.ensure_future(doc.next_event())
         await asyncio.wait({first, gone}, return_when=asyncio.FIRST_COMPLETED)
         if not first.done():
             first.cancel()
@@ -319,7 +319,7 @@ class _ChatRoute:
         while True:
             if event is None:
                 try:
-                    event = await asyncio.wait_for(doc.events.get(), self.settings.keepalive)
+                    event = await asyncio.wait_for(doc.next_event(), self.settings.keepalive)
                 except TimeoutError:
                     yield ": keepalive\n\n"  # an SSE comment: clients skip it, proxies see the stream alive
                     continue

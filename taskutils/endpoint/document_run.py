@@ -269,7 +269,7 @@ class DocumentRunner:
                 doc.events.put_nowait(("progress", progress, f"call {calls} ({kind}) answered"))
 
         final = {"stop": request.stop} if request.stop else None  # for a call flagged final (known to be the answer)
-        await run_session(doc.episode, self.client, self._sampling(request), on_turn, final)
+        await run_session(doc.episode, doc.paced(self.client), self._sampling(request), on_turn, final)
         check_finished(doc.episode)
         history = doc.episode.history
         last = history[-1]
@@ -382,7 +382,7 @@ class DocumentRunner:
             doc.events.put_nowait(("progress", progress, f"read chunk {chunk} of {doc.session.num_chunks}"))
 
         final = {"stop": request.stop} if request.stop else None
-        session = await run_session(doc.session, self.client, self._sampling(request), on_turn, final)
+        session = await run_session(doc.session, doc.paced(self.client), self._sampling(request), on_turn, final)
         check_finished(session)
         history = session.history
         last = history[-1].reply

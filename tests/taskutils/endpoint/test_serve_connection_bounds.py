@@ -6,11 +6,15 @@ calls. Scripted raw-socket clients, counters and closed sockets decide every wai
 from __future__ import annotations
 
 import json
+import re
+import socket
+from pathlib import Path
 
 import pytest
-from serve_helpers import DOCUMENT, QUESTION, health, served, wait_until
+from serve_helpers import DOCUMENT, QUESTION, WAIT, health, served, wait_until
 from test_serve_limits import connect, read_to_close
 
+from taskutils.endpoint.admission import STREAM_AHEAD
 from taskutils.endpoint.connections import ConnectionLimits
 
 HEAD_LIMIT = 65_536  # docs/serving.md: --max-header-bytes, its default
@@ -88,3 +92,49 @@ def test_the_upload_bound_defaults_to_the_documents_that_may_run_and_queue():
     assert upload_bound(ConnectionLimits(max_uploads=5), max_documents=4, max_queue=64) == 5
     with pytest.raises(ValueError, match="max_uploads must be >= 1"):
         ConnectionLimits(max_uploads=0)
+
+
+def stream_request(base: str, body: bytes) -> socket.socket:
+    """A streamed chat request on a connection whose receive buffer is small: a client that reads slowly, or not."""
+    port = int(base.split(":")[2].split("/")[0])
+    client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)  # before connect: the window it offers
+    client.settimeout(WAIT)
+    client.connect(("127.0.0.1", port))
+    head = UPLOAD_HEAD.replace(b"1000", str(len(body)).encode()).replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")
+    client.sendall(head + body)
+    return client
+
+
+@pytest.mark.timeout(60)
+def test_a_stream_whose_client_does_not_read_stops_its_documents_upstream_calls(scripted, tiny_tokenizer):
+    # A client that read slowly got no backpressure: 461 upstream calls while it read 141 KB, the server growing.
+    # Each chunk's event carries a 32 KB memory: the connection's buffers hold a few, then the writer waits on the
+    # client, and the document's next upstream call waits on the writer.
+    scripted.reply = "remember " * 3_500  # 31,500 characters
+    document = " ".join(f"Line {i} tells of the river." for i in range(170))  # some 300 chunks of 8 tokens
+    request = {
+        "model": "memagent",
+        "messages": [{"role": "user", "content": f"{document}\n\n{QUESTION}"}],
+        "stream": True,
+        "memagent": {"return_memories": True},
+    }
+    with served(scripted.url, scripted.model, tiny_tokenizer, chunk_size=8, max_new=16384) as (base, service):
+        client = stream_request(base, json.dumps(request).encode())
+        status = service.admission.status
+        wait_until(
+            lambda: status()["waiting_for_stream_clients"] == 1 or service.admission.counters.completed,
+            "the document waiting for its stream's client (or, without backpressure, done)",
+        )
+        stopped_at, held = scripted.requests, [len(doc.events._queue) for doc in service.admission.documents]
+        state = health(base)
+        received = read_to_close(client)  # the client reads at last: the document goes on to its answer
+    total = int(re.search(rb'"chunks": (\d+)', received).group(1)) + 1  # every chunk's memory update, the answer
+    assert state["counters"]["completed"] == 0 and state["documents"]["waiting_for_stream_clients"] == 1
+    assert held == [STREAM_AHEAD]  # what the server itself holds of the stream: its events not yet taken
+    # The rest is in the connection's buffers: the kernel's send buffer (at most tcp_wmem's maximum) and the client's
+    # receive window, a MiB at most; every event is over 31,500 bytes.
+    most_sent = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2]) + (1 << 20)
+    assert stopped_at <= most_sent // 31_500 + STREAM_AHEAD + 1 < total, (stopped_at, total)
+    assert received.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")  # the stream's end, then the chunked body's
+    assert scripted.requests == total > 250
