@@ -28,6 +28,7 @@ from recurrent.options import (
     seconds,
 )
 from recurrent.options import port as port_number
+from recurrent.sampling import describe_rule
 from taskutils.endpoint.connections import ConnectionLimits
 from taskutils.endpoint.questions import QUESTION_MODES
 from taskutils.endpoint.spool import MAX_REQUEST_BYTES, SPOOL_BYTES
@@ -401,6 +402,8 @@ def serve(args: argparse.Namespace, stop: _Stop) -> int:
             bound,
             uploads,
         )
+        defaults = {"temperature": settings.temperature, "top_p": settings.top_p}
+        log.info("%s", describe_rule(defaults, "--temperature, --top-p: the paper's evaluation by default"))
         config = server_config(
             build_app(service), service.connections, host=args.host, port=args.port, log_level=args.log_level,
             lifespan="on",

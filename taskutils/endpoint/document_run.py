@@ -27,6 +27,7 @@ from recurrent.client import OpenAIChatClient
 from recurrent.impls.memory import MemoryWorkflow
 from recurrent.impls.memory_episode import MemoryEpisode
 from recurrent.interface import Reply, Turn, WorkflowRegistration
+from recurrent.sampling import call_sampling
 from recurrent.tokens import MAX_CHARS_PER_TOKEN, SeamError, encode_long, encode_windows
 from taskutils.endpoint.admission import Counters, Document
 from taskutils.endpoint.protocol import ApiError, ChatRequest, bad_request
@@ -204,8 +205,10 @@ class DocumentRunner:
         return await self._run_agent(doc)
 
     def _sampling(self, request: ChatRequest) -> dict[str, Any]:
+        """The request's sampling over the server's, by the one rule (recurrent/sampling.py): a request that sets
+        temperature or top_p gets 1.0 for the other, one that sets neither the server's --temperature/--top-p."""
         defaults = {"temperature": self.settings.temperature, "top_p": self.settings.top_p}
-        return {**{k: v for k, v in defaults.items() if v is not None}, **request.sampling}
+        return call_sampling(defaults, request.sampling)
 
     def _count(self, reply: Reply) -> None:
         self.counters.turns += 1

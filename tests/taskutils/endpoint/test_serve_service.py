@@ -101,6 +101,15 @@ def test_a_request_without_sampling_gets_the_servers_defaults(scripted, tiny_tok
         assert body["max_tokens"] == 1024  # the paper's memory and answer budgets
 
 
+def test_a_request_that_sets_temperature_alone_samples_at_top_p_one(scripted, tiny_tokenizer):
+    # The one rule of recurrent/sampling.py: top_p 1.0 (as OpenAI's API, as training), not the server's 0.95.
+    with served(scripted.url, scripted.model, tiny_tokenizer, chunk_size=64) as (base, _):
+        openai_client(base).chat.completions.create(
+            model="memagent", messages=[{"role": "user", "content": f"{DOCUMENT}\n\n{QUESTION}"}], temperature=0.3
+        )
+    assert scripted.bodies and all((b["temperature"], b["top_p"]) == (0.3, 1.0) for b in scripted.bodies)
+
+
 def test_budgets_and_final_prompt_are_the_servers(scripted, tiny_tokenizer):
     settings = {"chunk_size": 16, "max_context": 40, "final_prompt": "boxed"}
     with served(scripted.url, scripted.model, tiny_tokenizer, **settings) as (base, _):
