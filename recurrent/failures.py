@@ -73,7 +73,10 @@ def describe_failure(error: BaseException, source: Callable[..., Any] | None, at
     """``file:line: Type: message`` (``Type: message`` where the agent's file is unknown, or without ``at_def``
     where no line of it raised)."""
     where = location(error, source, at_def)
-    return f"{where}: {reason(error)}" if where else reason(error)
+    said = reason(error)
+    if where is None or f"at {where}" in said:  # a deadline's message names where the agent was already
+        return said
+    return f"{where}: {said}"
 
 
 def _installed(filename: str) -> bool:

@@ -100,7 +100,9 @@ async def test_a_reward_function_reads_the_whole_trajectory(tmp_path, tiny_token
     # the drafts run at once, so which of them reaches the server first (and so gets which draft) is not fixed
     replies = [call["reply"] for call in extra["trajectory"]]
     assert sorted(replies[:3]) == sorted(DRAFTS) and replies[3] == "Most say \\boxed{42}"
-    assert [call["sampling"] for call in extra["trajectory"]] == [{"temperature": 1.2}] * 3 + [{"temperature": 0.5}]
+    # each call's own, made whole by the rule (recurrent/sampling.py): top_p 1.0 beside a temperature set alone
+    own = [{"temperature": 1.2, "top_p": 1.0}] * 3 + [{"temperature": 0.5, "top_p": 1.0}]
+    assert [call["sampling"] for call in extra["trajectory"]] == own
     # labelled as the rows are (turn_kind): the answer "final", the drafts "call"
     assert [call["kind"] for call in extra["trajectory"]] == ["call"] * 3 + ["final"]
     assert [row.extra_fields["turn_kind"] for row in outputs] == ["call"] * 3 + ["final"]
