@@ -30,13 +30,12 @@ import ctypes
 import math
 import os
 import sys
-import sysconfig
 import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from recurrent.failures import shown
+from recurrent.failures import shown, thread_frame
 from recurrent.interface import ChatClient, Episode, Reply, Turn
 
 MIN_DEADLINE_S = 0.1  # below it a deadline would fail every episode before its first reply could come
@@ -106,29 +105,13 @@ def deadline_argument(text: str) -> float:
     return 0.0 if seconds is None else seconds
 
 
-_INSTALLED = tuple(
-    os.path.realpath(sysconfig.get_paths()[key]) + os.sep for key in ("stdlib", "platstdlib", "purelib", "platlib")
-)
 _HERE = os.path.realpath(__file__)
 
 
 def agent_frame(thread: threading.Thread) -> tuple[str, int, str] | None:
-    """Where ``thread`` runs now, as (file, line, function): its innermost frame outside Python, the installed
-    packages and this module (the agent's line, under a ``time.sleep`` or an ``Event.wait``), or None when it only
-    waits in its event loop."""
-    frame = sys._current_frames().get(thread.ident or -1)
-    while frame is not None:
-        file = os.path.realpath(frame.f_code.co_filename)
-        if not frame.f_code.co_filename.startswith("<") and not file.startswith(_INSTALLED) and file != _HERE:
-            return file, frame.f_lineno, frame.f_code.co_name
-        frame = frame.f_back
-    return None
-
-
-def agent_position(thread: threading.Thread) -> str | None:
-    """:func:`agent_frame` as ``file:line (in function)``, the file as its user reads it."""
-    found = agent_frame(thread)
-    return None if found is None else f"{shown(found[0])}:{found[1]} (in {found[2]})"
+    """Where the agent's ``thread`` runs now (recurrent/failures.py, :func:`~recurrent.failures.thread_frame`), this
+    module's frames skipped: None when it only waits in its event loop."""
+    return thread_frame(thread, skip=_HERE)
 
 
 def _copy_outcome(task: asyncio.Future[Any], future: concurrent.futures.Future[Any]) -> None:

@@ -14,7 +14,9 @@ last reply) at the agent function's ``def`` line.
 from __future__ import annotations
 
 import os
+import sys
 import sysconfig
+import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -73,10 +75,7 @@ def describe_failure(error: BaseException, source: Callable[..., Any] | None, at
     """``file:line: Type: message`` (``Type: message`` where the agent's file is unknown, or without ``at_def``
     where no line of it raised)."""
     where = location(error, source, at_def)
-    said = reason(error)
-    if where is None or f"at {where}" in said:  # a deadline's message names where the agent was already
-        return said
-    return f"{where}: {said}"
+    return f"{where}: {reason(error)}" if where else reason(error)
 
 
 def _installed(filename: str) -> bool:
@@ -113,3 +112,23 @@ def describe_import_failure(error: BaseException) -> str:
         original = original.__cause__
     where = import_site(error)
     return f"{where}: {reason(original)}" if where else reason(original)
+
+
+def thread_frame(thread: threading.Thread, skip: str = "") -> tuple[str, int, str] | None:
+    """Where ``thread`` runs now, as (file, line, function): its innermost frame outside Python, the installed
+    packages and the file ``skip`` (the agent's line, under a ``time.sleep`` or an ``Event.wait``); None when there
+    is none."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        file = os.path.realpath(name)
+        if not _installed(name) and file != skip:
+            return file, frame.f_lineno, frame.f_code.co_name
+        frame = frame.f_back
+    return None
+
+
+def thread_position(thread: threading.Thread, skip: str = "") -> str | None:
+    """:func:`thread_frame` as ``file:line (in function)``, the file as its user reads it."""
+    found = thread_frame(thread, skip)
+    return None if found is None else f"{shown(found[0])}:{found[1]} (in {found[2]})"

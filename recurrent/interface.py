@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from recurrent.agent_import import AgentImportExitError, AgentImportTimeoutError, exec_bounded
 from recurrent.failures import describe_import_failure
 from recurrent.step_shapes import StepShapesOf
 
@@ -374,7 +375,9 @@ def load_register(spec: str, obj_name: str = "REGISTER") -> WorkflowRegistration
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[module_spec.name] = module  # dataclasses resolve annotations through sys.modules
         try:
-            module_spec.loader.exec_module(module)
+            exec_bounded(module_spec.loader, module, path)  # a file that loops or exits at import: named
+        except (AgentImportTimeoutError, AgentImportExitError):
+            raise
         except Exception as err:  # the file's own fault (a syntax error, a helper's misspelt import): its line
             raise ImportError(f"{describe_import_failure(err)} (agent file {path} failed on import)") from err
         where = str(path)

@@ -86,3 +86,63 @@ def test_the_endpoint_names_the_helpers_line(agent, capsys):
     assert stop.value.code == 2
     last = capsys.readouterr().err.splitlines()[-1]
     assert last.endswith(f"--agent my_agent.py: {SAID} {AGENT_LINE.format(agent='my_agent.py')}"), last
+
+
+# ---- an agent file that loops or exits at import: stopped within its bound and named, in every entry point ----
+
+STUCK = {
+    "loops": "from blocking_agents import RELEASE\nwhile not RELEASE.is_set():  # stuck\n    pass\n",
+    "exits": "import sys\nsys.exit(0)  # stuck\n",
+}
+
+
+@pytest.fixture(params=sorted(STUCK))
+def stuck(request, tmp_path, monkeypatch):
+    """my_agent.py with a module-level line that loops (released at the end) or exits; the import bound at 1 s."""
+    import blocking_agents
+
+    from recurrent import agent_import
+
+    text = AGENT.replace("from my_helpers import shout\n", "") + STUCK[request.param]
+    (tmp_path / "my_agent.py").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(agent_import, "IMPORT_TIMEOUT_S", 1.0)
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if "# stuck" in t)
+    blocking_agents.reset()
+    said = {
+        "loops": "the agent file did not finish its import within 1 s (the bound on an agent file's import); it "
+        f"was at my_agent.py:{line} (in <module>)",
+        "exits": f"my_agent.py:{line}: SystemExit(0) raised on import (sys.exit), which would end the command",
+    }[request.param]
+    yield said
+    blocking_agents.RELEASE.set()  # the abandoned import thread ends
+
+
+@pytest.mark.timeout(60)
+def test_the_trainers_build_stops_an_agent_file_stuck_at_import(stuck):
+    from verl_ext.rollout import build_agent
+    from verl_ext.settings import RecurrentSettings
+
+    with pytest.raises(ImportError) as raised:
+        build_agent(RecurrentSettings(agent="my_agent.py"), None)
+    assert str(raised.value).startswith(stuck), str(raised.value)
+
+
+@pytest.mark.timeout(60)
+def test_the_harness_stops_an_agent_file_stuck_at_import(stuck):
+    from taskutils.memory_eval.config import resolve_method
+
+    with pytest.raises(ValueError) as raised:
+        resolve_method("my_agent.py")
+    assert str(raised.value).startswith(f"method 'my_agent.py': {stuck}"), str(raised.value)
+
+
+@pytest.mark.timeout(60)
+def test_the_endpoint_stops_an_agent_file_stuck_at_import(stuck, capsys):
+    from taskutils.endpoint.cli import parse_args
+
+    with pytest.raises(SystemExit) as stop:
+        parse_args(["--model", "m", "--upstream", "http://127.0.0.1:9/v1", "--agent", "my_agent.py"])
+    assert stop.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert f"--agent my_agent.py: {stuck}" in last, last

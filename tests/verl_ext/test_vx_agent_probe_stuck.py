@@ -12,8 +12,9 @@ import pytest
 from blocking_agents import marked_line
 from test_vx_agent_probe import agent_file, checked, user  # noqa: F401 (user: the fixture)
 
+from recurrent import agent_import
 from recurrent.agent_thread import Deadline
-from verl_ext import agent_guard, agent_probe
+from verl_ext import agent_probe
 from verl_ext.preflight import PreflightError
 from verl_ext.preflight import main as preflight_main
 from verl_ext.trajectory_deadline import trajectory_deadline
@@ -33,7 +34,7 @@ IN_EPISODE = {
 @pytest.fixture(autouse=True)
 def small_bounds(monkeypatch):
     monkeypatch.setattr(agent_probe, "TIMEOUT_S", 1.0)
-    monkeypatch.setattr(agent_guard, "IMPORT_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(agent_import, "IMPORT_TIMEOUT_S", 1.0)
     blocking_agents.reset()
     yield
     blocking_agents.RELEASE.set()  # the abandoned threads end
@@ -69,8 +70,8 @@ def test_an_agent_file_that_stops_at_import_is_named_at_its_line(user, how):  # 
     (user / "my_agent.py").write_text(text)
     problem = one_problem("async")
     assert problem == (
-        "  - recurrent.agent='my_agent.py': the agent file did not finish its import within 1 s (the preflight's "
-        f"bound on an agent's import); it was at my_agent.py:{marked_line(text)} (in <module>)"
+        "  - recurrent.agent='my_agent.py': the agent file did not finish its import within 1 s (the bound on an "
+        f"agent file's import); it was at my_agent.py:{marked_line(text)} (in <module>)"
     )
 
 

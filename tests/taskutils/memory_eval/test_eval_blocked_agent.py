@@ -43,9 +43,10 @@ def test_an_item_whose_agent_blocks_its_thread_is_recorded_as_failed_naming_the_
     lines = read_lines(tmp_path / "results" / "calculator_2" / "scripted__block_agent.jsonl")
     assert still_blocked and blocking_agents.BLOCKED.is_set()
     assert code == 1 and len(lines) == 2
+    line = marked_line(text)  # named first as every failure of a user's agent is (recurrent/failures.py)
     said = (
-        "ItemTimeoutError: the agent did not finish within 1 s (--item-timeout), after 1 model call; it was at "
-        f"block_agent.py:{marked_line(text)} (in block)"
+        f"block_agent.py:{line}: ItemTimeoutError: the agent did not finish within 1 s (--item-timeout), after 1 "
+        f"model call; it was at block_agent.py:{line} (in block)"
     )
     assert all(line["error"].startswith(said) for line in lines), lines
     assert all(line["strict"] == 0 for line in lines)  # a failure scores 0, never an answer
