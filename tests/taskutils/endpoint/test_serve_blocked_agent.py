@@ -78,3 +78,48 @@ def test_a_document_timeout_that_is_no_deadline_is_refused_naming_the_flag(capsy
     with pytest.raises(SystemExit) as raised:
         build_parser().parse_args(["--upstream", "u", "--model", "m", "--document-timeout", value])
     assert raised.value.code == 2 and f"argument --document-timeout: {said}" in capsys.readouterr().err
+
+
+async def spin(sample, client, config):
+    reply = await client.chat([{"role": "user", "content": sample["input"]}], config.max_tokens)
+    blocking_agents.BLOCKED.set()
+    while not blocking_agents.RELEASE.is_set():  # computes without awaiting
+        pass
+    return reply.text
+
+
+async def exits(sample, client, config):
+    await client.chat([{"role": "user", "content": sample["input"]}], config.max_tokens)
+    raise SystemExit(0)  # sys.exit in agent code: its document fails, the server goes on
+
+
+SPINNING = agent_function("spin", BlockConfig, spin, columns=("input",))
+EXITING = agent_function("exits", BlockConfig, exits, columns=("input",))
+
+
+@pytest.mark.timeout(60)
+def test_a_spinning_agents_document_gets_its_504_and_health_answers_meanwhile(scripted):
+    blocking_agents.reset()
+    request = {"messages": [{"role": "user", "content": QUESTION}]}
+    try:
+        with served(scripted.url, scripted.model, None, agent=f"{__file__}:SPINNING", document_timeout=1) as (base, _):
+            with ThreadPoolExecutor(1) as pool:
+                answered = pool.submit(post, base, request)
+                wait_event(blocking_agents.BLOCKED, "the agent to spin")
+                status = health(base)
+                response = answered.result()
+            still_spinning = not blocking_agents.RELEASE.is_set()
+    finally:
+        blocking_agents.RELEASE.set()
+    assert still_spinning and status["status"] == "ok" and response.status_code == 504
+
+
+@pytest.mark.timeout(60)
+def test_an_agent_that_calls_sys_exit_fails_its_document_and_the_server_goes_on(scripted):
+    request = {"messages": [{"role": "user", "content": QUESTION}]}
+    with served(scripted.url, scripted.model, None, agent=f"{__file__}:EXITING") as (base, _):
+        first, second = post(base, request), post(base, request)
+        status = health(base)
+    for response in (first, second):  # both answered: the process did not exit with the first
+        assert response.status_code >= 500 and "SystemExit" in response.json()["error"]["message"], response.text
+    assert status["status"] == "ok"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import blocking_agents
 import pytest
-from blocking_agents import BLOCK, agent_file, marked_line
+from blocking_agents import BLOCK, EXIT, SPIN, agent_file, marked_line
 from eval_fixtures import read_lines
 from scripted_calculator import calculator_app
 from test_eval_agent_files import harness_argv
@@ -74,3 +74,37 @@ def test_an_item_timeout_that_is_no_deadline_is_refused_naming_the_flag(tmp_path
     with pytest.raises(SystemExit) as raised:
         parse_args(["--data-dir", str(tmp_path), "--results-dir", str(tmp_path / "r"), "--item-timeout", value])
     assert raised.value.code == 2 and f"argument --item-timeout: {said}" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_an_item_whose_agent_spins_is_recorded_as_failed_naming_the_deadline(
+    tmp_path: Path, tiny_model_dir, monkeypatch
+):
+    text = agent_file(SPIN)
+    (tmp_path / "spin_agent.py").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "data", {"test": 2}, seed=0)
+    blocking_agents.reset()
+    try:
+        with serve_in_a_thread(calculator_app([]), wait_s=30) as url:
+            code = run_main([*harness_argv(tmp_path, url, tiny_model_dir, "spin_agent.py"), "--item-timeout", "1"])
+        still_spinning = not blocking_agents.RELEASE.is_set()
+    finally:
+        blocking_agents.RELEASE.set()
+    lines = read_lines(tmp_path / "results" / "calculator_2" / "scripted__spin_agent.jsonl")
+    assert still_spinning and code == 1 and len(lines) == 2
+    assert all("ItemTimeoutError: the agent did not finish within 1 s (--item-timeout)" in x["error"] for x in lines)
+
+
+@pytest.mark.timeout(60)
+def test_an_item_whose_agent_calls_sys_exit_fails_and_the_harness_goes_on(tmp_path: Path, tiny_model_dir, monkeypatch):
+    text = agent_file(EXIT)
+    (tmp_path / "exit_agent.py").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "data", {"test": 2}, seed=0)
+    with serve_in_a_thread(calculator_app([]), wait_s=30) as url:
+        code = run_main(harness_argv(tmp_path, url, tiny_model_dir, "exit_agent.py"))
+    lines = read_lines(tmp_path / "results" / "calculator_2" / "scripted__exit_agent.jsonl")
+    assert code == 1 and len(lines) == 2  # both items ran and were recorded: the harness did not exit
+    said = f"exit_agent.py:{marked_line(text)}: AgentExitError"
+    assert all(x["error"].startswith(said) and x["response"] is None for x in lines), [x["error"] for x in lines]
