@@ -38,11 +38,12 @@ BLOCKING = agent_function("block", BlockConfig, block, columns=("input",))
 
 
 @pytest.mark.timeout(60)
-def test_a_blocked_agents_document_gets_its_504_at_the_deadline_and_health_answers_meanwhile(scripted):
+@pytest.mark.parametrize("agent", ["BLOCKING", "SPINNING"])
+def test_a_blocked_agents_document_gets_its_504_at_the_deadline_and_health_answers_meanwhile(scripted, agent):
     blocking_agents.reset()
     request = {"messages": [{"role": "user", "content": QUESTION}]}
     try:
-        with served(scripted.url, scripted.model, None, agent=f"{__file__}:BLOCKING", document_timeout=1) as (base, _):
+        with served(scripted.url, scripted.model, None, agent=f"{__file__}:{agent}", document_timeout=1) as (base, _):
             with ThreadPoolExecutor(1) as pool:
                 answered = pool.submit(post, base, request)
                 wait_event(blocking_agents.BLOCKED, "the agent to block its thread")
@@ -95,23 +96,6 @@ async def exits(sample, client, config):
 
 SPINNING = agent_function("spin", BlockConfig, spin, columns=("input",))
 EXITING = agent_function("exits", BlockConfig, exits, columns=("input",))
-
-
-@pytest.mark.timeout(60)
-def test_a_spinning_agents_document_gets_its_504_and_health_answers_meanwhile(scripted):
-    blocking_agents.reset()
-    request = {"messages": [{"role": "user", "content": QUESTION}]}
-    try:
-        with served(scripted.url, scripted.model, None, agent=f"{__file__}:SPINNING", document_timeout=1) as (base, _):
-            with ThreadPoolExecutor(1) as pool:
-                answered = pool.submit(post, base, request)
-                wait_event(blocking_agents.BLOCKED, "the agent to spin")
-                status = health(base)
-                response = answered.result()
-            still_spinning = not blocking_agents.RELEASE.is_set()
-    finally:
-        blocking_agents.RELEASE.set()
-    assert still_spinning and status["status"] == "ok" and response.status_code == 504
 
 
 @pytest.mark.timeout(60)
