@@ -1,14 +1,14 @@
 """An agent file's import, bounded: its module code runs in a thread of its own, so that a file that loops or
 sleeps at import is named at the line it was at within :data:`IMPORT_TIMEOUT_S`, in every entry point that loads
 it (the harness, the endpoint, the quickstart, the preflight, training's workers: recurrent.interface.load_register).
-``sys.exit`` at import is the file's fault, not an exit of the command that loads it. The stuck thread gets an
-exception injected (the next line of Python it runs raises) and is left, as a daemon (docs/architecture.md,
-"Where an agent's code runs").
+``sys.exit`` at import is the file's fault, not an exit of the command that loads it. The stuck thread is left, as
+a daemon: nothing is injected into it (an exception raised at an arbitrary point of an import, in the middle of
+compiling a class, can leave the interpreter's compiler in a bad state), and every command that loads an agent stops
+on the error (docs/architecture.md, "Where an agent's code runs").
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import threading
 from pathlib import Path
@@ -30,10 +30,6 @@ class AgentImportExitError(ImportError):
     """An agent file that raised ``SystemExit`` (or ``KeyboardInterrupt``) at import."""
 
 
-class _ImportStopped(BaseException):
-    """Injected into an import that did not finish in time."""
-
-
 def exec_bounded(loader: Any, module: Any, path: Path) -> None:
     """``loader.exec_module(module)`` in a thread of its own, within :data:`IMPORT_TIMEOUT_S`; what it raises is
     raised here (its traceback kept), ``SystemExit`` as :class:`AgentImportExitError`."""
@@ -48,10 +44,8 @@ def exec_bounded(loader: Any, module: Any, path: Path) -> None:
     thread = threading.Thread(target=run, name=f"agent-import-{path.name}", daemon=True)
     thread.start()
     thread.join(IMPORT_TIMEOUT_S)
-    if thread.is_alive():
+    if thread.is_alive():  # left as it is: every command that loads an agent stops on this error
         where = thread_position(thread, skip=_HERE)
-        if thread.ident is not None:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(_ImportStopped))
         at = f"; it was at {where}" if where else ""
         raise AgentImportTimeoutError(
             f"the agent file did not finish its import within {IMPORT_TIMEOUT_S:g} s (the bound on an agent file's "
